@@ -1,0 +1,63 @@
+# capctl — build, test and demo. `make demo` and `make test` set everything up from a fresh
+# Debian 12 machine (Python 3.11, gcc); see README.md.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.capctl-installed
+SIMLIB := build/simnvml/libnvidia-ml.so.1
+SIM_SRC := $(wildcard csrc/simnvml/*.c csrc/simnvml/*.h)
+PROTOS := $(wildcard protos/capctl/v1/*.proto)
+PROTO_STAMP := capctl/v1/.generated
+
+.PHONY: all setup build test test-fast demo bench clean slurm-deps slurm-up slurm-down
+
+all: build
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[build,test]'
+	touch $@
+
+# The simulated NVML driver, compiled against NVIDIA's real nvml.h (PyPI nvidia-nvml-dev, pinned).
+$(SIMLIB): $(SIM_SRC) $(STAMP)
+	@mkdir -p build/simnvml
+	NVML_INC=$$($(PY) -c 'import capctl.simgpu.build as b; print(b.nvml_include_dir())') && \
+	gcc -O2 -g -std=gnu11 -Wall -Wextra -Werror -fPIC -shared -pthread \
+	    -I"$$NVML_INC" -Icsrc/simnvml -Wl,-soname,libnvidia-ml.so.1 \
+	    -o $@ $(filter %.c,$(SIM_SRC)) -lm
+
+# gRPC/protobuf code generated from protos/ (not committed).
+$(PROTO_STAMP): $(PROTOS) $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch $@
+
+build: $(STAMP) $(SIMLIB) $(PROTO_STAMP)
+
+# Slurm (Debian slurm-wlm 22.05 + munge) for the integration tests; installed when missing.
+slurm-deps:
+	@bash tests/slurmcluster/install.sh
+
+test: build slurm-deps
+	$(PY) -m pytest -q
+
+test-fast: build
+	$(PY) -m pytest -q -m 'not slurm and not faults'
+
+demo: build
+	$(VENV)/bin/capctl demo
+
+bench: build
+	$(PY) bench/solver_scale.py
+
+slurm-up: build slurm-deps
+	$(PY) -m tests.slurmcluster up
+
+slurm-down:
+	$(PY) -m tests.slurmcluster down
+
+clean:
+	rm -rf build $(VENV) capctl/v1/*_pb2*.py* $(PROTO_STAMP)

@@ -1,0 +1,1 @@
+"""The ``capctl`` admin command line."""

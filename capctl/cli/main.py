@@ -1,0 +1,64 @@
+"""Entry point of the ``capctl`` admin command line.
+
+Subcommands live in small modules of :mod:`capctl.cli`; each exposes
+``register(subparsers) -> None`` which adds its parser(s) and sets ``func`` (a callable taking the
+parsed ``argparse.Namespace`` and returning an int exit code). Modules are imported lazily so that a
+missing optional piece never breaks the other commands.
+
+Errors for people (:class:`capctl.errors.CapctlError`) are printed as ``capctl: <message>`` on
+stderr with the error's exit code; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from capctl.errors import CapctlError
+
+# Subcommand modules, in the order they appear in --help.
+SUBCOMMAND_MODULES = (
+    "capctl.cli.status",  # status, nodes, jobs, explain, budget
+    "capctl.cli.policy",  # policy validate, policy reload
+    "capctl.cli.demo",  # demo
+    "capctl.cli.sim",  # sim
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="capctl",
+        description="capctl: power-capping coordinator for Slurm GPU clusters (watts, degrees C).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # subcommand not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``capctl``; returns the process exit code (see :mod:`capctl.errors`)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CapctlError as err:
+        print(f"capctl: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

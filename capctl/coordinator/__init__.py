@@ -1,0 +1,1 @@
+"""Coordinator daemon: the reconcile loop on the head node."""

@@ -1,0 +1,1 @@
+"""Node agent: the only code that touches GPU hardware (through NVML)."""

@@ -1,0 +1,1 @@
+"""Policy files: YAML schema, loading and validation with file:line:col errors."""

@@ -1,0 +1,1 @@
+"""Cluster what-if simulator (``capctl sim``) reusing the simulated driver physics and the real allocator."""

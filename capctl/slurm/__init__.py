@@ -1,0 +1,1 @@
+"""Slurm prolog/epilog logic: bind jobs and their GPUs to the local node agent."""

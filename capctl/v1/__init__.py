@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code for the capctl.v1 protocol (from protos/ by `make build`)."""
