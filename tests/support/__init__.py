@@ -1,0 +1,1 @@
+"""Reusable test helpers (simulated nodes, processes, clusters)."""
