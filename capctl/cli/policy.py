@@ -1,0 +1,97 @@
+"""``capctl policy validate FILE [--json]`` and ``capctl policy reload [--coordinator ADDR] [FILE]``.
+
+validate: exit 0 when the policy is valid (warnings, if any, on stderr), else one
+``file:line:col: message`` line per error on stdout and exit 1. ``--json`` prints one object
+``{"file", "ok", "errors": [...], "warnings": [...]}`` instead.
+
+reload: asks the coordinator (``Admin.ReloadPolicy``) to load FILE (made absolute; the path is read
+by the coordinator on its host) or, without FILE, to re-read the file it was started with. The
+coordinator keeps its last good policy when the new one is invalid; its errors are printed and the
+exit status is 1. Unreachable coordinator: exit 3; no admin identity: exit 4 (see capctl.errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    """Add the ``policy`` command group (``validate``, ``reload``) to ``subparsers``."""
+    parser = subparsers.add_parser("policy", help="validate or reload the policy file")
+    sub = parser.add_subparsers(dest="policy_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+    validate = sub.add_parser("validate", help="check a policy file; exit 0 if valid, else print file:line:col errors and exit 1")
+    validate.add_argument("file", metavar="FILE", help="policy YAML file")
+    validate.add_argument("--json", action="store_true", help="print one JSON object (file, ok, errors, warnings)")
+    validate.add_argument(
+        "--device-min-cap",
+        metavar="MODEL=WATTS",
+        action="append",
+        default=[],
+        help="minimum cap of a GPU model in watts, overriding the built-in table (repeatable)",
+    )
+    validate.set_defaults(func=run_validate)
+
+    reload = sub.add_parser("reload", help="make the coordinator load a policy (keeps the last good one on error)")
+    reload.add_argument("file", metavar="FILE", nargs="?", help="policy file on the coordinator host (default: its current file)")
+    reload.add_argument("--coordinator", metavar="ADDR", help="coordinator address (unix:/path or host:port)")
+    reload.add_argument("--json", action="store_true", help="print the reply as JSON")
+    reload.set_defaults(func=run_reload)
+
+
+def _device_map(items: list[str]) -> dict[str, float]:
+    from capctl.errors import UserInputError
+
+    out: dict[str, float] = {}
+    for item in items:
+        model, sep, watts = item.partition("=")
+        try:
+            value = float(watts)
+        except ValueError:
+            value = float("nan")
+        if not sep or not model or not (value > 0 and value < 1e6):
+            raise UserInputError(f"--device-min-cap: {item!r} is not allowed; expected MODEL=WATTS, e.g. H100-SXM=200")
+        out[model] = value
+    return out
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Validate ``args.file``; print the result; return 0 (valid) or 1 (invalid)."""
+    from capctl.policy import check_file
+
+    report = check_file(args.file, device_min_cap_w=_device_map(args.device_min_cap))
+    if args.json:
+        print(json.dumps({"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": report.warnings}, indent=2))
+        return 0 if report.ok else 1
+    for line in report.warnings:
+        print(line, file=sys.stderr)
+    if report.ok:
+        print(f"{args.file}: ok")
+        return 0
+    for line in report.errors:
+        print(line)
+    return 1
+
+
+def run_reload(args: argparse.Namespace) -> int:
+    """Call ``Admin.ReloadPolicy`` on the coordinator; return 0 when it took the policy, else 1."""
+    from capctl.cli.rpc import DEFAULT_TIMEOUT_S, admin_stub
+    from capctl.v1 import capctl_pb2
+
+    path = os.path.abspath(args.file) if args.file else ""
+    with admin_stub(args.coordinator) as stub:
+        reply = stub.ReloadPolicy(capctl_pb2.ReloadPolicyRequest(path=path), timeout=DEFAULT_TIMEOUT_S)
+    if args.json:
+        print(json.dumps({"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}, indent=2))
+        return 0 if reply.ok else 1
+    if reply.ok:
+        print(reply.message or f"policy reloaded{': ' + path if path else ''}")
+        return 0
+    for line in reply.errors:
+        print(line, file=sys.stderr)
+    print(f"capctl: policy not reloaded{': ' + reply.message if reply.message else ''} (the coordinator keeps its last good policy)", file=sys.stderr)
+    return 1

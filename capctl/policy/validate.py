@@ -1,0 +1,769 @@
+"""Validate policy YAML and build :class:`capctl.policy.model.Policy`.
+
+Two stages, both reporting ``file:line:col: message`` (1-based, pointing at the offending key or
+value; positions come from PyYAML node marks, see :mod:`capctl.policy.yamlpos`):
+
+1. Structure: the JSON Schema shipped in ``schema.json`` (draft 2020-12, checked with
+   ``jsonschema``), plus a scan for NaN/infinity. Error texts are rewritten for people: unknown keys
+   get a did-you-mean (``difflib``) or a unit hint (``budget_kw`` -> ``budget_w``), strings with units
+   where numbers belong say what to write (``budget_w: "20 kW"`` -> ``budget_w: 20000``).
+2. Meaning (only when the structure is valid): budget present, lease longer than the interval, caps
+   ordered, caps within known device limits, hostlists valid (python-hostlist), every node in exactly
+   one domain, child limits not above their ancestors', limits not below the sum of minimum caps.
+
+Warnings (valid, but probably not what was meant) never make a policy invalid; they are kept in
+``Policy.warnings`` and printed by ``capctl policy validate``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from types import MappingProxyType
+
+import hostlist
+import jsonschema
+
+from capctl.errors import UserInputError
+from capctl.policy import model
+from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
+from capctl.policy.units import UNIT_NAMES, format_number, split_unit_key, value_hint
+from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""Largest policy file read, bytes."""
+
+MAX_TOTAL_NODES = 200_000
+"""Largest number of nodes a policy may list (12,500-node clusters are the design target)."""
+
+MAX_ERRORS = 200
+"""At most this many errors are reported for one file (then one line saying how many more)."""
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_UNIT_WORD = {"W": "watts", "s": "seconds", "C": "degrees C"}
+
+
+class PolicyError(UserInputError):
+    """An invalid policy. ``errors``: ``"file:line:col: message"`` lines (at least one);
+    ``warnings``: ``"file:line:col: warning: message"`` lines. ``str()`` is the errors, one a line."""
+
+    def __init__(self, errors: list[str], warnings: list[str] | None = None) -> None:
+        self.errors = list(errors)
+        self.warnings = list(warnings or [])
+        super().__init__("\n".join(self.errors))
+
+
+@dataclass
+class Report:
+    """Outcome of a check: ``errors`` and ``warnings`` as formatted lines; ``policy`` when valid."""
+
+    source: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    policy: model.Policy | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when there are no errors."""
+        return not self.errors
+
+
+@functools.cache
+def load_schema() -> dict:
+    """Return the policy JSON Schema (``capctl/policy/schema.json``) as a dict."""
+    return json.loads(resources.files("capctl.policy").joinpath("schema.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+# --------------------------------------------------------------------------------------------------
+# Collecting diagnostics
+
+
+class _Diag:
+    """Accumulates positioned errors and warnings for one source."""
+
+    def __init__(self, source: str, positions: Positions) -> None:
+        self.source = source
+        self.positions = positions
+        self.errors: list[tuple[int, int, str]] = []
+        self.warnings: list[tuple[int, int, str]] = []
+
+    def error(self, path, message: str, at_key: bool = False) -> None:
+        pos = self.positions.key(path) if at_key else self.positions.value(path)
+        self.errors.append((pos[0], pos[1], message))
+
+    def warn(self, path, message: str, at_key: bool = False) -> None:
+        pos = self.positions.key(path) if at_key else self.positions.value(path)
+        self.warnings.append((pos[0], pos[1], message))
+
+    def lines(self) -> tuple[list[str], list[str]]:
+        errors = [f"{self.source}:{l}:{c}: {m}" for l, c, m in sorted(set(self.errors))]
+        if len(errors) > MAX_ERRORS:
+            errors = errors[:MAX_ERRORS] + [f"{self.source}: ... and {len(errors) - MAX_ERRORS} more errors"]
+        warnings = [f"{self.source}:{l}:{c}: warning: {m}" for l, c, m in sorted(set(self.warnings))]
+        return errors, warnings[:MAX_ERRORS]
+
+
+def dotted(path) -> str:
+    """Render a JSON path as ``domains.children[0].limit_w`` (``<policy>`` for the root)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<policy>"
+
+
+def _show(value: object) -> str:
+    """Short, safe rendering of a YAML value for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_number(value) if math.isfinite(value) else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        text = value if len(value) <= 60 else value[:57] + "..."
+        return repr(text)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__} value"
+
+
+def _suggest(word: str, choices) -> str | None:
+    choices = [str(c) for c in choices]
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    norm = {c.lower().replace("_", "-"): c for c in choices}
+    if word.lower().replace("_", "-").replace(" ", "-") in norm:
+        return norm[word.lower().replace("_", "-").replace(" ", "-")]
+    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[match[0]] if match else None
+
+
+def unknown_key_message(key: str, known: list[str], value: object = None, where: str = "") -> str:
+    """Message for an unknown ``key`` among ``known`` keys, with a unit hint or a did-you-mean."""
+    where = f" in {where}" if where else ""
+    head = f"unknown key {key!r}{where}"
+    split = split_unit_key(key)
+    if split is not None:
+        stem, unit, factor = split
+        target = stem + unit
+        if target in known and target != key:
+            text = f"{head}: capctl keys carry the unit {UNIT_NAMES[unit]}; use {target!r}"
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and factor != 1.0:
+                text += f" ({target}: {format_number(value * factor)})"
+            return text
+    for unit in ("_w", "_s", "_c"):
+        target = key.lower() + unit
+        if target in known:
+            text = f"{head}; did you mean {target!r} ({UNIT_NAMES[unit]})?"
+            if isinstance(value, str):
+                hint = value_hint(target, value)
+                if hint:
+                    text += f" {hint}"
+            return text
+    guess = _suggest(key, known)
+    if guess is not None:
+        return f"{head}; did you mean {guess!r}?"
+    return f"{head}; allowed keys: {', '.join(known)}"
+
+
+def _expected(types, unit: str | None) -> str:
+    if isinstance(types, str):
+        types = [types]
+    words = []
+    for t in types:
+        if t == "number":
+            words.append(f"a number of {_UNIT_WORD[unit]}" if unit else "a number")
+        elif t == "integer":
+            words.append("a whole number")
+        elif t == "object":
+            words.append("a mapping")
+        elif t == "array":
+            words.append("a list")
+        elif t == "string":
+            words.append("a string")
+        elif t == "boolean":
+            words.append("true or false")
+        elif t == "null":
+            words.append("null")
+    return " or ".join(words)
+
+
+def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, bool]]:
+    """Turn one jsonschema error into ``(path, message, at_key)`` items."""
+    path = tuple(err.absolute_path)
+    name = dotted(path)
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    unit = schema.get("x-unit")
+    instance = err.instance
+    kind = err.validator
+    last_key = next((p for p in reversed(path) if isinstance(p, str)), "")
+    if kind == "additionalProperties" and err.validator_value is False and isinstance(instance, dict):
+        known = list(schema.get("properties", {}))
+        extras = [k for k in instance if k not in known]
+        where = dotted(path) if path else ""
+        return [(path + (k,), unknown_key_message(str(k), known, instance[k], where), True) for k in extras]
+    if kind == "type":
+        text = f"{name}: expected {_expected(err.validator_value, unit)}, got {_show(instance)}"
+        if isinstance(instance, str):
+            hint = value_hint(last_key, instance)
+            if hint:
+                text += f"; {hint}"
+        elif isinstance(instance, bool) and "number" in str(err.validator_value):
+            text += " (a boolean is not a number)"
+        return [(path, text, False)]
+    if kind == "enum":
+        allowed = err.validator_value
+        text = f"{name}: {_show(instance)} is not allowed; allowed: {', '.join(_show(a) for a in allowed)}"
+        if isinstance(instance, str):
+            guess = _suggest(instance, allowed)
+            if guess is not None:
+                text += f" (did you mean {guess!r}?)"
+        return [(path, text, False)]
+    if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[kind]
+        suffix = f" {unit}" if unit else ""
+        bound = format_number(float(err.validator_value))
+        return [(path, f"{name}: {_show(instance)}{suffix} is not allowed; must be {op} {bound}{suffix}", False)]
+    if kind == "required":
+        missing = [k for k in err.validator_value if isinstance(instance, dict) and k not in instance]
+        hint = " (write version: 1)" if missing == ["version"] else ""
+        return [(path, f"{name}: missing required key {k!r}{hint}", False) for k in missing]
+    if kind == "pattern":
+        what = {
+            "socket_path": "an absolute path (starting with /)",
+            "address": "unix:/absolute/path or host:port",
+            "admin_group": "a unix group name",
+            "status_group": "a unix group name",
+            "socket_group": "a unix group name",
+            "name": "a name of letters, digits and _ . : / -",
+        }.get(last_key, f"text matching {err.validator_value}")
+        return [(path, f"{name}: {_show(instance)} is not allowed; expected {what}", False)]
+    if kind in ("minLength", "maxLength"):
+        return [(path, f"{name}: {_show(instance)} has a length outside {kind} {err.validator_value}", False)]
+    if kind in ("maxItems", "minItems"):
+        return [(path, f"{name}: too many or too few items ({kind} {err.validator_value})", False)]
+    return [(path, f"{name}: {err.message}", False)]
+
+
+def _non_finite(data, path=()):
+    """Yield paths of NaN/infinite floats anywhere in ``data``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        yield path
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from _non_finite(value, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _non_finite(value, path + (i,))
+
+
+def _check_structure(data, diag: _Diag) -> None:
+    if data is None:
+        diag.error((), "empty policy; expected a mapping starting with version: 1")
+        return
+    bad_numbers = set()
+    for path in _non_finite(data):
+        bad_numbers.add(path)
+        diag.error(path, f"{dotted(path)}: {_show(data_at(data, path))} is not allowed; give a finite number")
+    found = []
+    for err in _validator().iter_errors(data):
+        if err.validator == "anyOf" and err.context:
+            # domains: null or a domain; report what the domain alternative says.
+            found.extend(e for e in err.context if e.validator != "type" or e.validator_value != "null")
+        else:
+            found.append(err)
+    typed = {tuple(err.absolute_path) for err in found if err.validator == "type"}
+    for err in found:
+        path = tuple(err.absolute_path)
+        if path in bad_numbers or (path in typed and err.validator != "type"):
+            continue
+        for epath, message, at_key in _schema_message(err):
+            diag.error(epath, message, at_key=at_key)
+
+
+def data_at(data, path):
+    """Value at ``path`` inside ``data`` (None when absent)."""
+    for part in path:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# Meaning
+
+
+@dataclass
+class _DomainDraft:
+    path: tuple
+    name: str
+    kind: str
+    limit_w: float | None
+    gpu_model: str | None
+    gpus_per_node: int | None
+    nodes: list
+    children: list
+
+
+def per_gpu_minimum_w(gpu_model: str | None, min_cap_w: float | None, device_min_cap_w=None) -> float | None:
+    """Smallest cap a GPU of ``gpu_model`` can get under the policy: max(policy min, device min)."""
+    device_min = device_limits_w(gpu_model, device_min_cap_w)[0] if gpu_model else None
+    values = [v for v in (min_cap_w, device_min) if v is not None]
+    return max(values) if values else None
+
+
+def minimum_w(domain: model.Domain, min_cap_w: float | None, device_min_cap_w=None) -> float | None:
+    """Lower bound of the GPU power a domain needs: sum over its nodes of gpus_per_node x the
+    per-GPU minimum (see :func:`per_gpu_minimum_w`), watts. Nodes whose GPU count or minimum is
+    unknown add 0; None when nothing is known."""
+    total = 0.0
+    known = False
+    for sub in domain.walk():
+        if not sub.nodes or sub.gpus_per_node is None:
+            continue
+        per_gpu = per_gpu_minimum_w(sub.gpu_model, min_cap_w, device_min_cap_w)
+        if per_gpu is None:
+            continue
+        known = True
+        total += len(sub.nodes) * sub.gpus_per_node * per_gpu
+    return total if known else None
+
+
+def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_max) -> model.Domain | None:
+    raw = data.get("domains") or {"name": "cluster", "kind": "cluster"}
+    names: dict[str, tuple] = {}
+    owner: dict[str, tuple[str, tuple]] = {}  # node -> (domain name, path of its expression)
+    total = [0]
+
+    def expand(expr: str, expr_path: tuple, domain_name: str) -> list[str]:
+        text = expr.strip()
+        if not text:
+            diag.error(expr_path, f"{dotted(expr_path)}: empty hostlist expression; give node names like gpu[001-032]")
+            return []
+        try:
+            names_ = hostlist.expand_hostlist(text, allow_duplicates=True)
+        except hostlist.BadHostlist as err:
+            diag.error(expr_path, f"{dotted(expr_path)}: invalid hostlist expression {_show(expr)}: {err}")
+            return []
+        except (ValueError, OverflowError, MemoryError, RecursionError) as err:
+            diag.error(expr_path, f"{dotted(expr_path)}: invalid hostlist expression {_show(expr)}: {err}")
+            return []
+        bad = [n for n in names_ if not _NODE_NAME.match(n)]
+        if bad:
+            diag.error(expr_path, f"{dotted(expr_path)}: {_show(bad[0])} is not a valid node name (letters, digits, . _ -; no spaces)")
+            return []
+        total[0] += len(names_)
+        if total[0] > MAX_TOTAL_NODES:
+            raise _TooMany(expr_path)
+        taken: dict[tuple, list[str]] = {}
+        fresh = []
+        for node in names_:
+            if node in owner:
+                taken.setdefault(owner[node], []).append(node)
+            else:
+                owner[node] = (domain_name, expr_path)
+                fresh.append(node)
+        for (other, other_path), dup in taken.items():
+            line, col = diag.positions.value(other_path)
+            shown = hostlist.collect_hostlist(dup)
+            where = "earlier in this domain" if other == domain_name else f"in domain {other!r}"
+            diag.error(
+                expr_path,
+                f"{dotted(expr_path)}: node{'s' if len(dup) > 1 else ''} {shown} already listed {where} "
+                f"(line {line}, col {col}); each node belongs to exactly one domain",
+            )
+        return fresh
+
+    def visit(raw_domain: dict, path: tuple, parent_model, parent_gpus, depth: int) -> _DomainDraft:
+        name = raw_domain["name"]
+        if name in names:
+            line, col = diag.positions.value(names[name] + ("name",))
+            diag.error(path + ("name",), f"{dotted(path + ('name',))}: domain name {name!r} already used (line {line}, col {col})")
+        else:
+            names[name] = path
+        kind = raw_domain.get("kind")
+        if kind is None:
+            if depth == 0:
+                kind = "cluster"
+            else:
+                diag.error(path, f"{dotted(path)}: domain {name!r} needs a kind; allowed: {', '.join(model.DOMAIN_KINDS[1:])}")
+                kind = "rack"
+        elif kind == "cluster" and depth > 0:
+            diag.error(path + ("kind",), f"{dotted(path + ('kind',))}: only the root domain may be of kind 'cluster'; allowed here: {', '.join(model.DOMAIN_KINDS[1:])}")
+        gpu_model = raw_domain.get("gpu_model", parent_model)
+        if "gpu_model" in raw_domain and gpu_model is not None:
+            low, high = device_limits_w(gpu_model, device_min, device_max)
+            if low is None and high is None:
+                diag.warn(
+                    path + ("gpu_model",),
+                    f"{dotted(path + ('gpu_model',))}: unknown GPU model {gpu_model!r}: device-limit checks skipped "
+                    f"(known: {', '.join(KNOWN_DEVICE_LIMITS_W)})",
+                )
+        gpus = raw_domain.get("gpus_per_node", parent_gpus)
+        raw_nodes = raw_domain.get("nodes")
+        errors_before = len(diag.errors)
+        nodes: list[str] = []
+        if isinstance(raw_nodes, str):
+            nodes = expand(raw_nodes, path + ("nodes",), name)
+        elif isinstance(raw_nodes, list):
+            for i, expr in enumerate(raw_nodes):
+                nodes.extend(expand(expr, path + ("nodes", i), name))
+        if kind == "node":
+            if raw_domain.get("children"):
+                diag.error(path + ("children",), f"{dotted(path + ('children',))}: a domain of kind 'node' cannot have child domains")
+            if raw_nodes is None:
+                nodes = expand(name, path + ("name",), name)
+            elif len(nodes) != 1 and len(diag.errors) == errors_before:
+                diag.error(path + ("nodes",), f"{dotted(path + ('nodes',))}: a domain of kind 'node' holds exactly one node, got {len(nodes)}")
+        children = [
+            visit(child, path + ("children", i), gpu_model, gpus, depth + 1)
+            for i, child in enumerate(raw_domain.get("children") or [])
+        ]
+        if depth > 0 and raw_nodes is None and not children and kind != "node":
+            diag.warn(path, f"{dotted(path)}: domain {name!r} holds no nodes")
+        return _DomainDraft(path, name, kind, raw_domain.get("limit_w"), gpu_model, gpus, nodes, children)
+
+    try:
+        draft = visit(raw, ("domains",), None, None, 0)
+    except _TooMany as too_many:
+        diag.error(too_many.path, f"{dotted(too_many.path)}: more than {MAX_TOTAL_NODES} nodes in the policy")
+        return None
+
+    root_limit = draft.limit_w if draft.limit_w is not None else budget_w
+
+    def check_limits(d: _DomainDraft, bound: tuple[float, str] | None) -> None:
+        own = d.limit_w if d.path != ("domains",) else root_limit
+        if d.path != ("domains",) and own is not None and bound is not None and own > bound[0]:
+            diag.error(
+                d.path + ("limit_w",),
+                f"{dotted(d.path + ('limit_w',))}: {format_number(own)} W is above the limit of enclosing domain "
+                f"{bound[1]!r} ({format_number(bound[0])} W); a child limit must not exceed its parent's",
+            )
+        if own is not None:
+            bound = (own, d.name)
+        child_limits = [c.limit_w for c in d.children]
+        if d.children and not d.nodes and all(x is not None for x in child_limits) and own is not None:
+            total = sum(child_limits)
+            if total < own:
+                where = d.path + ("limit_w",) if d.path != ("domains",) or draft.limit_w is not None else ("budget_w",)
+                diag.warn(
+                    where,
+                    f"{dotted(where)}: {format_number(own)} W can never be reached: the limits of domain "
+                    f"{d.name!r}'s children sum to {format_number(total)} W",
+                )
+        for child in d.children:
+            check_limits(child, bound)
+
+    check_limits(draft, None)
+
+    def freeze(d: _DomainDraft) -> model.Domain:
+        return model.Domain(
+            name=d.name,
+            kind=d.kind,
+            limit_w=float(d.limit_w) if d.limit_w is not None else None,
+            children=tuple(freeze(c) for c in d.children),
+            nodes=tuple(d.nodes),
+            gpu_model=d.gpu_model,
+            gpus_per_node=int(d.gpus_per_node) if d.gpus_per_node is not None else None,
+        )
+
+    root = freeze(draft)
+    root = _replace(root, limit_w=float(budget_w))
+    return root
+
+
+class _TooMany(Exception):
+    def __init__(self, path: tuple) -> None:
+        self.path = path
+
+
+def _replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def _f(value, default):
+    return float(value) if value is not None else default
+
+
+def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max) -> model.Policy | None:
+    domains_raw = data.get("domains") or {}
+    root_limit = domains_raw.get("limit_w")
+    budget_w = data.get("budget_w")
+    if budget_w is None and root_limit is None:
+        diag.error((), "missing budget_w: the cluster power budget in watts (or give domains.limit_w)")
+        budget_w = 1.0
+    elif budget_w is None:
+        budget_w = root_limit
+    elif root_limit is not None and budget_w > root_limit:
+        diag.error(
+            ("budget_w",),
+            f"budget_w: {format_number(budget_w)} W is above the root domain limit_w {format_number(root_limit)} W",
+        )
+
+    interval_s = _f(data.get("interval_s"), 5.0)
+    failsafe = data.get("failsafe") or {}
+    lease_s = _f(failsafe.get("lease_s"), max(30.0, 3 * interval_s))
+    lease_path = ("failsafe", "lease_s") if "lease_s" in failsafe else ("interval_s",)
+    if lease_s <= interval_s:
+        diag.error(
+            lease_path,
+            f"{dotted(lease_path)}: lease_s {format_number(lease_s)} s must be longer than interval_s "
+            f"{format_number(interval_s)} s (agents would fall back to their safe cap between two plans)",
+        )
+    elif lease_s < 2 * interval_s:
+        diag.warn(
+            lease_path,
+            f"{dotted(lease_path)}: lease_s {format_number(lease_s)} s is less than two intervals "
+            f"({format_number(2 * interval_s)} s): one late plan makes agents fall back",
+        )
+
+    min_cap_w = data.get("min_cap_w")
+    caps = {
+        ("min_cap_w",): min_cap_w,
+        ("start_cap_w",): _f(data.get("start_cap_w"), 300.0),
+        ("idle_cap_w",): data.get("idle_cap_w"),
+        ("failsafe", "safe_cap_w"): failsafe.get("safe_cap_w"),
+    }
+    if min_cap_w is not None:
+        for path, value in caps.items():
+            if path != ("min_cap_w",) and value is not None and value < min_cap_w:
+                where = path if data_at(data, path) is not None else ("min_cap_w",)
+                diag.error(
+                    where,
+                    f"{dotted(path)}: {format_number(value)} W is below min_cap_w {format_number(min_cap_w)} W",
+                )
+
+    root = _build_domains(data, diag, float(budget_w), device_min, device_max)
+    if root is None:
+        return None
+
+    # Device limits of every GPU model in the tree.
+    seen_models = []
+    for d in root.walk():
+        if d.gpu_model and d.gpu_model not in seen_models:
+            seen_models.append(d.gpu_model)
+    for gpu_model in seen_models:
+        low, high = device_limits_w(gpu_model, device_min, device_max)
+        for path, value in caps.items():
+            if value is None:
+                continue
+            where = path if data_at(data, path) is not None else ()
+            if low is not None and value < low:
+                diag.error(
+                    where,
+                    f"{dotted(path)}: {format_number(value)} W is below the minimum cap {format_number(low)} W "
+                    f"of {gpu_model} (NVML power limit constraints)",
+                )
+            if high is not None and value > high:
+                if path == ("min_cap_w",):
+                    diag.error(
+                        where,
+                        f"min_cap_w: {format_number(value)} W is above the maximum cap {format_number(high)} W of {gpu_model}",
+                    )
+                else:
+                    diag.warn(
+                        where,
+                        f"{dotted(path)}: {format_number(value)} W is above the maximum cap {format_number(high)} W "
+                        f"of {gpu_model}; agents clamp it to {format_number(high)} W",
+                    )
+
+    # Limits below the sum of minimum caps (infeasible).
+    for d in root.walk():
+        limit = d.limit_w
+        if limit is None:
+            continue
+        floor_w = minimum_w(d, min_cap_w, device_min)
+        if floor_w is not None and floor_w > limit:
+            if d is root:
+                where = ("budget_w",) if "budget_w" in data else ("domains", "limit_w")
+            else:
+                where = _path_of(data, d.name) + ("limit_w",)
+            gpus = sum(len(s.nodes) * (s.gpus_per_node or 0) for s in d.walk())
+            diag.error(
+                where,
+                f"{dotted(where)}: {format_number(limit)} W is below the sum of minimum caps of domain "
+                f"{d.name!r}: {gpus} GPUs need {format_number(floor_w)} W (deficit {format_number(floor_w - limit)} W)",
+            )
+
+    agent = data.get("agent") or {}
+    socket_path = agent.get("socket_path", model.DEFAULT_SOCKET_PATH)
+    bad_escape = re.search(r"%(?:[^n%]|$)", re.sub(r"%[n%]", "", socket_path))
+    if bad_escape:
+        diag.error(
+            ("agent", "socket_path"),
+            f"agent.socket_path: {_show(socket_path)} contains {bad_escape.group(0)!r}; allowed: %n (node name) and %%",
+        )
+
+    if diag.errors:
+        return None
+
+    weights = data.get("weights") or {}
+    thermal = data.get("thermal") or {}
+    prolog = data.get("prolog") or {}
+    coordinator = data.get("coordinator") or {}
+    return model.Policy(
+        version=1,
+        budget_w=float(budget_w),
+        domains=root,
+        interval_s=interval_s,
+        objective=data.get("objective", "proportional"),
+        thermal=model.ThermalPolicy(margin_c=_f(thermal.get("margin_c"), 5.0)),
+        slew_w=_f(data.get("slew_w"), None),
+        idle_cap_w=_f(data.get("idle_cap_w"), None),
+        start_cap_w=_f(data.get("start_cap_w"), 300.0),
+        min_cap_w=_f(min_cap_w, None),
+        failsafe=model.FailsafePolicy(lease_s=lease_s, safe_cap_w=_f(failsafe.get("safe_cap_w"), None)),
+        prolog=model.PrologPolicy(
+            on_unreachable=prolog.get("on_unreachable", "fail-open"), timeout_s=_f(prolog.get("timeout_s"), 5.0)
+        ),
+        dry_run=bool(data.get("dry_run", False)),
+        weights=model.Weights(
+            default=_f(weights.get("default"), 1.0),
+            partitions=MappingProxyType({str(k): float(v) for k, v in (weights.get("partitions") or {}).items()}),
+            accounts=MappingProxyType({str(k): float(v) for k, v in (weights.get("accounts") or {}).items()}),
+            qos=MappingProxyType({str(k): float(v) for k, v in (weights.get("qos") or {}).items()}),
+        ),
+        agent=model.AgentPolicy(socket_path=socket_path, socket_group=agent.get("socket_group")),
+        coordinator=model.CoordinatorPolicy(
+            address=coordinator.get("address", model.DEFAULT_COORDINATOR_ADDRESS),
+            admin_group=coordinator.get("admin_group"),
+            status_group=coordinator.get("status_group"),
+        ),
+        budget_ceiling_w=_f(root_limit, None),
+        source=source,
+    )
+
+
+def _path_of(data: dict, name: str) -> tuple:
+    """JSON path of the domain called ``name`` in the raw data (first match)."""
+    stack = [(("domains",), data.get("domains") or {})]
+    while stack:
+        path, raw = stack.pop()
+        if raw.get("name") == name:
+            return path
+        for i, child in enumerate(raw.get("children") or []):
+            stack.append((path + ("children", i), child))
+    return ("domains",)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def check_text(
+    text: str,
+    source: str = "<string>",
+    *,
+    device_min_cap_w: Mapping[str, float] | None = None,
+    device_max_cap_w: Mapping[str, float] | None = None,
+) -> Report:
+    """Check policy YAML ``text`` (named ``source`` in messages); never raises for bad input.
+
+    ``device_min_cap_w`` / ``device_max_cap_w`` map GPU model -> watts and override
+    :data:`capctl.policy.devices.KNOWN_DEVICE_LIMITS_W`.
+    """
+    report = Report(source=source)
+    try:
+        data, positions = load_with_positions(text)
+    except YamlInputError as err:
+        report.errors.append(f"{source}:{err.line}:{err.col}: {err.message}")
+        return report
+    diag = _Diag(source, positions)
+    _check_structure(data, diag)
+    policy = None
+    if not diag.errors and isinstance(data, dict):
+        policy = _check_meaning(data, diag, source, device_min_cap_w, device_max_cap_w)
+    report.errors, report.warnings = diag.lines()
+    if policy is not None and not report.errors:
+        report.policy = _replace(policy, warnings=tuple(report.warnings))
+    return report
+
+
+def read_policy_text(path) -> str:
+    """Read a policy file as UTF-8 text. Raises :class:`PolicyError` (one line) when it cannot."""
+    name = str(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise PolicyError([f"{name}: cannot read the policy file: {err.strerror or err}"]) from None
+    except ValueError as err:  # e.g. embedded NUL in the path
+        raise PolicyError([f"{name!r}: cannot read the policy file: {err}"]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise PolicyError([f"{name}: policy file larger than {MAX_FILE_BYTES} bytes"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise PolicyError([f"{name}:{line}:{col}: not UTF-8 text (byte 0x{raw[err.start]:02x})"]) from None
+
+
+def check_file(path, **device_limits) -> Report:
+    """Like :func:`check_text` for the file at ``path``; unreadable files give one error line."""
+    try:
+        text = read_policy_text(path)
+    except PolicyError as err:
+        return Report(source=str(path), errors=err.errors)
+    return check_text(text, str(path), **device_limits)
+
+
+def parse_policy(
+    text: str,
+    source: str = "<string>",
+    *,
+    device_min_cap_w: Mapping[str, float] | None = None,
+    device_max_cap_w: Mapping[str, float] | None = None,
+) -> model.Policy:
+    """Parse and validate policy YAML ``text``.
+
+    Returns:
+        the :class:`~capctl.policy.model.Policy` (warnings in ``policy.warnings``).
+    Raises:
+        PolicyError: with every error as ``"source:line:col: message"``.
+    """
+    report = check_text(text, source, device_min_cap_w=device_min_cap_w, device_max_cap_w=device_max_cap_w)
+    if report.policy is None:
+        raise PolicyError(report.errors or [f"{source}: invalid policy"], report.warnings)
+    return report.policy
+
+
+def load_policy(path, **device_limits) -> model.Policy:
+    """Read, parse and validate the policy file at ``path`` (str or PathLike).
+
+    Keyword arguments: ``device_min_cap_w`` / ``device_max_cap_w`` as in :func:`parse_policy`.
+    Raises:
+        PolicyError: unreadable file (one line) or invalid policy (one line per error).
+    """
+    return parse_policy(read_policy_text(path), str(path), **device_limits)
+
+
+def validate_file(path, **device_limits) -> list[str]:
+    """Return the errors of the policy file at ``path`` as ``"file:line:col: message"`` lines
+    (empty when valid). Never raises for bad input. Keyword arguments as in :func:`parse_policy`."""
+    return check_file(path, **device_limits).errors

@@ -1,0 +1,163 @@
+"""`capctl policy validate` / `capctl policy reload` as a person runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def capctl(*args: str, timeout: float = 60, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "capctl.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_validate_examples_exit_0() -> None:
+    for path in sorted((ROOT / "examples" / "policies").glob("*.yaml")):
+        result = capctl("policy", "validate", str(path))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout == f"{path}: ok\n"
+        assert result.stderr == ""
+
+
+def test_validate_errors_exit_1(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("version: 1\nbudget: 20kW\nprolog: {on_unreachable: fail_open}\n")
+    result = capctl("policy", "validate", str(path))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines == [
+        f"{path}:2:1: unknown key 'budget'; did you mean 'budget_w' (watts)? write the number in watts without a unit: budget_w: 20000",
+        f"{path}:3:26: prolog.on_unreachable: 'fail_open' is not allowed; allowed: 'fail-open', 'fail-closed' (did you mean 'fail-open'?)",
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_json(tmp_path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nbudget_w: 9000\ninterval_s: 20\nfailsafe: {lease_s: 30}\n")
+    result = capctl("policy", "validate", "--json", str(path))
+    assert result.returncode == 0
+    out = json.loads(result.stdout)
+    assert out["ok"] is True and out["errors"] == [] and out["file"] == str(path)
+    assert out["warnings"] == [f"{path}:4:21: warning: failsafe.lease_s: lease_s 30 s is less than two intervals (40 s): one late plan makes agents fall back"]
+
+    path.write_text("version: 1\nbudget_w: -3\n")
+    result = capctl("policy", "validate", "--json", str(path))
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["errors"] == [f"{path}:2:11: budget_w: -3 W is not allowed; must be > 0 W"]
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (None, "cannot read the policy file: No such file or directory"),
+        (b"version: 1\nbudget_w: [\n", "malformed YAML"),
+        (b"\xff\xfe\x00", "not UTF-8 text"),
+    ],
+    ids=["missing", "malformed", "binary"],
+)
+def test_validate_bad_files_one_clean_line(tmp_path, content, expected) -> None:
+    path = tmp_path / "p.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    result = capctl("policy", "validate", str(path))
+    assert result.returncode == 1
+    assert len(result.stdout.splitlines()) == 1 and expected in result.stdout
+    assert result.stdout.startswith(str(path))
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_validate_device_min_cap_flag(tmp_path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nbudget_w: 9000\nmin_cap_w: 120\ndomains: {name: c, gpu_model: L40S, nodes: a1}\n")
+    assert capctl("policy", "validate", str(path)).returncode == 0
+    result = capctl("policy", "validate", "--device-min-cap", "L40S=150", str(path))
+    assert result.returncode == 1
+    assert "min_cap_w: 120 W is below the minimum cap 150 W of L40S" in result.stdout
+    bad = capctl("policy", "validate", "--device-min-cap", "L40S", str(path))
+    assert bad.returncode == 1 and "expected MODEL=WATTS" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_validate_usage_error_exit_2() -> None:
+    result = capctl("policy", "validate")
+    assert result.returncode == 2
+
+
+def test_reload_unreachable_coordinator_exit_3(tmp_path) -> None:
+    result = capctl("policy", "reload", "--coordinator", f"unix:{tmp_path}/none.sock", str(ROOT / "examples/policies/lab-4node.yaml"))
+    assert result.returncode == 3, result.stderr
+    assert "unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
+class _ReloadServicer:
+    """Admin servicer answering only ReloadPolicy: validates with the real loader, like the
+    coordinator does, and records the paths it was asked for."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def ReloadPolicy(self, request, context):  # noqa: N802 - gRPC method name
+        from capctl.policy import PolicyError, load_policy
+        from capctl.v1 import capctl_pb2
+
+        self.paths.append(request.path)
+        try:
+            policy = load_policy(request.path)
+        except PolicyError as err:
+            return capctl_pb2.ReloadPolicyReply(ok=False, errors=err.errors, message="the last good policy stays")
+        return capctl_pb2.ReloadPolicyReply(ok=True, message=f"policy {request.path} loaded: budget {policy.budget_w:g} W")
+
+
+@pytest.fixture
+def admin_server(tmp_path):
+    import grpc
+    from concurrent import futures
+
+    from capctl.v1 import capctl_pb2_grpc
+
+    servicer = _ReloadServicer()
+    handlers = {"ReloadPolicy": grpc.unary_unary_rpc_method_handler(
+        servicer.ReloadPolicy,
+        request_deserializer=__import__("capctl.v1.capctl_pb2", fromlist=["x"]).ReloadPolicyRequest.FromString,
+        response_serializer=lambda reply: reply.SerializeToString(),
+    )}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("capctl.v1.Admin", handlers),))
+    address = f"unix:{tmp_path}/admin.sock"
+    server.add_insecure_port(address)
+    server.start()
+    assert capctl_pb2_grpc.AdminStub  # the generated stubs exist
+    try:
+        yield address, servicer
+    finally:
+        server.stop(grace=None)
+
+
+def test_reload_ok_and_refused(admin_server, tmp_path) -> None:
+    address, servicer = admin_server
+    good = ROOT / "examples" / "policies" / "lab-4node.yaml"
+    result = capctl("policy", "reload", "--coordinator", address, str(good))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"policy {good} loaded: budget 4000 W"
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nbudget_w: 4000\nfailsafe: {lease_s: 1}\n")
+    result = capctl("policy", "reload", "--coordinator", address, "bad.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"{bad}:3:21: failsafe.lease_s: lease_s 1 s must be longer than interval_s 5 s (agents would fall back to their safe cap between two plans)"
+    assert "not reloaded" in lines[-1] and "Traceback" not in result.stderr
+    assert servicer.paths == [str(good), str(bad)]  # relative FILE sent as an absolute path
+
+    result = capctl("policy", "reload", "--json", "--coordinator", address, str(bad))
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["errors"] == [lines[0]]

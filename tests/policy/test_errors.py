@@ -1,0 +1,203 @@
+"""Every kind of policy error names file:line:col, the value and what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from capctl.policy import PolicyError, check_text, parse_policy, validate_file
+
+BASE = """\
+version: 1
+budget_w: 20000
+"""
+
+
+def errors_of(text: str, **kw) -> list[str]:
+    report = check_text(textwrap.dedent(text), "p.yaml", **kw)
+    assert report.policy is None, "expected an invalid policy"
+    return report.errors
+
+
+def warnings_of(text: str, **kw) -> list[str]:
+    report = check_text(textwrap.dedent(text), "p.yaml", **kw)
+    assert report.ok, report.errors
+    return report.warnings
+
+
+# (policy text, expected "p.yaml:line:col: ..." prefix, substrings the message must contain)
+CASES = [
+    pytest.param("version: 1\nbudget: 20kW\n", "p.yaml:2:1:", ["unknown key 'budget'", "did you mean 'budget_w'", "budget_w: 20000"], id="key-without-unit"),
+    pytest.param("version: 1\nbudget_w: 20 kW\n", "p.yaml:2:11:", ["budget_w", "expected a number of watts", "'20 kW'", "budget_w: 20000"], id="string-with-unit"),
+    pytest.param('version: 1\nbudget_w: "1.5MW"\n', "p.yaml:2:11:", ["budget_w: 1500000"], id="megawatts-string"),
+    pytest.param("version: 1\nbudget_kw: 20\n", "p.yaml:2:1:", ["unknown key 'budget_kw'", "use 'budget_w'", "budget_w: 20000"], id="key-in-kw"),
+    pytest.param(BASE + "interval_ms: 500\n", "p.yaml:3:1:", ["use 'interval_s'", "interval_s: 0.5"], id="key-in-ms"),
+    pytest.param(BASE + "interval_s: 5s\n", "p.yaml:3:13:", ["interval_s", "expected a number of seconds", "interval_s: 5"], id="seconds-string"),
+    pytest.param(BASE + "interval_s: 5 kW\n", "p.yaml:3:13:", ["is not in seconds"], id="wrong-unit-string"),
+    pytest.param(BASE + "thermal: {margin: 5}\n", "p.yaml:3:11:", ["unknown key 'margin' in thermal", "'margin_c'"], id="nested-key-without-unit"),
+    pytest.param(BASE + "objectve: throughput\n", "p.yaml:3:1:", ["unknown key 'objectve'", "did you mean 'objective'"], id="did-you-mean"),
+    pytest.param(BASE + "colour: red\n", "p.yaml:3:1:", ["unknown key 'colour'", "allowed keys: version, budget_w"], id="unknown-key-list"),
+    pytest.param("version: 1\nbudget_w: -5\n", "p.yaml:2:11:", ["budget_w: -5 W is not allowed", "must be > 0 W"], id="negative"),
+    pytest.param("version: 1\nbudget_w: 0\n", "p.yaml:2:11:", ["must be > 0 W"], id="zero"),
+    pytest.param("version: 1\nbudget_w: .nan\n", "p.yaml:2:11:", ["nan is not allowed", "finite"], id="nan"),
+    pytest.param("version: 1\nbudget_w: .inf\n", "p.yaml:2:11:", ["inf is not allowed", "finite"], id="inf"),
+    pytest.param("version: 1\nbudget_w: true\n", "p.yaml:2:11:", ["expected a number of watts", "got true"], id="bool-as-number"),
+    pytest.param("version: 2\nbudget_w: 1\n", "p.yaml:1:10:", ["version: 2 is not allowed", "allowed: 1"], id="version"),
+    pytest.param("budget_w: 1000\n", "p.yaml:1:1:", ["missing required key 'version'", "version: 1"], id="missing-version"),
+    pytest.param("version: 1\n", "p.yaml:1:1:", ["missing budget_w"], id="missing-budget"),
+    pytest.param(BASE + "prolog:\n  on_unreachable: fail_closed\n", "p.yaml:4:19:", ["'fail_closed' is not allowed", "'fail-open', 'fail-closed'", "did you mean 'fail-closed'"], id="fail-closed-spelling"),
+    pytest.param(BASE + "prolog: {on_unreachable: failopen}\n", "p.yaml:3:26:", ["did you mean 'fail-open'"], id="fail-open-spelling"),
+    pytest.param(BASE + "objective: Throughput\n", "p.yaml:3:12:", ["did you mean 'throughput'"], id="enum-case"),
+    pytest.param(BASE + "interval_s: 10\nfailsafe: {lease_s: 8}\n", "p.yaml:4:21:", ["lease_s 8 s must be longer than interval_s 10 s"], id="lease-shorter-than-interval"),
+    pytest.param(BASE + "min_cap_w: 200\nstart_cap_w: 150\n", "p.yaml:4:14:", ["start_cap_w: 150 W is below min_cap_w 200 W"], id="start-below-min"),
+    pytest.param(BASE + "weights: {qos: {high: 0}}\n", "p.yaml:3:23:", ["weights.qos.high: 0 is not allowed", "must be > 0"], id="zero-weight"),
+    pytest.param(BASE + "agent: {socket_path: run/agent.sock}\n", "p.yaml:3:22:", ["expected an absolute path"], id="relative-socket"),
+    pytest.param(BASE + "agent: {socket_path: /run/agent-%h.sock}\n", "p.yaml:3:22:", ["contains '%h'", "%n (node name)"], id="socket-escape"),
+    pytest.param(BASE + "coordinator: {address: head01}\n", "p.yaml:3:24:", ["unix:/absolute/path or host:port"], id="address"),
+    pytest.param(BASE + "dry_run: maybe\n", "p.yaml:3:10:", ["dry_run: expected true or false, got 'maybe'"], id="dry-run"),
+    pytest.param(BASE + "domains: {name: c, children: [{name: r1, limit_w: 100}]}\n", "p.yaml:3:31:", ["domain 'r1' needs a kind"], id="missing-kind"),
+    pytest.param(BASE + "domains: {name: c, children: [{name: r1, kind: rack, nodes: 'gpu[3-1]'}]}\n", "p.yaml:3:61:", ["invalid hostlist expression 'gpu[3-1]'", "start > stop"], id="hostlist-range"),
+    pytest.param(BASE + "domains:\n  name: c\n  nodes: 'gpu[1-4'\n", "p.yaml:5:10:", ["invalid hostlist expression", "unbalanced brackets"], id="hostlist-brackets"),
+    pytest.param(BASE + "domains:\n  name: c\n  nodes: ['gpu1', 'gpu 2']\n", "p.yaml:5:19:", ["'gpu 2' is not a valid node name"], id="node-name"),
+    pytest.param(
+        BASE + "domains:\n  name: c\n  children:\n    - {name: r1, kind: rack, nodes: 'gpu[01-08]'}\n    - {name: r2, kind: rack, nodes: 'gpu[07-16]'}\n",
+        "p.yaml:7:37:",
+        ["nodes gpu[07-08] already listed in domain 'r1' (line 6, col 37)", "exactly one domain"],
+        id="node-in-two-domains",
+    ),
+    pytest.param(
+        BASE + "domains:\n  name: c\n  nodes: 'gpu1'\n  children:\n    - {name: r1, kind: rack, nodes: 'gpu[1-2]'}\n",
+        "p.yaml:7:37:",
+        ["node gpu1 already listed in domain 'c'"],
+        id="node-at-two-levels",
+    ),
+    pytest.param(BASE + "domains:\n  name: c\n  nodes: 'gpu[1-2],gpu2'\n", "p.yaml:5:10:", ["node gpu2 already listed earlier in this domain"], id="node-twice-in-one-domain"),
+    pytest.param(
+        BASE + "domains:\n  name: c\n  children:\n    - {name: r1, kind: rack, limit_w: 30000, nodes: 'a1'}\n",
+        "p.yaml:6:39:",
+        ["domains.children[0].limit_w: 30000 W is above the limit of enclosing domain 'c' (20000 W)"],
+        id="child-above-budget",
+    ),
+    pytest.param(
+        BASE + "domains:\n  name: c\n  children:\n    - name: row1\n      kind: row\n      limit_w: 5000\n      children:\n        - {name: r1, kind: rack, limit_w: 6000, nodes: 'a1'}\n",
+        "p.yaml:10:43:",
+        ["above the limit of enclosing domain 'row1' (5000 W)"],
+        id="grandchild-above-row",
+    ),
+    pytest.param(BASE + "domains:\n  name: c\n  children:\n    - {name: c, kind: rack, nodes: a1}\n", "p.yaml:6:14:", ["domain name 'c' already used (line 4, col 9)"], id="duplicate-domain-name"),
+    pytest.param(BASE + "domains:\n  name: c\n  children:\n    - {name: r, kind: cluster, nodes: a1}\n", "p.yaml:6:23:", ["only the root domain may be of kind 'cluster'"], id="cluster-kind-below-root"),
+    pytest.param(BASE + "domains:\n  name: c\n  children:\n    - {name: n1, kind: node, nodes: 'a[1-2]'}\n", "p.yaml:6:37:", ["holds exactly one node, got 2"], id="node-kind-two-nodes"),
+    pytest.param(
+        BASE + "min_cap_w: 150\ndomains: {name: c, gpu_model: H100-SXM, nodes: a1}\n",
+        "p.yaml:3:12:",
+        ["min_cap_w: 150 W is below the minimum cap 200 W of H100-SXM"],
+        id="min-below-device-min",
+    ),
+    pytest.param(
+        "version: 1\nbudget_w: 5000\ndomains: {name: c, gpu_model: H100-SXM, gpus_per_node: 8, nodes: 'a[1-4]'}\n",
+        "p.yaml:2:11:",
+        ["budget_w: 5000 W is below the sum of minimum caps of domain 'c': 32 GPUs need 6400 W (deficit 1400 W)"],
+        id="budget-below-minimums",
+    ),
+    pytest.param(
+        BASE + "domains:\n  name: c\n  gpu_model: A40\n  gpus_per_node: 4\n  children:\n    - {name: p1, kind: pdu, limit_w: 700, nodes: 'a[1-2]'}\n",
+        "p.yaml:8:38:",
+        ["domains.children[0].limit_w: 700 W is below the sum of minimum caps of domain 'p1': 8 GPUs need 800 W"],
+        id="pdu-below-minimums",
+    ),
+    pytest.param(BASE + "budget_w: 3\n", "p.yaml:3:1:", ["duplicate key 'budget_w' (first at line 2, col 1)"], id="duplicate-key"),
+    pytest.param("version: 1\nbudget_w: [1\n", "p.yaml:3:1:", ["malformed YAML"], id="malformed"),
+    pytest.param("version: 1\n\tbudget_w: 1\n", "p.yaml:2:1:", ["malformed YAML"], id="tab"),
+    pytest.param("", "p.yaml:1:1:", ["empty policy"], id="empty"),
+    pytest.param("- version: 1\n", "p.yaml:1:1:", ["expected a mapping, got a list"], id="list-document"),
+    pytest.param("version: 1\nbudget_w: !!python/object:os.system x\n", "p.yaml:2:11:", ["cannot read value"], id="python-tag"),
+    pytest.param("version: 1\nbudget_w: &a [*a]\n", "p.yaml:2:11:", ["recursive YAML alias"], id="recursive-alias"),
+]
+
+
+@pytest.mark.parametrize("text,where,needles", CASES)
+def test_error_position_and_message(text: str, where: str, needles: list[str]) -> None:
+    errors = errors_of(text)
+    hits = [e for e in errors if e.startswith(where + " ")]
+    assert hits, f"no error at {where}: {errors}"
+    for needle in needles:
+        assert any(needle in e for e in hits), f"{needle!r} not in {hits}"
+
+
+def test_several_errors_all_reported_in_file_order() -> None:
+    errors = errors_of("version: 1\nbudget_w: -1\ninterval_s: fast\nobjective: best\n")
+    assert [e.split(": ")[0] for e in errors] == ["p.yaml:2:11", "p.yaml:3:13", "p.yaml:4:12"]
+
+
+def test_device_min_map_from_caller_overrides_table() -> None:
+    text = "version: 1\nbudget_w: 9000\nmin_cap_w: 150\ndomains: {name: c, gpu_model: Z9, nodes: a1}\n"
+    assert check_text(text, "p.yaml").ok  # unknown model: no device check (a warning)
+    errors = errors_of(text, device_min_cap_w={"Z9": 180})
+    assert errors == ["p.yaml:3:12: min_cap_w: 150 W is below the minimum cap 180 W of Z9 (NVML power limit constraints)"]
+
+
+def test_unknown_gpu_model_is_a_warning() -> None:
+    warnings = warnings_of("version: 1\nbudget_w: 9000\ndomains: {name: c, gpu_model: Z9, nodes: a1}\n")
+    assert warnings == [
+        "p.yaml:3:31: warning: domains.gpu_model: unknown GPU model 'Z9': device-limit checks skipped "
+        "(known: H100-SXM, A100-SXM4, V100-SXM2, A40)"
+    ]
+
+
+def test_unreachable_parent_limit_is_a_warning() -> None:
+    warnings = warnings_of(
+        "version: 1\nbudget_w: 9000\ndomains:\n  name: c\n  children:\n"
+        "    - {name: r1, kind: rack, limit_w: 3000, nodes: a1}\n"
+        "    - {name: r2, kind: rack, limit_w: 4000, nodes: a2}\n"
+    )
+    assert warnings == ["p.yaml:2:11: warning: budget_w: 9000 W can never be reached: the limits of domain 'c''s children sum to 7000 W"]
+
+
+def test_children_sum_above_parent_is_fine() -> None:
+    report = check_text(
+        "version: 1\nbudget_w: 5000\ndomains:\n  name: c\n  children:\n"
+        "    - {name: r1, kind: rack, limit_w: 3000, nodes: a1}\n"
+        "    - {name: r2, kind: rack, limit_w: 4000, nodes: a2}\n",
+        "p.yaml",
+    )
+    assert report.ok and report.warnings == []
+
+
+def test_short_lease_is_a_warning() -> None:
+    assert warnings_of(BASE + "interval_s: 20\nfailsafe: {lease_s: 30}\n") == [
+        "p.yaml:4:21: warning: failsafe.lease_s: lease_s 30 s is less than two intervals (40 s): one late plan makes agents fall back"
+    ]
+
+
+def test_budget_above_root_limit() -> None:
+    errors = errors_of("version: 1\nbudget_w: 20000\ndomains: {name: c, limit_w: 15000}\n")
+    assert errors == ["p.yaml:2:11: budget_w: 20000 W is above the root domain limit_w 15000 W"]
+
+
+def test_policy_error_carries_errors() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy("version: 1\nbudget_w: -1\n", "x.yaml")
+    assert info.value.errors == ["x.yaml:2:11: budget_w: -1 W is not allowed; must be > 0 W"]
+    assert str(info.value) == info.value.errors[0]
+    assert info.value.exit_code == 1
+
+
+def test_validate_file_unreadable_and_binary(tmp_path) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert validate_file(missing) == [f"{missing}: cannot read the policy file: No such file or directory"]
+    assert validate_file(tmp_path) == [f"{tmp_path}: cannot read the policy file: Is a directory"]
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"version: 1\nbudget_w: \xff\xfe\n")
+    assert validate_file(binary) == [f"{binary}:2:11: not UTF-8 text (byte 0xff)"]
+
+
+def test_error_count_is_bounded() -> None:
+    text = "version: 1\nbudget_w: 1000\nweights:\n  qos:\n" + "".join(f"    q{i}: -1\n" for i in range(300))
+    errors = check_text(text, "p.yaml").errors
+    assert len(errors) == 201 and errors[-1] == "p.yaml: ... and 100 more errors"
+
+
+def test_default_lease_follows_the_interval() -> None:
+    assert parse_policy(BASE + "interval_s: 60\n").failsafe.lease_s == 180.0
+    assert parse_policy(BASE + "interval_s: 2\n").failsafe.lease_s == 30.0
