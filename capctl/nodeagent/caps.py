@@ -1,0 +1,565 @@
+"""Cap management on one node: save/restore pre-job limits, job bindings, drift handling.
+
+:class:`CapManager` sits on an :class:`~capctl.nodeagent.nvml.NvmlBackend` and is the only code
+that writes power limits. Its rules (issue 2, DEVELOPERS.md "Hardware safety"):
+
+* Before the FIRST write to a GPU its pre-job (site) limit, i.e. the requested power limit read
+  from the device, is saved in the root-only state file (:mod:`capctl.nodeagent.savedstate`);
+  restore returns to that value, never to the default limit. The saved value is kept until the
+  restore succeeded.
+* GPUs are counted per job (MIG or shared GPUs): a GPU is restored only when its last job leaves.
+* Decreases are applied before increases; every GPU is handled on its own: one failing GPU never
+  stops the others. A failed restore stays pending and is retried (:meth:`CapManager.retry_pending`,
+  also run by every :meth:`CapManager.reconcile`).
+* Restart never resets caps: a new manager re-reads the state file and the devices and writes
+  nothing until asked. A corrupt state file is moved aside (``*.corrupt.<time>``), reported
+  (:attr:`CapManager.state_file_error`) and the manager keeps running; pre-job limits captured
+  after that are the limits then in force (``saved_source="recovered"``), so a later restore
+  never raises a cap.
+
+Drift (:meth:`CapManager.reconcile`, run each interval) compares the requested limit on the device
+with the one capctl last wrote:
+
+* requested limit changed once (driver reload puts it back to the default) -> re-applied at once,
+  state ``OK``;
+* requested limit changed again within ``foreign_window_s`` -> ``FOREIGN_WRITER``: an alarm is
+  logged (ERROR, at most once per ``rewrite_interval_s``) and the cap is re-written at most once
+  per ``rewrite_interval_s`` (no write war);
+* requested limit as written but enforced limit lower (another limit binds, e.g. an out-of-band
+  BMC/chassis limit) -> ``OOB_LIMITED``, no write; the enforced value is what counts
+  (:meth:`CapManager.status`).
+
+Cap states: ``OK``, ``OOB_LIMITED``, ``FOREIGN_WRITER``, ``RESTORE_FAILED``, ``LOST`` (GPU lost),
+``SET_FAILED`` (a write was refused, e.g. NO_PERMISSION / NOT_SUPPORTED), ``ERROR`` (a read failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from capctl.errors import CapctlError, UserInputError
+from capctl.nodeagent.nvml import GpuLostError, NvmlBackend, NvmlError
+from capctl.nodeagent.savedstate import (
+    STATE_FILE_NAME,
+    GpuRecord,
+    NodeCapState,
+    SavedStateError,
+    load_state,
+    quarantine,
+    store_state,
+)
+
+LOG = logging.getLogger("capctl.nodeagent.caps")
+
+OK = "OK"
+OOB_LIMITED = "OOB_LIMITED"
+FOREIGN_WRITER = "FOREIGN_WRITER"
+RESTORE_FAILED = "RESTORE_FAILED"
+LOST = "LOST"
+SET_FAILED = "SET_FAILED"
+ERROR = "ERROR"
+CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR)
+"""Every value :meth:`CapManager.states` / :meth:`CapManager.reconcile` can report."""
+
+ENFORCED_TOLERANCE_W = 1.0
+"""Enforced limit this far or more below the requested one counts as ``OOB_LIMITED`` (W).
+
+NVML reports both limits in mW; 1 W absorbs rounding of limits that other agents set in W
+(nvidia-smi -pl takes whole watts) without hiding a real out-of-band limit (tens of W and more).
+"""
+
+
+def _mw(value_w: float) -> int:
+    """Whole milliwatts of a value in W (for exact comparisons of limits NVML reports in mW)."""
+    return int(round(value_w * 1000.0))
+
+
+@dataclass(frozen=True, slots=True)
+class CapResult:
+    """Outcome of one per-GPU write (W).
+
+    ``action``: ``"set"``, ``"restore"`` or ``"none"`` (nothing to do). ``requested_w``: the
+    cap asked for (for a restore: the saved pre-job limit); ``cap_w``/``enforced_w``: read back
+    after the write (NaN when unknown). ``ok`` False means ``error`` holds the message (with a
+    remedy) and ``error_type`` the exception class name; ``state`` is the GPU's cap state after it.
+    """
+
+    index: int
+    ok: bool
+    action: str
+    requested_w: float
+    cap_w: float = math.nan
+    enforced_w: float = math.nan
+    state: str = OK
+    error: str | None = None
+    error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCapStatus:
+    """What the manager knows about one GPU after the last operation (W).
+
+    ``effective_cap_w`` is what really limits the GPU: the enforced limit (issue 2: with an
+    out-of-band limit "the enforced value is what counts").
+    """
+
+    index: int
+    state: str
+    desired_w: float | None
+    cap_w: float | None
+    enforced_w: float | None
+    saved_limit_w: float | None
+    jobs: int
+    message: str | None
+
+    @property
+    def effective_cap_w(self) -> float | None:
+        """The enforced limit (W), or None before the first observation."""
+        return self.enforced_w
+
+
+@dataclass
+class _Runtime:
+    state: str = OK
+    desired_w: float | None = None
+    cap_w: float | None = None
+    enforced_w: float | None = None
+    message: str | None = None
+    drift_s: deque = field(default_factory=lambda: deque(maxlen=16))
+    last_rewrite_s: float | None = None
+    last_alarm_s: float | None = None
+
+
+class CapManager:
+    """Applies, tracks and restores power limits on the GPUs of one node.
+
+    Args:
+        backend: an open :class:`~capctl.nodeagent.nvml.NvmlBackend`.
+        state_dir: directory of the state file ``caps-state.json`` (created 0700 if missing;
+            production: ``/var/lib/capctl``).
+        clock: monotonic time source in seconds (tests pass a manual clock).
+        rewrite_interval_s: minimum time between two re-writes of a GPU claimed by a foreign
+            writer, and between two foreign-writer alarms.
+        foreign_window_s: two drifts of the requested limit within this window mark a foreign
+            writer (default ``4 * rewrite_interval_s``).
+
+    All public methods are thread-safe (one re-entrant lock). Bad arguments raise
+    :class:`~capctl.errors.UserInputError`; hardware errors are captured per GPU in the results.
+    """
+
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        state_dir: Path,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rewrite_interval_s: float = 30.0,
+        foreign_window_s: float | None = None,
+    ):
+        if not (isinstance(rewrite_interval_s, (int, float)) and rewrite_interval_s > 0):
+            raise UserInputError(f"rewrite_interval_s: {rewrite_interval_s!r}, expected > 0 s")
+        self.backend = backend
+        self.state_path = Path(state_dir) / STATE_FILE_NAME
+        self.clock = clock
+        self.rewrite_interval_s = float(rewrite_interval_s)
+        self.foreign_window_s = float(
+            foreign_window_s if foreign_window_s is not None else 4.0 * rewrite_interval_s
+        )
+        self.state_file_error: SavedStateError | None = None
+        self._lock = threading.RLock()
+        self._devices = backend.devices()
+        self._count = len(self._devices)
+        self._rt = {i: _Runtime() for i in range(self._count)}
+        self._recovered = False
+        self._state = self._load()
+
+    # -- state file ----------------------------------------------------------------------------
+
+    def _load(self) -> NodeCapState:
+        try:
+            state = load_state(self.state_path)
+        except SavedStateError as err:
+            moved = quarantine(self.state_path)
+            err.moved_to = moved
+            kept = f"; kept aside as {moved}" if moved else ""
+            message = (
+                f"{err}{kept}. Continuing without the saved pre-job limits: caps in force are "
+                "kept, and a later restore returns to the limit in force now (never higher); "
+                "check the site power limits (nvidia-smi -q -d POWER)"
+            )
+            err.args = (message,)
+            self.state_file_error = err
+            LOG.error("%s", message)
+            self._recovered = True
+            state = NodeCapState()
+            self._try_store(state)
+            return state
+        uuids = {d.uuid: d.index for d in self._devices if d.uuid}
+        remapped: dict[int, GpuRecord] = {}
+        for index, rec in state.gpus.items():
+            now_index = uuids.get(rec.uuid)
+            if now_index is None:
+                if index < self._count and not self._devices[index].uuid:
+                    now_index = index  # cannot be read now (lost): keep it where it was
+                else:
+                    LOG.error(
+                        "cap state file %s: GPU %s (saved limit %.3f W, was index %d) is not on "
+                        "this node any more; its record is dropped",
+                        self.state_path, rec.uuid, rec.saved_limit_w, index,
+                    )
+                    continue
+            remapped[now_index] = rec
+            if rec.restore_pending:
+                self._rt[now_index].state = RESTORE_FAILED
+        state.gpus = remapped
+        for job, indices in list(state.bindings.items()):
+            state.bindings[job] = [i for i in indices if i < self._count]
+        LOG.info(
+            "cap state %s: %d saved pre-job limit(s), %d job binding(s)",
+            self.state_path, len(state.gpus), len(state.bindings),
+        )
+        return state
+
+    def _try_store(self, state: NodeCapState | None = None) -> str | None:
+        try:
+            store_state(self.state_path, state if state is not None else self._state)
+        except OSError as err:
+            message = (
+                f"cannot write the cap state file {self.state_path}: {err}; the agent needs a "
+                "writable root-only state directory"
+            )
+            LOG.error("%s", message)
+            return message
+        return None
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def bindings(self) -> dict[str, list[int]]:
+        """Job id -> GPU indices bound to it (copies)."""
+        with self._lock:
+            return {job: list(ix) for job, ix in self._state.bindings.items()}
+
+    def saved_limits_w(self) -> dict[int, float]:
+        """GPU index -> saved pre-job limit (W), for every GPU capctl wrote and not yet restored."""
+        with self._lock:
+            return {i: r.saved_limit_w for i, r in sorted(self._state.gpus.items())}
+
+    def states(self) -> dict[int, str]:
+        """GPU index -> cap state (see :data:`CAP_STATES`) for every GPU of the node."""
+        with self._lock:
+            return {i: rt.state for i, rt in self._rt.items()}
+
+    def job_count(self, index: int) -> int:
+        """Number of jobs bound to GPU ``index``."""
+        with self._lock:
+            return sum(1 for ix in self._state.bindings.values() if index in ix)
+
+    def status(self) -> dict[int, GpuCapStatus]:
+        """GPU index -> :class:`GpuCapStatus` (last observation; no NVML call)."""
+        with self._lock:
+            return {
+                i: GpuCapStatus(
+                    index=i, state=rt.state, desired_w=rt.desired_w, cap_w=rt.cap_w,
+                    enforced_w=rt.enforced_w,
+                    saved_limit_w=(self._state.gpus[i].saved_limit_w if i in self._state.gpus else None),
+                    jobs=self.job_count(i), message=rt.message,
+                )
+                for i, rt in self._rt.items()
+            }
+
+    # -- binding -------------------------------------------------------------------------------
+
+    def _check_indices(self, indices, field_name: str) -> list[int]:
+        out = []
+        for i in indices:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self._count:
+                raise UserInputError(
+                    f"{field_name}: GPU index {i!r} does not exist on this node; allowed "
+                    f"0..{self._count - 1}"
+                )
+            out.append(i)
+        return out
+
+    def bind(self, job_id: str, indices: list[int]) -> None:
+        """Bind ``job_id`` to GPUs ``indices`` (added to an existing binding; idempotent).
+
+        A GPU may be bound to several jobs (MIG, shared GPUs); it is restored when the last one
+        is released. Binding a GPU whose restore is pending hands it to the new job: the saved
+        pre-job limit is kept and restored when that job leaves.
+
+        Raises:
+            UserInputError: empty job id or an index that does not exist.
+        """
+        if not isinstance(job_id, str) or not job_id.strip():
+            raise UserInputError(f"job_id: {job_id!r}, expected a non-empty string")
+        with self._lock:
+            new = self._check_indices(indices, f"bind {job_id}")
+            self._state.bindings[job_id] = sorted(set(self._state.bindings.get(job_id, [])) | set(new))
+            for i in new:
+                rec = self._state.gpus.get(i)
+                if rec is not None and rec.restore_pending:
+                    rec.restore_pending = False
+                    if self._rt[i].state == RESTORE_FAILED:
+                        self._rt[i].state = OK
+            self._try_store()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _fail(self, index: int, action: str, requested_w: float, err: Exception, state: str) -> CapResult:
+        rt = self._rt.get(index)
+        if rt is not None:
+            rt.state = state
+            rt.message = str(err)
+        LOG.error("GPU %s: %s to %.3f W failed: %s", index, action, requested_w, err)
+        return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
+                         state=state, error=str(err), error_type=type(err).__name__)
+
+    def _plan(self, targets: dict[int, float], action: str, results: dict[int, CapResult]):
+        """Read current limits; return [(delta_w, index, requested_w, current_w)] decreases first."""
+        plan = []
+        for index, cap_w in targets.items():
+            try:
+                self._check_indices([index], action)
+                target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
+                current_w = self.backend.get_cap_w(index)
+            except GpuLostError as err:
+                results[index] = self._fail(index, action, cap_w, err, LOST)
+                continue
+            except CapctlError as err:
+                results[index] = self._fail(index, action, cap_w, err, ERROR)
+                continue
+            plan.append((target_w - current_w, index, cap_w, current_w))
+        plan.sort(key=lambda p: (p[0], p[1]))
+        return plan
+
+    def _save_pre_job(self, plan) -> set[int]:
+        """Record pre-job limits of GPUs written for the first time; return indices NOT safe to write."""
+        fresh = [(i, cur) for _, i, _, cur in plan if i not in self._state.gpus]
+        if not fresh:
+            return set()
+        for i, current_w in fresh:
+            self._state.gpus[i] = GpuRecord(
+                uuid=self._devices[i].uuid, saved_limit_w=current_w,
+                saved_source="recovered" if self._recovered else "read",
+            )
+            LOG.info("GPU %d: saved pre-job limit %.3f W", i, current_w)
+        problem = self._try_store()
+        if problem is None:
+            return set()
+        for i, _ in fresh:
+            del self._state.gpus[i]
+        return {i for i, _ in fresh}
+
+    def _write(self, index: int, cap_w: float, action: str) -> CapResult:
+        rt = self._rt[index]
+        try:
+            res = self.backend.set_cap_w(index, cap_w)
+        except GpuLostError as err:
+            return self._fail(index, action, cap_w, err, LOST)
+        except CapctlError as err:
+            return self._fail(index, action, cap_w, err, RESTORE_FAILED if action == "restore" else SET_FAILED)
+        rt.cap_w, rt.enforced_w, rt.message = res.cap_w, res.enforced_w, None
+        if action == "restore":
+            if _mw(res.cap_w) != _mw(cap_w):
+                err = NvmlError(
+                    f"GPU {index}: restore to {cap_w:.3f} W read back {res.cap_w:.3f} W (another "
+                    "writer?); will retry",
+                    gpu_index=index,
+                )
+                return self._fail(index, action, cap_w, err, RESTORE_FAILED)
+            rt.state = OK
+            rt.desired_w = None
+            return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, OK)
+        rec = self._state.gpus[index]
+        rec.written_w = res.written_w
+        rt.desired_w = res.written_w
+        rt.state = self._observed_state(index, res.cap_w, res.enforced_w)
+        return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, rt.state)
+
+    def _observed_state(self, index: int, cap_w: float, enforced_w: float) -> str:
+        if self._is_foreign(index, self.clock()):
+            return FOREIGN_WRITER
+        if enforced_w < cap_w - ENFORCED_TOLERANCE_W:
+            return OOB_LIMITED
+        return OK
+
+    def set_caps(self, caps_w: dict[int, float]) -> dict[int, CapResult]:
+        """Apply caps (W) per GPU index: decreases first, each GPU independently.
+
+        Each cap is clamped into the device's limit constraints (see
+        :meth:`NvmlBackend.clamp_cap_w`). Before the first write to a GPU its current limit is
+        saved to the state file; if that save fails the GPU is not written. A NaN/inf cap or a
+        bad index yields an error result for that GPU only.
+
+        Returns:
+            GPU index -> :class:`CapResult`.
+        """
+        with self._lock:
+            results: dict[int, CapResult] = {}
+            plan = self._plan(dict(caps_w), "set", results)
+            unsafe = self._save_pre_job(plan)
+            for _, index, cap_w, _ in plan:
+                if index in unsafe:
+                    results[index] = self._fail(
+                        index, "set", cap_w,
+                        NvmlError(f"GPU {index}: not written: cannot save its pre-job limit to "
+                                  f"{self.state_path}; fix the state directory", gpu_index=index),
+                        SET_FAILED)
+                    continue
+                results[index] = self._write(index, cap_w, "set")
+            self._try_store()
+            return dict(sorted(results.items()))
+
+    # -- restoring -----------------------------------------------------------------------------
+
+    def _restore(self, indices: list[int]) -> dict[int, CapResult]:
+        results: dict[int, CapResult] = {}
+        targets = {i: self._state.gpus[i].saved_limit_w for i in indices if i in self._state.gpus}
+        for i in targets:
+            self._state.gpus[i].restore_pending = True
+        if targets:
+            self._try_store()  # a crash from here on still retries the restore at the next start
+        for _, index, saved_w, _ in self._plan(targets, "restore", results):
+            results[index] = self._write(index, saved_w, "restore")
+        for index, res in results.items():
+            if res.ok:
+                del self._state.gpus[index]
+                self._rt[index].drift_s.clear()
+                LOG.info("GPU %d: restored pre-job limit %.3f W", index, res.requested_w)
+            else:
+                self._rt[index].state = LOST if res.state == LOST else RESTORE_FAILED
+        self._try_store()
+        return dict(sorted(results.items()))
+
+    def release(self, job_id: str) -> dict[int, CapResult]:
+        """Unbind ``job_id``; restore the pre-job limit of each GPU it was the last job on.
+
+        Best effort per GPU: a GPU that fails keeps its saved value, is marked
+        ``RESTORE_FAILED`` and is retried by :meth:`retry_pending` / :meth:`reconcile`. Releasing
+        an unknown job is a no-op (the epilog may run twice).
+
+        Returns:
+            GPU index -> :class:`CapResult` for the GPUs restored or attempted.
+        """
+        with self._lock:
+            indices = self._state.bindings.pop(str(job_id), None)
+            if indices is None:
+                LOG.info("release %s: no such job bound on this node (already released?)", job_id)
+                return {}
+            last = [i for i in indices if self.job_count(i) == 0]
+            for i in last:
+                self._rt[i].desired_w = None
+            return self._restore([i for i in last if i in self._state.gpus])
+
+    def retry_pending(self) -> dict[int, CapResult]:
+        """Retry every pending restore (GPUs with no job left and a saved value not yet restored)."""
+        with self._lock:
+            pending = [
+                i for i, rec in self._state.gpus.items()
+                if rec.restore_pending and self.job_count(i) == 0
+            ]
+            return self._restore(sorted(pending)) if pending else {}
+
+    def restore(self, indices: list[int]) -> dict[int, CapResult]:
+        """Restore the saved pre-job limits of ``indices`` now, regardless of bindings (admin use)."""
+        with self._lock:
+            return self._restore(self._check_indices(indices, "restore"))
+
+    # -- drift ---------------------------------------------------------------------------------
+
+    def reconcile(self, desired_caps_w: dict[int, float]) -> dict[int, str]:
+        """One control interval: retry pending restores, compare devices with the desired caps.
+
+        For each GPU in ``desired_caps_w`` (W) the requested and enforced limits are read and
+        (see the module doc): a first write or a changed desired cap is applied; a drift of the
+        requested limit is re-applied at once the first time (driver reload) and rate-limited
+        when it repeats (``FOREIGN_WRITER``); an enforced limit below the requested one is
+        reported ``OOB_LIMITED`` without writing. Writes are ordered decreases first. GPUs whose
+        restore is pending and that no job holds are restored instead of capped.
+
+        Returns:
+            GPU index -> cap state, for the GPUs in ``desired_caps_w`` and every GPU with a
+            saved pre-job limit.
+        """
+        with self._lock:
+            self.retry_pending()
+            now_s = self.clock()
+            writes: dict[int, float] = {}
+            for index, cap_w in desired_caps_w.items():
+                try:
+                    self._check_indices([index], "reconcile")
+                except UserInputError as err:
+                    LOG.error("%s", err)
+                    continue
+                rec = self._state.gpus.get(index)
+                if rec is not None and rec.restore_pending and self.job_count(index) == 0:
+                    continue
+                rt = self._rt[index]
+                try:
+                    target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
+                    cap_now_w = self.backend.get_cap_w(index)
+                    enforced_now_w = self.backend.get_enforced_w(index)
+                except GpuLostError as err:
+                    self._fail(index, "read", cap_w, err, LOST)
+                    continue
+                except CapctlError as err:
+                    self._fail(index, "read", cap_w, err, ERROR)
+                    continue
+                rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
+                if rt.state in (LOST, ERROR):
+                    rt.state, rt.message = OK, None
+                written_w = rec.written_w if rec is not None else None
+                if written_w is None or rt.state == SET_FAILED:
+                    writes[index] = cap_w
+                elif _mw(cap_now_w) != _mw(written_w):
+                    if self._drifted(index, now_s, cap_now_w, written_w):
+                        writes[index] = cap_w
+                elif _mw(written_w) != _mw(target_w):
+                    writes[index] = cap_w
+                else:
+                    rt.state = self._observed_state(index, cap_now_w, enforced_now_w)
+                    rt.message = (
+                        f"enforced limit {enforced_now_w:.3f} W below the requested "
+                        f"{cap_now_w:.3f} W (out-of-band limit)" if rt.state == OOB_LIMITED else
+                        rt.message if rt.state == FOREIGN_WRITER else None
+                    )
+            if writes:
+                self.set_caps(writes)  # decreases first; states set from the read-back
+            report = set(desired_caps_w) | set(self._state.gpus)
+            return {i: self._rt[i].state for i in sorted(report) if i in self._rt}
+
+    def _is_foreign(self, index: int, now_s: float) -> bool:
+        recent = [t for t in self._rt[index].drift_s if now_s - t < self.foreign_window_s]
+        return len(recent) >= 2
+
+    def _drifted(self, index: int, now_s: float, cap_now_w: float, written_w: float) -> bool:
+        """Record a drift of GPU ``index``'s requested limit; return True if it may be re-written."""
+        rt = self._rt[index]
+        rt.drift_s.append(now_s)
+        if not self._is_foreign(index, now_s):
+            LOG.warning(
+                "GPU %d: requested limit is %.3f W, capctl wrote %.3f W (driver reload or a "
+                "one-off change); re-applying", index, cap_now_w, written_w,
+            )
+            rt.last_rewrite_s = now_s
+            return True
+        rt.state = FOREIGN_WRITER
+        rt.message = (
+            f"another process keeps setting the power limit (now {cap_now_w:.3f} W, capctl "
+            f"wrote {written_w:.3f} W); re-writing at most every {self.rewrite_interval_s:g} s. "
+            "Find it (e.g. a DCGM/nvidia-smi cron job or another power manager) and stop it"
+        )
+        if rt.last_alarm_s is None or now_s - rt.last_alarm_s >= self.rewrite_interval_s:
+            rt.last_alarm_s = now_s
+            LOG.error("ALARM GPU %d: foreign writer: %s", index, rt.message)
+        if rt.last_rewrite_s is None or now_s - rt.last_rewrite_s >= self.rewrite_interval_s:
+            rt.last_rewrite_s = now_s
+            return True
+        return False
