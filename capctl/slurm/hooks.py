@@ -1,0 +1,259 @@
+"""Slurm node prolog/epilog: bind a job's GPUs to the local node agent, bounded in time.
+
+Run as ``python -m capctl.slurm.hooks prolog|epilog`` by the ``slurm/prolog`` / ``slurm/epilog``
+wrappers (slurmd runs them as root, with the job's ``SLURM_*`` variables and no PATH).
+
+- prolog: ``AgentLocal.JobStart(job, GPUs from SLURM_JOB_GPUS, user, partition, account, qos)``;
+  the agent saves the pre-job limits, applies the policy's start cap and tells the coordinator.
+- epilog: ``AgentLocal.JobEnd(job)``; the agent restores the pre-job limits per GPU (failures are
+  retried by the agent and shown as ``RESTORE_FAILED``) and unbinds. Valid without a prolog.
+
+Time bound: the whole run, interpreter start included, ends within the policy's
+``prolog.timeout_s`` (:mod:`capctl.slurm.config`): the agent call gets the remaining time as its
+gRPC deadline, and a watchdog thread ends the process at the bound whatever else happens.
+
+Exit status: 0 when the job may run (success, or any failure under fail-open);
+:data:`EXIT_FAIL_CLOSED` when ``prolog.on_unreachable: fail-closed`` and the agent or the
+coordinator could not be used (the wrapper turns it into exit 1: Slurm then drains the node, the
+admin's choice). Never a traceback: every outcome is one log line (file, stderr, syslog) with the
+job id, the node, the outcome and the run's duration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+EXIT_OK = 0
+EXIT_FAIL_CLOSED = 75
+"""Exit status of an on-purpose failure (fail-closed); the shell wrapper exits 1 on it."""
+MARGIN_S = 0.15
+"""Time kept after the agent call's deadline for logging and exit, in seconds."""
+WATCHDOG_EARLY_S = 0.05
+"""The watchdog ends the process this many seconds before the bound."""
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (``/proc/self/stat`` start time vs ``/proc/uptime``);
+    0.0 when unavailable. Includes the interpreter's start-up and the wrapper's exec."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime_s = float(fh.read().split()[0])
+        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class HookLog:
+    """One line per event: ``<UTC time> capctl-<hook>[pid]: job=J node=N <text> {json}``.
+
+    Written to the hook log file (created with its directory when missing; skipped if unwritable),
+    to stderr (slurmd keeps it in its log on failure) and to syslog (facility daemon).
+    """
+
+    def __init__(self, hook: str, job_id: str, node: str, path: str | None) -> None:
+        self.hook, self.job_id, self.node, self.path = hook, job_id, node, path
+        self.lock = threading.Lock()
+
+    def set_path(self, path: str | None) -> None:
+        self.path = path
+
+    def event(self, text: str, fields: dict, *, to_stderr: bool = True, priority: str = "info") -> None:
+        fields = {"hook": self.hook, "job_id": self.job_id, "node": self.node, "pid": os.getpid(), **fields}
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        line = (f"{now} capctl-{self.hook}[{os.getpid()}]: job={self.job_id or '-'} node={self.node} "
+                f"{text} {json.dumps(fields, sort_keys=True, default=str)}")
+        with self.lock:
+            if self.path:
+                try:
+                    os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    try:
+                        os.write(fd, (line + "\n").encode("utf-8", "replace"))
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    pass
+            if to_stderr:
+                try:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+                try:
+                    import syslog
+
+                    syslog.openlog(f"capctl-{self.hook}", syslog.LOG_PID, syslog.LOG_DAEMON)
+                    level = syslog.LOG_WARNING if priority == "warning" else syslog.LOG_INFO
+                    syslog.syslog(level, f"job={self.job_id or '-'} node={self.node} {text}")
+                except (OSError, ValueError, ImportError):
+                    pass
+
+
+class Run:
+    """State of one hook run: timing, log, and the single place where the process exits."""
+
+    def __init__(self, hook: str, env: dict[str, str]) -> None:
+        from capctl.slurm.config import DEFAULT_TIMEOUT_S, env_timeout_s, node_name
+
+        self.hook = hook
+        self.env = env
+        self.t0 = time.monotonic() - process_age_s()  # monotonic time of the process start
+        self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+        self.log = HookLog(hook, self.job_id, node_name(env), env.get("CAPCTL_HOOK_LOG"))
+        self.fail_open = env.get("CAPCTL_ON_UNREACHABLE", "fail-open") != "fail-closed"
+        self.timeout_s = env_timeout_s(env) or DEFAULT_TIMEOUT_S
+        self.extra: dict = {}
+        self._done = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.arm()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def remaining_s(self) -> float:
+        return self.timeout_s - self.elapsed_s()
+
+    def arm(self) -> None:
+        """(Re)start the watchdog that ends the process at the bound."""
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.01, self.remaining_s() - WATCHDOG_EARLY_S)
+        self._timer = threading.Timer(delay, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        self.finish("timeout", f"no answer within the {self.timeout_s:g} s bound", failure=True)
+
+    def finish(self, outcome: str, text: str, *, failure: bool, **fields) -> int:
+        """Log the outcome and exit the process (from any thread); returns only in tests."""
+        if not self._done.acquire(blocking=False):
+            return EXIT_OK  # another thread already finishing
+        fail_closed = failure and not self.fail_open
+        code = EXIT_FAIL_CLOSED if fail_closed else EXIT_OK
+        if failure:
+            text += " -> fail-closed: hook fails on purpose" if fail_closed else \
+                " -> fail-open: job runs (node safe cap)" if self.hook == "prolog" else " -> fail-open"
+        self.log.event(text, {"outcome": outcome, "exit": 0 if code == 0 else 1, "failure": failure,
+                              "duration_s": round(self.elapsed_s(), 4), "timeout_s": self.timeout_s,
+                              "fail_open": self.fail_open, **self.extra, **fields},
+                       priority="warning" if failure else "info")
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(code)
+
+
+def _gpu_results(results) -> list[dict]:
+    return [{"index": g.index, "cap_w": round(g.cap_w, 1), "enforced_w": round(g.enforced_w, 1), "ok": g.ok,
+             **({"error": g.error} if g.error else {})} for g in results]
+
+
+def _run(run: Run) -> None:
+    from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
+    from capctl.slurm.config import load_config
+    from capctl.slurm.gpus import parse_job_gpus
+
+    cfg = load_config(run.env)
+    run.fail_open = cfg.fail_open
+    run.timeout_s = cfg.timeout_s
+    run.log.set_path(cfg.log_path)
+    run.arm()
+    run.extra = {"socket": cfg.socket_path}
+    if cfg.problems:
+        run.extra["config_problems"] = cfg.problems
+    run.log.event("begin", {"outcome": "begin"}, to_stderr=False)
+
+    if not run.job_id:
+        run.finish("bad-env", "SLURM_JOB_ID not set (not run by slurmd?)", failure=False)
+    hook = run.hook
+    gpus = None
+    if hook == "prolog":
+        try:
+            gpus = parse_job_gpus(run.env.get("SLURM_JOB_GPUS"))
+        except UserInputError as err:
+            run.finish("bad-gpus", str(err), failure=True)
+        assert gpus is not None
+        run.extra.update(gpu_ids=list(gpus.ids), gpu_id_kind=gpus.kind_name)
+        if not gpus.ids:
+            run.finish("no-gpus", "job holds no GPU on this node: nothing to bind", failure=False)
+    else:
+        run.extra["gpu_ids"] = [g for g in (run.env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+
+    call_timeout_s = run.remaining_s() - MARGIN_S
+    if call_timeout_s <= 0.01:
+        run.finish("timeout", "no time left for the agent call", failure=True)
+
+    from capctl.nodeagent.local import LocalClient
+
+    try:
+        with LocalClient(cfg.socket_path, timeout_s=call_timeout_s) as client:
+            if hook == "prolog":
+                reply = client.job_start(
+                    run.job_id, list(gpus.ids), gpus.kind,
+                    user=run.env.get("SLURM_JOB_USER", ""), partition=run.env.get("SLURM_JOB_PARTITION", ""),
+                    account=run.env.get("SLURM_JOB_ACCOUNT", ""), qos=run.env.get("SLURM_JOB_QOS", ""))
+            else:
+                reply = client.job_end(run.job_id)
+    except UnreachableError as err:
+        run.finish("agent-unreachable", str(err), failure=True)
+    except PermissionDeniedError as err:
+        run.finish("agent-refused", str(err), failure=True)
+    except UserInputError as err:
+        run.finish("agent-rejected", str(err), failure=True)
+
+    results = _gpu_results(reply.gpus)
+    if hook == "prolog":
+        connected = bool(reply.coordinator_connected)
+        if not reply.ok:
+            run.finish("start-cap-failed", f"agent could not apply the start cap: {reply.message}",
+                       failure=True, gpus=results, coordinator_connected=connected)
+        if not connected:
+            run.finish("coordinator-unreachable",
+                       "bound; coordinator not connected, the job runs at the start/safe cap",
+                       failure=True, gpus=results, coordinator_connected=False)
+        run.finish("bound", f"bound {len(results)} GPU(s), start cap applied", failure=False,
+                   gpus=results, coordinator_connected=True)
+    else:
+        if not reply.ok:
+            # The agent keeps retrying and reports RESTORE_FAILED; draining the node would not help.
+            run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
+                       failure=False, gpus=results)
+        run.finish("unbound", f"restored {len(results)} GPU(s) and unbound", failure=False, gpus=results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``argv`` = ``["prolog"]`` or ``["epilog"]``. Exits the process (see module doc)."""
+    argv = sys.argv[1:] if argv is None else argv
+    hook = argv[0] if argv else ""
+    if hook not in ("prolog", "epilog"):
+        sys.stderr.write("usage: python -m capctl.slurm.hooks prolog|epilog\n")
+        return 2
+    run = Run(hook, dict(os.environ))
+
+    def on_signal(signum, _frame):
+        run.finish("signalled", f"terminated by signal {signum}", failure=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        _run(run)
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: BLE001 - never a traceback from a Slurm hook
+        run.finish("internal-error", f"{type(err).__name__}: {err}", failure=True)
+    return run.finish("internal-error", "hook ended without an outcome", failure=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The hook programs as slurmd runs them (real processes, empty environment, no PATH), without a
+cluster: bounded time, fail-open/fail-closed exit status, one log line per run, no traceback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from capctl.errors import UserInputError
+from capctl.slurm.config import expand_node, load_config
+from capctl.slurm.gpus import GPU_ID_MINOR, GPU_ID_PCI_BUS_ID, GPU_ID_UUID, parse_job_gpus
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_hook(kind: str, tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, float, list[dict]]:
+    """Run slurm/<kind> with a slurmd-like environment (no PATH); returns (process, seconds, events)."""
+    log = tmp_path / "hooks.log"
+    base = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "nX", "SLURM_JOB_USER": "alice",
+            "SLURM_JOB_PARTITION": "gpu", "CAPCTL_HOOK_LOG": str(log), "CAPCTL_PYTHON": sys.executable,
+            "CAPCTL_POLICY": str(tmp_path / "no-policy.yaml"), "CAPCTL_HOOKS_ENV": str(tmp_path / "none.env")}
+    base.update({k: str(v) for k, v in env.items()})
+    t0 = time.monotonic()
+    proc = subprocess.run([str(REPO / "slurm" / kind)], env=base, capture_output=True, text=True, timeout=30,
+                          cwd="/")
+    elapsed = time.monotonic() - t0
+    events = []
+    if log.exists():
+        for line in log.read_text().splitlines():
+            if "{" in line:
+                events.append(json.loads(line[line.index("{"):]))
+    return proc, elapsed, [e for e in events if e.get("outcome") != "begin"]
+
+
+def test_agent_unreachable_fail_open_exits_0_quickly(tmp_path):
+    proc, elapsed, events = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="0,1",
+                                     CAPCTL_AGENT_SOCKET=tmp_path / "agent-%n.sock")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 2.0
+    (ev,) = events
+    assert ev["outcome"] == "agent-unreachable" and ev["job_id"] == "4242" and ev["node"] == "nX"
+    assert ev["socket"] == str(tmp_path / "agent-nX.sock")
+    assert ev["gpu_ids"] == ["0", "1"] and ev["gpu_id_kind"] == "minor"
+    assert "job=4242" in proc.stderr and "fail-open" in proc.stderr
+
+
+def test_agent_unreachable_fail_closed_fails_on_purpose(tmp_path):
+    for kind in ("prolog", "epilog"):
+        proc, _, events = run_hook(kind, tmp_path, SLURM_JOB_GPUS="0", CAPCTL_ON_UNREACHABLE="fail-closed",
+                                   CAPCTL_AGENT_SOCKET=tmp_path / "missing.sock")
+        assert proc.returncode == 1, (kind, proc.stderr)
+        assert events[-1]["outcome"] == "agent-unreachable" and events[-1]["exit"] == 1
+        assert "Traceback" not in proc.stderr
+
+
+def test_hung_agent_is_cut_at_the_bound(tmp_path):
+    """An agent socket that accepts connections and never answers: the run ends at timeout_s."""
+    path = tmp_path / "hung.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(16)
+    try:
+        for kind in ("prolog", "epilog"):
+            proc, elapsed, events = run_hook(kind, tmp_path, SLURM_JOB_GPUS="3", CAPCTL_AGENT_SOCKET=path,
+                                             CAPCTL_HOOK_TIMEOUT_S="1.0")
+            assert proc.returncode == 0, proc.stderr
+            assert 0.5 < elapsed < 1.6, elapsed
+            assert events[-1]["outcome"] in ("agent-unreachable", "timeout"), events[-1]
+            assert events[-1]["duration_s"] <= 1.0
+    finally:
+        srv.close()
+
+
+def test_bad_gpu_list_and_no_gpus(tmp_path):
+    proc, _, events = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="0,banana",
+                               CAPCTL_AGENT_SOCKET=tmp_path / "x.sock")
+    assert proc.returncode == 0 and events[-1]["outcome"] == "bad-gpus"
+    assert "banana" in proc.stderr
+    proc, _, events = run_hook("prolog", tmp_path, CAPCTL_AGENT_SOCKET=tmp_path / "x.sock")
+    assert proc.returncode == 0 and events[-1]["outcome"] == "no-gpus"
+
+
+def test_interpreter_missing_fails_open_unless_fail_closed(tmp_path):
+    proc, elapsed, _ = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="0", CAPCTL_PYTHON="/nonexistent/python")
+    assert proc.returncode == 0
+    assert "hook did not run" in proc.stderr and "job=4242" in proc.stderr
+    assert "hook did not run" in (tmp_path / "hooks.log").read_text()
+    proc, _, _ = run_hook("epilog", tmp_path, CAPCTL_PYTHON="/nonexistent/python", CAPCTL_ON_UNREACHABLE="fail-closed")
+    assert proc.returncode == 1
+
+
+def test_config_file_next_to_slurm_conf(tmp_path):
+    """Without CAPCTL_HOOKS_ENV the wrapper reads <dir of SLURM_CONF>/capctl-hooks.env."""
+    (tmp_path / "slurm.conf").write_text("")
+    (tmp_path / "capctl-hooks.env").write_text(
+        f"CAPCTL_AGENT_SOCKET={tmp_path}/from-env-file-%n.sock\nCAPCTL_ON_UNREACHABLE=fail-closed\n")
+    log = tmp_path / "hooks.log"
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n9", "SLURM_JOB_GPUS": "1", "SLURM_CONF": str(tmp_path / "slurm.conf"),
+           "CAPCTL_HOOK_LOG": str(log), "CAPCTL_PYTHON": sys.executable, "CAPCTL_POLICY": str(tmp_path / "none.yaml")}
+    proc = subprocess.run([str(REPO / "slurm" / "prolog")], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert f"{tmp_path}/from-env-file-n9.sock" in log.read_text()
+
+
+def test_parse_job_gpus():
+    assert parse_job_gpus("4,5,6,7").ids == ("4", "5", "6", "7")
+    assert parse_job_gpus("0-2,5").ids == ("0", "1", "2", "5")
+    assert parse_job_gpus("2,2,1").ids == ("2", "1")
+    assert parse_job_gpus(None).ids == () and parse_job_gpus("").kind == GPU_ID_MINOR
+    u = parse_job_gpus("GPU-0123abcd-0000-1111-2222-333344445555,MIG-aaaa-bbbb")
+    assert u.kind == GPU_ID_UUID and len(u.ids) == 2
+    p = parse_job_gpus("00000000:18:00.0,3B:00.0")
+    assert p.kind == GPU_ID_PCI_BUS_ID and p.ids == ("00000000:18:00.0", "00000000:3B:00.0")
+    for bad in ("0,GPU-abc", "x", "5-2", "0-99999"):
+        with pytest.raises(UserInputError):
+            parse_job_gpus(bad)
+
+
+def test_config_policy_and_overrides(tmp_path):
+    from capctl.policy import DEFAULT_POLICY_YAML
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(DEFAULT_POLICY_YAML.replace("timeout_s: 5", "timeout_s: 3")
+                      .replace("on_unreachable: fail-open", "on_unreachable: fail-closed"))
+    cfg = load_config({"CAPCTL_POLICY": str(policy), "SLURMD_NODENAME": "node7"})
+    assert (cfg.timeout_s, cfg.fail_open, cfg.socket_path, cfg.problems) == (3.0, False, "/run/capctl/agent-node7.sock", [])
+    cfg = load_config({"CAPCTL_POLICY": str(policy), "SLURMD_NODENAME": "n", "CAPCTL_HOOK_TIMEOUT_S": "1.5",
+                       "CAPCTL_ON_UNREACHABLE": "fail-open", "CAPCTL_AGENT_SOCKET": "/x/%n-%%.sock"})
+    assert (cfg.timeout_s, cfg.fail_open, cfg.socket_path) == (1.5, True, "/x/n-%.sock")
+    policy.write_text("version: 1\nbudget_w: -3\n")
+    cfg = load_config({"CAPCTL_POLICY": str(policy), "SLURMD_NODENAME": "n"})
+    assert cfg.fail_open and cfg.timeout_s == 5.0 and cfg.problems and str(policy) in cfg.problems[0]
+    assert expand_node("a%nb%%c%x", "N") == "aNb%c%x"
