@@ -1,1 +1,8 @@
-"""Coordinator daemon: the reconcile loop on the head node."""
+"""Coordinator daemon: the reconcile loop on the head node (docs/coordinator.md).
+
+Modules: ``daemon`` (entry point ``capctl-coordinator``), ``server`` (gRPC servicers, admin
+identity), ``loop`` (the reconcile loop and admin operations), ``registry`` (observed state from
+the agents), ``models`` (online rate-curve and thermal models), ``allocation`` (building and
+solving the allocator's problem), ``planner`` (two-phase plans and safe caps, pure), ``store``
+(SQLite state), ``view`` (published status), ``metrics`` (Prometheus), ``client`` (AdminClient).
+"""

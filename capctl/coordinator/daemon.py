@@ -1,0 +1,252 @@
+"""``capctl-coordinator``: the head-node daemon (entry point :func:`main`).
+
+Usage::
+
+    capctl-coordinator --policy FILE --listen ADDR --state-dir DIR [--dry-run]
+                       [--admin-socket PATH] [--admin-token-file PATH]
+                       [--metrics-port PORT | --metrics-listen HOST:PORT] [--ready-file PATH]
+
+Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for a user error (unreadable or invalid
+policy, address in use, unusable admin socket path) printed as one ``capctl-coordinator: ...``
+message (the policy's ``file:line:col`` errors follow, one a line), 2 for bad flags (argparse).
+
+A corrupt or unwritable state database does not stop the daemon: it logs the error, raises an
+alert (``capctl status``) and runs on in-memory state. See docs/coordinator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+
+from capctl.errors import CapctlError, UserInputError
+
+log = logging.getLogger("capctl.coordinator")
+
+DEFAULT_LISTEN = "0.0.0.0:7373"
+DEFAULT_STATE_DIR = "/var/lib/capctl"
+DEFAULT_ADMIN_SOCKET = "/run/capctl/coordinator.sock"
+DEFAULT_POLICY = "/etc/capctl/policy.yaml"
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 9464
+STOP_TIMEOUT_S = 5.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's command line."""
+    p = argparse.ArgumentParser(
+        prog="capctl-coordinator",
+        description="capctl coordinator: allocates the power budget across GPUs every interval (W, degC, s).",
+    )
+    p.add_argument("--policy", default=DEFAULT_POLICY, metavar="FILE", help=f"policy YAML (default {DEFAULT_POLICY})")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR",
+                   help=f"gRPC address for agents and read-only admin: HOST:PORT or unix:PATH (default {DEFAULT_LISTEN}; port 0 = any)")
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
+                   help=f"directory of the state database coordinator.db (default {DEFAULT_STATE_DIR})")
+    p.add_argument("--dry-run", action="store_true", help="compute, report and export; apply nothing")
+    p.add_argument("--admin-socket", default=DEFAULT_ADMIN_SOCKET, metavar="PATH",
+                   help=f"root-only unix socket (mode 0600) for admin RPCs (default {DEFAULT_ADMIN_SOCKET}; 'none' = off)")
+    p.add_argument("--admin-token-file", metavar="PATH",
+                   help="file holding a bearer token that grants admin RPCs on --listen (keep it root-only)")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help=f"Prometheus port on {DEFAULT_METRICS_HOST} (default {DEFAULT_METRICS_PORT}; 0 = any; -1 = off)")
+    m.add_argument("--metrics-listen", metavar="HOST:PORT", help="Prometheus address (loopback recommended; 'none' = off)")
+    p.add_argument("--ready-file", metavar="PATH",
+                   help="write a JSON file with the bound addresses once serving (for scripts and tests)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def _metrics_addr(args) -> tuple[str, int] | None:
+    if args.metrics_listen is not None:
+        if args.metrics_listen.lower() == "none":
+            return None
+        host, sep, port = args.metrics_listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise UserInputError(f"--metrics-listen {args.metrics_listen!r}: expected HOST:PORT (e.g. 127.0.0.1:9464) or 'none'")
+        return host.strip("[]") or DEFAULT_METRICS_HOST, int(port)
+    port = DEFAULT_METRICS_PORT if args.metrics_port is None else args.metrics_port
+    if port < 0:
+        return None
+    if port > 65535:
+        raise UserInputError(f"--metrics-port {port}: expected 0..65535 (or -1 = off)")
+    return DEFAULT_METRICS_HOST, port
+
+
+def _prepare_admin_socket(path: str) -> None:
+    """Create the socket's directory; remove a stale socket; refuse a live one or a non-socket."""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"--admin-socket {path}: cannot create {parent}: {exc.strerror}") from None
+    if len(path.encode()) > 100:
+        raise UserInputError(f"--admin-socket {path}: path longer than 100 bytes (unix socket limit)")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UserInputError(f"--admin-socket {path}: exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # stale socket of a dead coordinator
+        return
+    finally:
+        probe.close()
+    raise UserInputError(f"--admin-socket {path}: another process is serving on it (another coordinator?)")
+
+
+async def serve(args) -> int:
+    """Run the coordinator until SIGTERM/SIGINT. Returns the exit status."""
+    from capctl.coordinator import server as srv
+    from capctl.coordinator.loop import Coordinator
+    from capctl.coordinator.metrics import Metrics
+    from capctl.coordinator.store import Store, StoreError
+    from capctl.policy import load_policy
+
+    policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
+    for w in policy.warnings:
+        log.warning("%s", w)
+    metrics_addr = _metrics_addr(args)
+    store = Store(args.state_dir)
+    store_error = ""
+    try:
+        store.open()
+    except StoreError as exc:
+        store_error = str(exc)
+        log.error("%s; running on in-memory state (admin changes will not persist)", exc)
+    metrics = Metrics()
+    coord = Coordinator(policy, os.path.abspath(args.policy), store=store, dry_run=args.dry_run,
+                        store_error=store_error, metrics=metrics)
+    metrics.attach(coord)
+
+    admin_socket = None if args.admin_socket in ("", "none") else args.admin_socket
+    tcp_auth: srv.AdminAuthorizer = srv.DenyAll(admin_socket)
+    if args.admin_token_file:
+        try:
+            with open(args.admin_token_file, encoding="utf-8") as f:
+                token = f.read(4096).strip()
+        except OSError as exc:
+            raise UserInputError(f"--admin-token-file {args.admin_token_file}: {exc.strerror}") from None
+        if not token:
+            raise UserInputError(f"--admin-token-file {args.admin_token_file}: empty token")
+        tcp_auth = srv.TokenAuthorizer(token, tcp_auth)
+
+    servers = []
+    try:
+        listen_server, port = srv.build_server(coord, args.listen, tcp_auth, agent_link=True)
+    except RuntimeError as exc:
+        raise UserInputError(f"--listen: {exc}") from None
+    servers.append(listen_server)
+    listen_addr = args.listen
+    if not args.listen.startswith("unix") and port:
+        host = args.listen.rpartition(":")[0]
+        listen_addr = f"{host}:{port}"
+    if admin_socket:
+        _prepare_admin_socket(admin_socket)
+        old = os.umask(0o177)
+        try:
+            admin_server, _ = srv.build_server(coord, "unix:" + admin_socket, srv.TrustAll(), agent_link=False)
+        except RuntimeError as exc:
+            raise UserInputError(f"--admin-socket: {exc}") from None
+        finally:
+            os.umask(old)
+        servers.append(admin_server)
+    for s in servers:
+        await s.start()
+    if admin_socket:
+        os.chmod(admin_socket, 0o600)
+    metrics_port = None
+    if metrics_addr is not None:
+        try:
+            metrics_port = metrics.serve(*metrics_addr)
+        except OSError as exc:  # metrics are not worth stopping the budget enforcement for
+            msg = f"metrics on {metrics_addr[0]}:{metrics_addr[1]} not served: {exc.strerror or exc}"
+            log.error("%s", msg)
+            coord.persistent_alerts["metrics"] = msg
+    for s in servers:
+        await srv.set_serving(s, True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ready = {
+        "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": admin_socket,
+        "metrics": f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None,
+        "metrics_port": metrics_port, "coordinator_id": coord.coordinator_id, "dry_run": coord.dry_run,
+        "state_dir": args.state_dir, "time_s": time.time(),
+    }
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(ready, f)
+            os.replace(tmp, args.ready_file)
+        except OSError as exc:
+            log.error("--ready-file %s: %s (serving anyway)", args.ready_file, exc.strerror or exc)
+    log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
+             coord.coordinator_id, listen_addr, f"unix:{admin_socket}" if admin_socket else "off",
+             ready["metrics"] or "off", args.policy, coord.policy.budget_w, coord.interval_s,
+             ", DRY RUN" if coord.dry_run else "")
+
+    runner = asyncio.ensure_future(coord.run(stop))
+    await stop.wait()
+    log.info("shutting down")
+    for s in servers:
+        await srv.set_serving(s, False)
+    runner.cancel()
+    try:
+        await asyncio.wait_for(runner, STOP_TIMEOUT_S)
+    except (asyncio.CancelledError, asyncio.TimeoutError):
+        pass
+    for node in list(coord.registry.nodes.values()):
+        if node.session is not None:
+            node.session.close("coordinator shutting down")
+    await asyncio.gather(*(s.stop(srv.GRACE_S) for s in servers), return_exceptions=True)
+    metrics.close()
+    store.close()
+    if admin_socket:
+        try:
+            os.unlink(admin_socket)
+        except OSError:
+            pass
+    if args.ready_file:
+        try:
+            os.unlink(args.ready_file)
+        except OSError:
+            pass
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capctl-coordinator``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("grpc").setLevel(logging.WARNING)
+    try:
+        return asyncio.run(serve(args))
+    except CapctlError as err:
+        print(f"capctl-coordinator: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,677 @@
+"""The coordinator's reconcile loop: observed state -> desired caps -> two-phase apply.
+
+Every ``interval_s`` (policy) :meth:`Coordinator.tick`:
+
+1. feeds the telemetry received since the last interval to the online models
+   (:mod:`capctl.coordinator.models`);
+2. snapshots the registry into the allocator's problem and solves it with the fast path in a
+   worker thread (:mod:`capctl.coordinator.allocation`); stale nodes are fixed at their accounted
+   caps (spent, never free);
+3. computes failsafe caps (:func:`capctl.coordinator.planner.safe_caps`) from
+   ``min(desired, accounted)`` so that every domain holds even if all agents fell back at once;
+4. phase 1: sends every decrease and waits (at most :meth:`Coordinator.ack_wait_s`, < one interval)
+   for the ``CapAck`` read-backs;
+5. phase 2: grants increases out of each domain's headroom computed from the accounted caps after
+   phase 1 (:func:`capctl.coordinator.planner.plan_increases`); every other live node gets a
+   "hold" plan (lease renewal). With nothing changed, only holds are sent (idempotent).
+
+Dry run (``--dry-run`` or policy ``dry_run: true``): steps 1-3 run and are reported and exported;
+agents get only "hold" plans with ``dry_run = true``, no caps and no safe caps, so nothing changes on
+the devices (the lease is still renewed so that agents do not fall back while we watch).
+
+Admin operations (:meth:`Coordinator.set_budget`, :meth:`Coordinator.reload_policy`) run on the
+same event loop; the budget persists in the state directory (:mod:`capctl.coordinator.store`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import statistics
+import time
+import uuid
+
+from capctl.coordinator import allocation, planner
+from capctl.coordinator.models import Models
+from capctl.coordinator.registry import Registry
+from capctl.coordinator.store import StoreError
+from capctl.coordinator.view import GpuExtra, JobExtra, View, empty_view, finite
+from capctl.errors import UserInputError
+from capctl.v1 import capctl_pb2 as pb
+
+log = logging.getLogger("capctl.coordinator.loop")
+
+SENT_MEMORY_S = 120.0
+"""Plans older than this (s) stop waiting for their acknowledgement (bounded memory)."""
+
+MAX_PENDING_PER_GPU = 32
+LEDGER_PERIOD_S = 30.0
+"""The node ledger (store.py) is rewritten at least this often (s), and before every increase."""
+NODE_FORGET_S = 86400.0
+"""A node whose agent has not been heard of for this long (s) is forgotten: no longer counted.
+Its agent, if alive, fell back to its safe caps long ago (lease)."""
+MIN_TICK_SPACING = 0.2
+"""An early tick (job event, budget change) comes at least this fraction of an interval after the
+previous one."""
+
+
+class Coordinator:
+    """State and behaviour of one coordinator incarnation (see module docstring).
+
+    Args:
+        policy: the validated policy from the file (:class:`capctl.policy.Policy`).
+        policy_path: the file it came from ("" for an embedded policy).
+        store: an opened or failed :class:`~capctl.coordinator.store.Store`, or None (no persistence).
+        dry_run: ``--dry-run`` flag (ORed with the policy's ``dry_run``).
+        store_error: the error met while opening the store, reported as an alert.
+    """
+
+    def __init__(self, policy, policy_path: str, store=None, dry_run: bool = False, store_error: str = "",
+                 metrics=None) -> None:
+        self.coordinator_id = uuid.uuid4().hex
+        self.registry = Registry()
+        self.models = Models()
+        self.file_policy = policy
+        self.policy_path = policy_path
+        self.store = store
+        self.dry_run_flag = bool(dry_run)
+        self.metrics = metrics
+        self.persistent_alerts: dict[str, str] = {}
+        if store_error:
+            self.persistent_alerts["store"] = f"state database: {store_error}; running on in-memory state"
+        self.policy = self._apply_override(policy)
+        self._ledger_mono = -math.inf
+        self._ledger_nodes: frozenset = frozenset()
+        if self.store is not None and self.store.ok:
+            try:
+                n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S)
+                if n:
+                    log.info("node ledger: %d node(s) counted at their last known caps until their agents report", n)
+            except StoreError as exc:
+                self.persistent_alerts["store"] = str(exc)
+                log.error("%s", exc)
+        self.view: View = empty_view(self.coordinator_id, self.policy, policy_path, self.dry_run)
+        self._wake: asyncio.Event | None = None
+        self._last_tick_mono = -math.inf
+        self.rtt_s: collections.deque = collections.deque(maxlen=4096)  # plan sent -> ack
+        self.control_s: collections.deque = collections.deque(maxlen=4096)  # telemetry -> ack
+        self.solve_s: collections.deque = collections.deque(maxlen=4096)
+        self.tick_count = 0
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def dry_run(self) -> bool:
+        """True when nothing is applied (flag or policy)."""
+        return self.dry_run_flag or bool(self.policy.dry_run)
+
+    @property
+    def interval_s(self) -> float:
+        return float(self.policy.interval_s)
+
+    @property
+    def lease_s(self) -> float:
+        return float(self.policy.failsafe.lease_s)
+
+    def ack_wait_s(self) -> float:
+        """Bounded wait for phase-1 acknowledgements: half an interval, at most 10 s."""
+        return min(0.5 * self.interval_s, 10.0)
+
+    def ack_memory_s(self) -> float:
+        """How long an acknowledged read-back keeps counting (see registry docstring)."""
+        return self.interval_s
+
+    # -- budget override ----------------------------------------------------------------------
+    def _apply_override(self, policy):
+        if self.store is None or not self.store.ok:
+            return policy
+        try:
+            override = self.store.budget_override()
+        except StoreError as exc:
+            self.persistent_alerts["store"] = str(exc)
+            log.error("%s", exc)
+            return policy
+        if override is None:
+            return policy
+        if abs(float(override.get("policy_budget_w", -1)) - policy.budget_w) > 1e-6:
+            log.info("policy %s changed its budget_w to %g W since `budget set %g`: the file wins",
+                     policy.source, policy.budget_w, override["budget_w"])
+            try:
+                self.store.clear_budget_override()
+            except StoreError as exc:
+                self.persistent_alerts["store"] = str(exc)
+            return policy
+        try:
+            out = policy.with_budget(float(override["budget_w"]))
+            log.info("budget %g W from %s (set by an admin; policy file says %g W)", out.budget_w,
+                     self.store.path, policy.budget_w)
+            return out
+        except UserInputError as exc:
+            log.error("persisted budget %s W ignored: %s", override.get("budget_w"), exc)
+            return policy
+
+    # -- agent sessions -----------------------------------------------------------------------
+    def attach(self, hello, session) -> None:
+        """A (re)connected agent said hello: replace any older stream of that node, rebuild state."""
+        node = self.registry.nodes.get(hello.node)
+        if node is not None and node.session is not None and node.session is not session:
+            node.session.close(f"replaced by a new stream from {session.peer}")
+        now = self.registry.clock()
+        if node is not None:
+            for g in node.gpus.values():
+                if g.pending:  # plans of the old stream may have been applied: keep counting them
+                    g.last_ack_w = max(g.enforced_w, max(g.pending.values()), g.last_ack_w)
+                    g.last_ack_mono = now
+        self.registry.on_hello(hello, session)
+        log.info("agent %s connected from %s (%d GPUs, %d jobs, last plan %d)", hello.node, session.peer,
+                 len(hello.gpus), len(hello.jobs), hello.last_plan_seq)
+        # no early interval here: the node's GPUs count at their maximum limit until its first
+        # telemetry, which wakes the loop (registry.on_telemetry)
+
+    def detach(self, node: str, session) -> None:
+        """An agent stream ended."""
+        self.registry.on_disconnect(node, session)
+
+    def welcome_for(self, node_name: str) -> pb.Welcome:
+        """``Welcome`` for a node that just said hello: ids, timing and its current safe caps."""
+        node = self.registry.nodes[node_name]
+        safe = []
+        if not self.dry_run:
+            for idx, g in sorted(node.gpus.items()):
+                s = g.safe_cap_w
+                if s <= 0:
+                    cap = self.policy.failsafe.safe_cap_w
+                    s = g.enforced_w if g.have_reading else (cap if cap else g.min_cap_w)
+                    if cap:
+                        s = min(s, cap)
+                s = planner.clamp(s, g.min_cap_w, g.max_cap_w)
+                safe.append(pb.CapAssignment(index=idx, cap_w=s))
+        return pb.Welcome(protocol_version="capctl.v1", coordinator_id=self.coordinator_id,
+                          interval_s=self.interval_s, lease_s=self.lease_s, safe_caps=safe)
+
+    def on_ack(self, session, ack) -> None:
+        """A ``CapAck`` arrived on ``session``."""
+        now = self.registry.clock()
+        sent = session.sent.pop(ack.seq, None)
+        self.registry.on_ack(session.node, ack, sent[1] if sent else None)
+        if sent is not None:
+            self.rtt_s.append(now - sent[0])
+            if sent[3] > -1e17:
+                self.control_s.append(now - sent[3])
+            if self.metrics is not None:
+                self.metrics.observe_ack(now - sent[0], now - sent[3] if sent[3] > -1e17 else None)
+        if not ack.ok:
+            log.warning("agent %s: plan %d not fully applied: %s", session.node, ack.seq, ack.error or "no reason given")
+        fut = session.waiters.pop(ack.seq, None)
+        if fut is not None and not fut.done():
+            fut.set_result(ack)
+
+    def wake(self) -> None:
+        """Run the next interval early (job events, admin changes)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def send_plan(self, node_name: str, phase: str, caps: dict[int, float], safe: dict[int, float],
+                  dry_run: bool = False):
+        """Queue one ``CapPlan`` to a node; returns a future resolved with its ``CapAck`` (or None
+        if the stream closes), or None when the node has no stream."""
+        node = self.registry.nodes.get(node_name)
+        if node is None or node.session is None:
+            return None
+        session = node.session
+        seq = node.next_seq
+        node.next_seq += 1
+        now = self.registry.clock()
+        plan = pb.CapPlan(
+            seq=seq, phase=phase, lease_expiry_s=time.time() + self.lease_s, lease_s=self.lease_s, dry_run=dry_run,
+            caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(caps.items())],
+            safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(safe.items())],
+        )
+        for i, c in caps.items():
+            g = node.gpus.get(i)
+            if g is None:
+                continue
+            g.pending[seq] = c
+            if len(g.pending) > MAX_PENDING_PER_GPU:
+                oldest = min(g.pending)
+                v = g.pending.pop(oldest)
+                nxt = min(g.pending)
+                g.pending[nxt] = max(g.pending[nxt], v)
+        for i, s in safe.items():
+            if i in node.gpus:
+                node.gpus[i].safe_cap_w = s
+        fut = asyncio.get_running_loop().create_future()
+        session.waiters[seq] = fut
+        session.sent[seq] = (now, dict(caps), phase, node.last_telemetry_mono)
+        for old in [s for s, v in session.sent.items() if now - v[0] > SENT_MEMORY_S]:
+            session.sent.pop(old, None)
+            w = session.waiters.pop(old, None)
+            if w is not None and not w.done():
+                w.set_result(None)
+        if not session.send(pb.CoordinatorMessage(plan=plan)):
+            return None
+        if self.metrics is not None:
+            self.metrics.plan_sent(phase)
+        return fut
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick every interval until ``stop`` is set; an early :meth:`wake` ticks sooner."""
+        self._wake = asyncio.Event()
+        next_t = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            self._last_tick_mono = now
+            try:
+                await self.tick()
+            except Exception as exc:  # noqa: BLE001 (the loop must survive any one interval)
+                log.exception("reconcile interval failed")
+                self.persistent_alerts["tick"] = f"reconcile interval failed: {type(exc).__name__}: {exc}"
+            else:
+                self.persistent_alerts.pop("tick", None)
+            interval = self.interval_s
+            next_t = max(next_t + interval, time.monotonic())
+            if next_t - time.monotonic() > interval:  # clock/policy change: never wait longer than one interval
+                next_t = time.monotonic() + interval
+            self._wake.clear()
+            while not stop.is_set():
+                remaining = next_t - time.monotonic()
+                if remaining <= 0:
+                    break
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                if self._wake.is_set():
+                    early = self._last_tick_mono + MIN_TICK_SPACING * interval
+                    if time.monotonic() < early:
+                        await asyncio.sleep(early - time.monotonic())
+                    next_t = time.monotonic()
+                    break
+
+    def _plan_inputs(self, inputs, desired, now) -> list[planner.GpuPlanInput]:
+        out = []
+        ack_mem = self.ack_memory_s()
+        for gi in inputs.gpus:
+            node = self.registry.nodes.get(gi.key[0])
+            g = node.gpus.get(gi.key[1]) if node else None
+            if g is None:
+                continue
+            live = (not gi.fixed) and node.session is not None and not node.stale(now, self.lease_s)
+            acc = g.accounted_w(now, ack_mem)
+            out.append(planner.GpuPlanInput(
+                key=gi.key, desired_w=desired.get(gi.key, acc), observed_w=g.enforced_w if g.have_reading else acc,
+                accounted_w=acc, min_cap_w=g.min_cap_w, max_cap_w=g.max_cap_w, live=live, prev_safe_w=g.safe_cap_w,
+            ))
+        return out
+
+    @staticmethod
+    def _domain_specs(inputs) -> list[planner.DomainSpec]:
+        out = []
+        for d in inputs.domains:
+            lim = d["limit_w"]
+            out.append(planner.DomainSpec(d["name"], d.get("kind", ""), None if lim is None or not math.isfinite(lim) else float(lim),
+                                          frozenset(inputs.domain_members.get(d["name"], ()))))
+        return out
+
+    async def tick(self) -> None:
+        """One reconcile interval (see module docstring)."""
+        t0 = time.monotonic()
+        policy = self.policy
+        reg = self.registry
+        self.models.update(reg, policy.interval_s)
+        self.models.forget_missing(reg)
+        now = reg.clock()
+        inputs = allocation.build_inputs(reg, self.models, policy, now, self.lease_s, self.ack_memory_s())
+        alerts: list[str] = []
+        try:
+            out = await asyncio.to_thread(allocation.solve, inputs)
+        except (ValueError, ArithmeticError) as exc:
+            log.error("solve failed: %s; holding every cap", exc)
+            alerts.append(f"solve failed: {exc}; caps held")
+            out = None
+        domains = self._domain_specs(inputs)
+        plans_sent = 0
+        if out is not None:
+            self.solve_s.append(out.solve_s)
+            if self.metrics is not None:
+                self.metrics.observe_solve(out.solve_s)
+            alerts.extend(out.alerts)
+            desired = out.desired_w
+        else:
+            desired = {gi.key: gi.accounted_w for gi in inputs.gpus}
+        now = reg.clock()
+        plan_in = self._plan_inputs(inputs, desired, now)
+        live_nodes = sorted({p.key[0] for p in plan_in if p.live} |
+                            {n for n, node in reg.nodes.items() if node.session is not None and not node.stale(now, self.lease_s)})
+        targets0 = {p.key: min(p.desired_w, p.accounted_w) for p in plan_in}
+        safe = planner.safe_caps(targets0, plan_in, domains, policy.failsafe.safe_cap_w)
+        safe_by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        for p in plan_in:
+            if p.live:
+                safe_by_node[p.key[0]][p.key[1]] = safe[p.key]
+        # a node that just said hello has not reported its caps yet (counted at its maximum limit):
+        # hold every cap until its first telemetry (at most one interval) instead of squeezing the
+        # others for a moment
+        waiting = [n for n, node in reg.nodes.items()
+                   if node.session is not None and node.gpus and not any(g.have_reading for g in node.gpus.values())
+                   and now - node.connected_mono < self.interval_s]
+        if waiting:
+            log.debug("holding caps until %s report(s)", ", ".join(sorted(waiting)))
+        if self.dry_run or out is None or waiting:
+            for n in live_nodes:
+                if self.dry_run:
+                    self.send_plan(n, "hold", {}, {}, dry_run=True)
+                else:
+                    self.send_plan(n, "hold", {}, safe_by_node.get(n, {}))
+                plans_sent += 1
+        else:
+            dec = planner.plan_decreases(plan_in)
+            by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
+            for (n, i), c in dec.items():
+                by_node[n][i] = c
+            waits = []
+            for n, caps in sorted(by_node.items()):
+                fut = self.send_plan(n, "decrease", caps, safe_by_node.get(n, {}))
+                plans_sent += 1
+                if fut is not None:
+                    waits.append(fut)
+            if waits:
+                await asyncio.wait(waits, timeout=self.ack_wait_s())
+            now = reg.clock()
+            plan_in2 = self._plan_inputs(inputs, desired, now)
+            inc = planner.plan_increases(plan_in2, domains)
+            if inc:  # write-ahead: a restart must count these caps even for nodes not back yet
+                self._save_ledger(inc)
+            inc_by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
+            for (n, i), c in inc.items():
+                inc_by_node[n][i] = c
+            for n in live_nodes:
+                if n in inc_by_node:
+                    self.send_plan(n, "increase", inc_by_node[n], safe_by_node.get(n, {}))
+                    plans_sent += 1
+                elif n not in by_node:
+                    self.send_plan(n, "hold", {}, safe_by_node.get(n, {}))
+                    plans_sent += 1
+        for p in plan_in:
+            node = reg.nodes.get(p.key[0])
+            if node and p.key[1] in node.gpus:
+                node.gpus[p.key[1]].target_w = desired.get(p.key, p.accounted_w)
+        reporting = frozenset(n for n, node in reg.nodes.items() if any(g.have_reading for g in node.gpus.values()))
+        if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
+            self._save_ledger({})
+            self._ledger_nodes = reporting
+        for name in reg.forget_silent(NODE_FORGET_S):
+            log.warning("node %s forgotten: no agent contact for %.0f s", name, NODE_FORGET_S)
+        # deficits below minimum caps
+        if out is not None:
+            for name, deficit in out.domain_deficit_w.items():
+                if deficit > 0:
+                    alerts.append(f"domain {name}: minimum caps exceed its limit by {deficit:.0f} W")
+        self.tick_count += 1
+        self._publish(inputs, out, desired, alerts, time.monotonic() - t0, plans_sent)
+
+    def _save_ledger(self, planned: dict) -> None:
+        """Persist the node ledger: each GPU at max(accounted, ``planned`` cap) (W)."""
+        if self.store is None or not self.store.ok:
+            return
+        now = self.registry.clock()
+        ack_mem = self.ack_memory_s()
+        ledger = {}
+        for name, node in self.registry.nodes.items():
+            gpus = {}
+            for idx, g in node.gpus.items():
+                acc = max(g.accounted_w(now, ack_mem), planned.get((name, idx), 0.0))
+                gpus[idx] = [acc, g.min_cap_w, g.max_cap_w, g.safe_cap_w]
+            if gpus:
+                ledger[name] = {"gpus": gpus, "seen_s": node.seen_s}
+        try:
+            self.store.save_nodes(ledger)
+            self._ledger_mono = time.monotonic()
+            if self.persistent_alerts.get("store", "").startswith("node ledger"):
+                self.persistent_alerts.pop("store", None)
+        except StoreError as exc:
+            self.persistent_alerts["store"] = f"node ledger not saved ({exc}): after a restart, nodes not yet reconnected are not counted"
+            log.error("%s", exc)
+
+    # -- views ----------------------------------------------------------------------------------
+    def _publish(self, inputs, out, desired, alerts, tick_s, plans_sent) -> None:
+        reg = self.registry
+        policy = self.policy
+        now = reg.clock()
+        ack_mem = self.ack_memory_s()
+        st = pb.StatusReply(
+            budget_w=policy.budget_w, interval_s=policy.interval_s, dry_run=self.dry_run,
+            policy_path=self.policy_path, coordinator_id=self.coordinator_id,
+            last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=time.time(),
+        )
+        ceil_of = {gi.key: gi.thermal_ceiling_w for gi in inputs.gpus}
+        accounted: dict = {}
+        draw: dict = {}
+        extras = []
+        node_means = []
+        stale_age = {}
+        for name in sorted(reg.nodes):
+            node = reg.nodes[name]
+            stale = node.stale(now, self.lease_s)
+            age = max(0.0, now - node.last_report_mono) if node.last_report_mono > -1e17 else -1.0
+            stale_age[name] = age
+            ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=node.simulated)
+            temps = []
+            for idx in sorted(node.gpus):
+                g = node.gpus[idx]
+                key = (name, idx)
+                acc = g.accounted_w(now, ack_mem)
+                accounted[key] = acc
+                draw[key] = g.power_w if g.have_reading else 0.0
+                job = reg.job_of(node, idx)
+                ns.gpus.add(
+                    index=idx, uuid=g.uuid, cap_w=desired.get(key, acc), enforced_w=g.enforced_w if g.have_reading else 0.0,
+                    power_w=g.power_w, temp_c=g.temp_c, slowdown_temp_c=g.slowdown_temp_c, sm_clock_mhz=g.sm_clock_mhz,
+                    clocks_event_reasons=list(g.reasons), job_id=job, min_cap_w=g.min_cap_w, max_cap_w=g.max_cap_w,
+                    thermal_ceiling_w=finite(ceil_of.get(key, math.inf), 0.0), cap_state=g.cap_state or ("" if g.have_reading else "NO_READING"),
+                    max_sm_clock_mhz=g.max_sm_clock_mhz,
+                )
+                thf, pwf = g.throttle_fractions(now)
+                busy = g.utilization_pct >= 20.0 and g.max_sm_clock_mhz > 0
+                extras.append(GpuExtra(
+                    node=name, index=idx, uuid=g.uuid, job_id=job, thermal_fraction=thf, power_fraction=pwf,
+                    throttle_intensity=max(0.0, 1.0 - g.sm_clock_mhz / g.max_sm_clock_mhz) if busy else 0.0,
+                    hotspot_margin_c=(g.slowdown_temp_c - g.temp_c) if (g.have_reading and g.slowdown_temp_c > 0) else math.nan,
+                    energy_j=g.energy_j,
+                ))
+                if g.have_reading:
+                    temps.append(g.temp_c)
+                    if g.cap_state and g.cap_state not in ("OK", "SAFE_CAP"):
+                        alerts.append(f"{name} GPU {idx}: cap state {g.cap_state}{': ' + g.error if g.error else ''}")
+            if temps and not stale:
+                node_means.append(statistics.fmean(temps))
+            if stale and node.gpus:
+                alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+        st.allocated_w = sum(desired.get(k, v) for k, v in accounted.items())
+        st.enforced_w = sum(accounted.values())
+        st.draw_w = sum(draw.values())
+        # jobs
+        gpu_domains: dict = collections.defaultdict(list)
+        for name, members in inputs.domain_members.items():
+            for k in members:
+                gpu_domains[k].append(name)
+        jobs_extra = {}
+        lost_num = lost_den = 0.0
+        for job_id, bindings in reg.jobs().items():
+            keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in reg.nodes[b.node].gpus]
+            first = bindings[0]
+            weight = float(policy.job_weight(partition=first.partition or None, account=first.account or None,
+                                             qos=first.qos or None))
+            rate = out.job_rate.get(job_id, 0.0) if out else 0.0
+            binding = out.job_binding.get(job_id, "") if out else ""
+            energy = reg.job_energy_j.get(job_id, 0.0)
+            st.jobs.add(
+                job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
+                predicted_step_rate=finite(rate), binding=binding, allocated_w=sum(desired.get(k, 0.0) for k in keys),
+                energy_j=energy, user=first.user, partition=first.partition, account=first.account,
+            )
+            mine = {name for k in keys for name in gpu_domains.get(k, ())}
+            doms = [d["name"] for d in inputs.domains if d["name"] in mine]
+            jobs_extra[job_id] = JobExtra(slowest=out.job_slowest.get(job_id) if out else None, domains=tuple(doms),
+                                          energy_j=energy, weight=weight)
+            if keys and out and job_id in out.job_rate:
+                lost_num += len(keys) * max(0.0, 1.0 - rate)
+                lost_den += len(keys)
+        # domains
+        for d in inputs.domains:
+            mem = inputs.domain_members.get(d["name"], set())
+            lim = d["limit_w"]
+            st.domains.add(
+                name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
+                allocated_w=sum(desired.get(k, accounted.get(k, 0.0)) for k in mem),
+                enforced_w=sum(accounted.get(k, 0.0) for k in mem), draw_w=sum(draw.get(k, 0.0) for k in mem),
+                price_rate_per_w=finite(out.domain_price.get(d["name"], 0.0)) if out else 0.0,
+                deficit_w=finite(out.domain_deficit_w.get(d["name"], 0.0)) if out else 0.0,
+            )
+        all_alerts = list(self.persistent_alerts.values()) + alerts
+        seen = set()
+        st.alerts.extend([a for a in all_alerts if not (a in seen or seen.add(a))][:200])
+        self.view = View(
+            status=st, gpus=tuple(extras), jobs=jobs_extra,
+            temp_spread_c=(max(node_means) - min(node_means)) if len(node_means) >= 2 else 0.0,
+            throughput_lost=lost_num / lost_den if lost_den else 0.0, stale_age_s=stale_age, tick_s=tick_s,
+            plans_sent=plans_sent,
+        )
+
+    def status_reply(self) -> pb.StatusReply:
+        """The latest interval's status (a copy)."""
+        reply = pb.StatusReply()
+        reply.CopyFrom(self.view.status)
+        # settings changed by an admin since the interval show at once
+        reply.budget_w = self.policy.budget_w
+        reply.interval_s = self.policy.interval_s
+        reply.dry_run = self.dry_run
+        reply.policy_path = self.policy_path
+        return reply
+
+    def explain(self, job_id: str) -> pb.ExplainReply | None:
+        """Why ``job_id`` got its watts, or None when the job is unknown."""
+        view = self.view
+        job = next((j for j in view.status.jobs if j.job_id == job_id), None)
+        if job is None:
+            return None
+        extra = view.jobs.get(job_id)
+        reply = pb.ExplainReply(job=job, binding=job.binding)
+        prices = {d.name: d for d in view.status.domains}
+        gpus = []
+        for n in view.status.nodes:
+            for g in n.gpus:
+                if g.job_id == job_id:
+                    gpus.append((n.name, g))
+                    reply.gpus.add().CopyFrom(g)
+        if extra is not None:
+            for name in extra.domains:
+                if name in prices:
+                    reply.prices.add(domain=name, price_rate_per_w=prices[name].price_rate_per_w)
+            if extra.slowest is not None:
+                reply.slowest_node, reply.slowest_gpu_index = extra.slowest[0], extra.slowest[1]
+        reply.text = explain_text(job, reply, gpus, view.status)
+        return reply
+
+    # -- admin -------------------------------------------------------------------------------
+    async def set_budget(self, budget_w: float) -> pb.SetBudgetReply:
+        """Set the cluster budget (W): refused with the deficit below the minimum caps; persisted."""
+        now = self.registry.clock()
+        inputs = allocation.build_inputs(self.registry, self.models, self.policy, now, self.lease_s, self.ack_memory_s())
+        need = allocation.minimum_needed_w(inputs)
+        current = self.policy.budget_w
+        if budget_w < need:
+            return pb.SetBudgetReply(
+                ok=False, budget_w=current, deficit_w=need - budget_w,
+                message=(f"refused: {budget_w:g} W is below the {need:g} W the cluster needs at least (live GPUs at their "
+                         f"minimum cap, stale nodes at their held caps); deficit {need - budget_w:g} W; budget stays {current:g} W"),
+            )
+        try:
+            new_policy = self.file_policy.with_budget(budget_w)
+        except UserInputError as exc:
+            floor = _deficit_from_message(str(exc))
+            return pb.SetBudgetReply(ok=False, budget_w=current, deficit_w=floor, message=f"refused: {exc}")
+        msg = f"budget set to {budget_w:g} W (was {current:g} W)"
+        if self.store is not None and self.store.ok:
+            try:
+                self.store.set_budget_override(budget_w, self.file_policy.budget_w)
+                self.persistent_alerts.pop("store", None)
+                msg += f"; saved in {self.store.path}"
+            except StoreError as exc:
+                self.persistent_alerts["store"] = f"budget {budget_w:g} W in force but NOT persisted: {exc}"
+                msg += f"; WARNING: not persisted ({exc}); a restart returns to {self.file_policy.budget_w:g} W"
+        else:
+            msg += "; WARNING: no state database, not persisted"
+        self.policy = new_policy
+        log.info("%s", msg)
+        self.wake()
+        return pb.SetBudgetReply(ok=True, budget_w=budget_w, message=msg)
+
+    async def reload_policy(self, path: str) -> pb.ReloadPolicyReply:
+        """Load and validate a policy file; on success it replaces the policy, else nothing changes."""
+        from capctl.policy import PolicyError, load_policy
+
+        target = path or self.policy_path
+        if not target:
+            return pb.ReloadPolicyReply(ok=False, errors=["no policy file: the coordinator runs the embedded default"],
+                                        message="nothing to reload")
+        try:
+            new = await asyncio.to_thread(load_policy, target)
+        except PolicyError as exc:
+            return pb.ReloadPolicyReply(ok=False, errors=list(exc.errors)[:200],
+                                        message=f"policy {target} rejected; the policy from {self.file_policy.source} stays")
+        except Exception as exc:  # noqa: BLE001 (a user file must never crash the daemon)
+            return pb.ReloadPolicyReply(ok=False, errors=[f"{target}: {type(exc).__name__}: {exc}"],
+                                        message="policy rejected; the previous one stays")
+        self.file_policy = new
+        self.policy_path = target
+        self.policy = self._apply_override(new)
+        msg = f"policy {target} loaded: budget {self.policy.budget_w:g} W, interval {self.policy.interval_s:g} s"
+        if self.policy.budget_w != new.budget_w:
+            msg += f" (budget set by an admin; the file says {new.budget_w:g} W)"
+        log.info("%s", msg)
+        self.wake()
+        return pb.ReloadPolicyReply(ok=True, message=msg)
+
+
+def _deficit_from_message(text: str) -> float:
+    import re
+
+    m = re.search(r"deficit ([0-9.eE+-]+) W", text)
+    return float(m.group(1)) if m else 0.0
+
+
+def explain_text(job, reply, gpus, status) -> str:
+    """Human explanation of one job's allocation (used by ``capctl explain``)."""
+    lines = [
+        f"job {job.job_id}: {job.gpus} GPUs on {', '.join(job.nodes)}, {job.allocated_w:.0f} W allocated, "
+        f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
+    ]
+    b = job.binding
+    if b.startswith("domain:"):
+        lines.append(f"Binding constraint: the limit of power domain {b[7:]} — every watt there is in use.")
+    elif b == "thermal":
+        lines.append("Binding constraint: thermal — a GPU of this job is near its slowdown temperature; its "
+                     "job-mates are capped to the same pace instead of waiting for it.")
+    elif b == "saturated":
+        lines.append("Not limited: the job runs at its uncapped rate.")
+    elif b:
+        lines.append(f"Binding constraint: {b}.")
+    if reply.slowest_node:
+        g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
+        if g is not None:
+            lines.append(
+                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, enforced {g.enforced_w:.0f} W, "
+                f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
+                f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if g.thermal_ceiling_w else
+                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, {g.temp_c:.1f} °C."
+            )
+    if reply.prices:
+        parts = [f"{p.domain} {p.price_rate_per_w:.2e}" for p in reply.prices]
+        lines.append("Price of one more watt (objective per W) in its domains: " + ", ".join(parts) + ".")
+    if status.dry_run:
+        lines.append("Dry run: these caps are computed, not applied.")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""Prometheus metrics of the coordinator (prometheus_client), served on a loopback HTTP port.
+
+Names follow the Prometheus conventions (base units, ``_total`` for counters, ``_seconds``,
+``_watts``, ``_celsius``, ``_joules``, ``_ratio`` for 0..1 fractions). The full list with meanings
+is in docs/metrics.md. Per-interval values are read from the coordinator's published view (a
+custom collector: consistent within one interval, no locks); histograms and counters are updated
+as events happen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("capctl.coordinator.metrics")
+
+SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+ACK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+GPU_LABELS = ["node", "gpu", "uuid"]
+
+
+class ViewCollector:
+    """Exports the latest :class:`~capctl.coordinator.view.View` of a coordinator."""
+
+    def __init__(self, coord) -> None:
+        self.coord = coord
+
+    def describe(self):
+        return []
+
+    def collect(self):  # noqa: C901 (one family per metric, flat on purpose)
+        view = self.coord.view
+        st = view.status
+        g = lambda name, doc, labels=(): GaugeMetricFamily(name, doc, labels=list(labels))  # noqa: E731
+        budget = g("capctl_budget_watts", "Cluster power budget in force (W).")
+        budget.add_metric([], st.budget_w)
+        alloc = g("capctl_allocated_watts", "Sum of allocated (desired) caps (W).")
+        alloc.add_metric([], st.allocated_w)
+        enf = g("capctl_enforced_watts", "Sum of the caps the GPUs may be enforcing (accounted caps, W).")
+        enf.add_metric([], st.enforced_w)
+        draw = g("capctl_draw_watts", "Sum of GPU power draw (NVML power usage, W).")
+        draw.add_metric([], st.draw_w)
+        dry = g("capctl_dry_run", "1 when the coordinator applies nothing (dry run).")
+        dry.add_metric([], 1.0 if st.dry_run else 0.0)
+        interval = g("capctl_interval_seconds", "Reconcile interval (s).")
+        interval.add_metric([], st.interval_s)
+        last = g("capctl_last_solve_timestamp_seconds", "Unix time of the last solve (s).")
+        last.add_metric([], st.last_solve_time_s)
+        tick = g("capctl_reconcile_duration_seconds", "Duration of the last reconcile interval's work (s).")
+        tick.add_metric([], view.tick_s)
+        alerts = g("capctl_alerts", "Number of active alerts.")
+        alerts.add_metric([], len(st.alerts))
+        yield from (budget, alloc, enf, draw, dry, interval, last, tick, alerts)
+
+        cap = g("capctl_gpu_cap_watts", "Allocated (desired) power cap of a GPU (W).", GPU_LABELS)
+        ecap = g("capctl_gpu_enforced_cap_watts", "Enforced power limit read back from NVML (W).", GPU_LABELS)
+        pw = g("capctl_gpu_power_watts", "GPU power draw, NVML power usage (W).", GPU_LABELS)
+        tmp = g("capctl_gpu_temperature_celsius", "GPU core temperature (degC).", GPU_LABELS)
+        clk = g("capctl_gpu_sm_clock_hertz", "SM clock (Hz).", GPU_LABELS)
+        ceil = g("capctl_gpu_thermal_ceiling_watts", "Largest cap the thermal model allows (W; absent when unbounded).", GPU_LABELS)
+        margin = g("capctl_gpu_hotspot_margin_celsius", "Slowdown temperature minus temperature (degC).", GPU_LABELS)
+        inten = g("capctl_gpu_throttle_intensity_ratio", "Clock lost vs the maximum SM clock, 1 - sm/max (0..1, busy GPUs).", GPU_LABELS)
+        thf = g("capctl_gpu_thermal_throttle_time_ratio",
+                "Fraction of telemetry samples in the last 60 s with a thermal slowdown reason (0..1).", GPU_LABELS)
+        pwf = g("capctl_gpu_power_throttle_time_ratio",
+                "Fraction of telemetry samples in the last 60 s with a power-cap reason (0..1).", GPU_LABELS)
+        energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
+                                     labels=GPU_LABELS)
+        extra = {(e.node, e.index): e for e in view.gpus}
+        for n in st.nodes:
+            for gs in n.gpus:
+                lab = [n.name, str(gs.index), gs.uuid]
+                cap.add_metric(lab, gs.cap_w)
+                ecap.add_metric(lab, gs.enforced_w)
+                pw.add_metric(lab, gs.power_w)
+                tmp.add_metric(lab, gs.temp_c)
+                clk.add_metric(lab, gs.sm_clock_mhz * 1e6)
+                if gs.thermal_ceiling_w > 0:
+                    ceil.add_metric(lab, gs.thermal_ceiling_w)
+                e = extra.get((n.name, gs.index))
+                if e is not None:
+                    if not math.isnan(e.hotspot_margin_c):
+                        margin.add_metric(lab, e.hotspot_margin_c)
+                    inten.add_metric(lab, e.throttle_intensity)
+                    thf.add_metric(lab, e.thermal_fraction)
+                    pwf.add_metric(lab, e.power_fraction)
+                    energy.add_metric(lab, e.energy_j)
+        yield from (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
+
+        stale = g("capctl_agent_staleness_seconds", "Seconds since the node's agent last reported.", ["node"])
+        up = g("capctl_agent_up", "1 when the node's agent is connected and reporting within its lease.", ["node"])
+        for n in st.nodes:
+            stale.add_metric([n.name], max(0.0, n.last_report_age_s))
+            up.add_metric([n.name], 0.0 if n.stale else 1.0)
+        yield from (stale, up)
+
+        lim = g("capctl_domain_limit_watts", "Power domain limit (W; absent when the domain has none).", ["domain", "kind"])
+        dal = g("capctl_domain_allocated_watts", "Sum of allocated caps in the domain (W).", ["domain", "kind"])
+        den = g("capctl_domain_enforced_watts", "Sum of accounted (possibly enforced) caps in the domain (W).", ["domain", "kind"])
+        ddr = g("capctl_domain_draw_watts", "Sum of GPU power draw in the domain (W).", ["domain", "kind"])
+        dpr = g("capctl_domain_price", "Marginal objective value of one more watt in the domain (per W).", ["domain", "kind"])
+        dde = g("capctl_domain_deficit_watts", "Minimum caps minus the domain limit when positive (W).", ["domain", "kind"])
+        for d in st.domains:
+            lab = [d.name, d.kind]
+            if d.limit_w > 0:
+                lim.add_metric(lab, d.limit_w)
+            dal.add_metric(lab, d.allocated_w)
+            den.add_metric(lab, d.enforced_w)
+            ddr.add_metric(lab, d.draw_w)
+            dpr.add_metric(lab, d.price_rate_per_w)
+            dde.add_metric(lab, d.deficit_w)
+        yield from (lim, dal, den, ddr, dpr, dde)
+
+        rate = g("capctl_job_predicted_step_rate", "Predicted synchronous step rate relative to uncapped (0..1).", ["job"])
+        jal = g("capctl_job_allocated_watts", "Sum of the job's allocated caps (W).", ["job"])
+        jw = g("capctl_job_weight", "Job weight from the policy.", ["job"])
+        jen = CounterMetricFamily("capctl_job_energy_joules", "Energy used by the job's GPUs since the coordinator saw it start "
+                                  "(NVML energy counter deltas, J).", labels=["job"])
+        for j in st.jobs:
+            rate.add_metric([j.job_id], j.predicted_step_rate)
+            jal.add_metric([j.job_id], j.allocated_w)
+            jw.add_metric([j.job_id], j.weight)
+            jen.add_metric([j.job_id], j.energy_j)
+        yield from (rate, jal, jw, jen)
+
+        spread = g("capctl_node_temperature_spread_celsius", "Max minus min over reporting nodes of the mean GPU temperature (degC).")
+        spread.add_metric([], view.temp_spread_c)
+        lost = g("capctl_throughput_lost_ratio",
+                 "Estimated throughput lost to capping: GPU-weighted mean over jobs of 1 - predicted step rate (0..1).")
+        lost.add_metric([], view.throughput_lost)
+        yield from (spread, lost)
+
+
+class Metrics:
+    """Counters and histograms of one coordinator plus the view collector, in a private registry."""
+
+    def __init__(self, coord=None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.solve = Histogram("capctl_solve_duration_seconds", "Duration of one allocation solve (s).",
+                               buckets=SOLVE_BUCKETS_S, registry=self.registry)
+        self.ack = Histogram("capctl_plan_ack_duration_seconds", "Cap plan sent -> CapAck received (s).",
+                             buckets=ACK_BUCKETS_S, registry=self.registry)
+        self.control = Histogram("capctl_control_latency_seconds",
+                                 "Telemetry received -> CapAck of the plan computed from it (s).",
+                                 buckets=ACK_BUCKETS_S, registry=self.registry)
+        self.plans = Counter("capctl_plans", "Cap plans sent, by phase.", ["phase"], registry=self.registry)
+        self._server = None
+        if coord is not None:
+            self.attach(coord)
+
+    def attach(self, coord) -> None:
+        """Export ``coord``'s views."""
+        self.registry.register(ViewCollector(coord))
+
+    def observe_solve(self, seconds: float) -> None:
+        self.solve.observe(seconds)
+
+    def observe_ack(self, rtt_s: float, control_s: float | None) -> None:
+        self.ack.observe(rtt_s)
+        if control_s is not None:
+            self.control.observe(control_s)
+
+    def plan_sent(self, phase: str) -> None:
+        self.plans.labels(phase=phase).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP exporter on ``host:port`` (port 0 = any); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        """Stop the HTTP exporter (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

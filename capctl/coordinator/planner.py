@@ -1,0 +1,208 @@
+"""Two-phase cap plans and failsafe caps: desired vs observed -> what to send (pure functions).
+
+Rules (docs/protocol.md, "Two-phase apply"; DEVELOPERS.md rule 7):
+
+* Phase 1 (:func:`plan_decreases`): every live GPU whose desired cap is below the highest cap it
+  may be enforcing (``accounted_w``) by more than the deadband gets its desired cap.
+* Phase 2 (:func:`plan_increases`), after the phase-1 acknowledgements were recorded: increases are
+  granted out of each power domain's headroom ``limit_w - sum(accounted_w)`` (accounted *after*
+  phase 1: an unacknowledged decrease still counts at its higher value). When the wanted increases
+  of a domain exceed its headroom they are scaled down proportionally (a few water-filling passes),
+  so ``sum(accounted) + sum(grants) <= limit_w`` holds for every domain.
+* Failsafe caps (:func:`safe_caps`): ``min(target, policy safe cap)`` per GPU, then lowered toward
+  the minimum limits until every domain holds even if every agent fell back at once. Stale nodes
+  keep the safe caps they were last sent (they cannot receive new ones).
+
+Every cap returned is clamped to the device's limit constraints ``[min_cap_w, max_cap_w]``.
+Units: watts. Keys: ``(node, gpu_index)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+GpuKey = tuple[str, int]
+
+DEADBAND_W = 2.0
+"""A cap differing from the observed one by no more than this (W) is not re-sent: it keeps the loop
+idempotent when the online models move the optimum by a few tenths of a watt."""
+
+HEADROOM_MARGIN_W = 0.0
+"""Watts kept free in every domain when granting increases (0: limits are exact)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainSpec:
+    """A power domain for planning: its GPUs and its limit (``None``: accounting only)."""
+
+    name: str
+    kind: str
+    limit_w: float | None
+    members: frozenset[GpuKey]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlanInput:
+    """What the planner needs to know about one GPU (W).
+
+    ``live``: its agent is connected and reporting (only live GPUs get caps). ``observed_w``: the
+    latest enforced read-back. ``accounted_w``: the highest cap it may be enforcing now.
+    ``desired_w``: the allocation. ``prev_safe_w``: the safe cap last sent (0 if none).
+    """
+
+    key: GpuKey
+    desired_w: float
+    observed_w: float
+    accounted_w: float
+    min_cap_w: float
+    max_cap_w: float
+    live: bool
+    prev_safe_w: float = 0.0
+
+
+def clamp(value_w: float, lo_w: float, hi_w: float) -> float:
+    """Clamp ``value_w`` into the device's limit constraints ``[lo_w, hi_w]`` (hi wins if lo > hi)."""
+    return min(max(value_w, lo_w), hi_w) if hi_w > 0 else max(value_w, lo_w)
+
+
+def plan_decreases(gpus: Iterable[GpuPlanInput], deadband_w: float = DEADBAND_W) -> dict[GpuKey, float]:
+    """Phase 1: the caps to lower now (key -> new cap W); live GPUs only."""
+    out = {}
+    for g in gpus:
+        if not g.live:
+            continue
+        want = clamp(g.desired_w, g.min_cap_w, g.max_cap_w)
+        if want < g.accounted_w - deadband_w:
+            out[g.key] = want
+    return out
+
+
+def plan_increases(
+    gpus: Iterable[GpuPlanInput],
+    domains: Iterable[DomainSpec],
+    deadband_w: float = DEADBAND_W,
+    margin_w: float = HEADROOM_MARGIN_W,
+    passes: int = 4,
+) -> dict[GpuKey, float]:
+    """Phase 2: the caps to raise now (key -> new cap W), within every domain's headroom.
+
+    ``gpus`` must carry ``accounted_w`` as recorded after the phase-1 acknowledgements. A live GPU
+    whose desired cap is above its read-back but not above its accounted cap (e.g. an increase of
+    an earlier interval not yet read back) is re-sent without using headroom.
+    """
+    gpus = list(gpus)
+    doms = [d for d in domains if d.limit_w is not None]
+    member_of: dict[GpuKey, list[int]] = {}
+    for i, d in enumerate(doms):
+        for k in d.members:
+            member_of.setdefault(k, []).append(i)
+    used = [0.0] * len(doms)
+    for g in gpus:
+        for i in member_of.get(g.key, ()):
+            used[i] += g.accounted_w
+    headroom = [max(0.0, d.limit_w - margin_w - used[i]) for i, d in enumerate(doms)]
+    want: dict[GpuKey, float] = {}
+    base: dict[GpuKey, float] = {}
+    out: dict[GpuKey, float] = {}
+    for g in gpus:
+        if not g.live:
+            continue
+        target = clamp(g.desired_w, g.min_cap_w, g.max_cap_w)
+        if target <= g.observed_w + deadband_w:
+            continue
+        if target <= g.accounted_w:
+            out[g.key] = target  # already counted at this value or above
+            continue
+        want[g.key] = target - g.accounted_w
+        base[g.key] = g.accounted_w
+    grant = dict.fromkeys(want, 0.0)
+    for _ in range(passes):
+        # GPUs under a full domain cannot get more: leave them out of every domain's demand
+        rest = {k: w - grant[k] for k, w in want.items()
+                if w - grant[k] > 1e-9 and all(headroom[i] > 1e-9 for i in member_of.get(k, ()))}
+        if not rest:
+            break
+        demand = [0.0] * len(doms)
+        for k, w in rest.items():
+            for i in member_of.get(k, ()):
+                demand[i] += w
+        scale = [1.0 if demand[i] <= headroom[i] else headroom[i] / demand[i] for i in range(len(doms))]
+        progress = 0.0
+        for k, w in rest.items():
+            s = min((scale[i] for i in member_of.get(k, ())), default=1.0)
+            add = w * s
+            if add <= 0:
+                continue
+            grant[k] += add
+            progress += add
+            for i in member_of.get(k, ()):
+                headroom[i] = max(0.0, headroom[i] - add)
+        if progress <= 1e-6:
+            break
+    gpu_by_key = {g.key: g for g in gpus}
+    for k, gr in grant.items():
+        g = gpu_by_key[k]
+        cap = clamp(base[k] + gr, g.min_cap_w, g.max_cap_w)
+        # floor to 1 mW so rounding never creates watts a domain does not have
+        cap = int(cap * 1000) / 1000.0
+        if cap > g.observed_w + deadband_w:
+            out[k] = cap
+    return out
+
+
+def safe_caps(
+    targets: Mapping[GpuKey, float],
+    gpus: Iterable[GpuPlanInput],
+    domains: Iterable[DomainSpec],
+    policy_safe_cap_w: float | None,
+    passes: int = 8,
+) -> dict[GpuKey, float]:
+    """Failsafe caps (key -> W) such that every domain holds if every agent falls back at once.
+
+    ``targets``: the cap each GPU will have after this interval's plans (W). Live GPUs get
+    ``min(target, policy_safe_cap_w)`` clamped to ``[min_cap_w, max_cap_w]``, then lowered toward
+    ``min_cap_w`` in proportion wherever a domain's sum exceeds its limit. GPUs of stale nodes keep
+    ``prev_safe_w`` (or their accounted cap when none was sent) and are not lowered: they cannot
+    receive new safe caps. When even the minimum limits exceed a domain's limit the result is the
+    minimum limits (the caller reports the deficit).
+    """
+    gpus = list(gpus)
+    safe: dict[GpuKey, float] = {}
+    floor: dict[GpuKey, float] = {}
+    fixed: set[GpuKey] = set()
+    for g in gpus:
+        if g.live:
+            t = targets.get(g.key, g.accounted_w)
+            s = t if policy_safe_cap_w is None or policy_safe_cap_w <= 0 else min(t, policy_safe_cap_w)
+            safe[g.key] = clamp(s, g.min_cap_w, min(g.max_cap_w, t) if t >= g.min_cap_w else g.max_cap_w)
+            floor[g.key] = g.min_cap_w
+        else:
+            safe[g.key] = g.prev_safe_w if g.prev_safe_w > 0 else g.accounted_w
+            fixed.add(g.key)
+    doms = [d for d in domains if d.limit_w is not None]
+    for _ in range(passes):
+        changed = False
+        for d in doms:
+            keys = [k for k in d.members if k in safe]
+            total = sum(safe[k] for k in keys)
+            if total <= d.limit_w + 1e-9:
+                continue
+            movable = [k for k in keys if k not in fixed]
+            room = sum(safe[k] - floor[k] for k in movable)
+            if room <= 1e-9:
+                continue
+            excess = total - d.limit_w
+            ratio = max(0.0, 1.0 - excess / room)
+            for k in movable:
+                safe[k] = floor[k] + (safe[k] - floor[k]) * ratio
+                safe[k] = int(safe[k] * 1000) / 1000.0
+            changed = True
+        if not changed:
+            break
+    return safe
+
+
+def domain_sums(values: Mapping[GpuKey, float], domains: Iterable[DomainSpec]) -> dict[str, float]:
+    """Sum of ``values`` (W) over each domain's GPUs, by domain name."""
+    return {d.name: sum(values.get(k, 0.0) for k in d.members) for d in domains}

@@ -1,0 +1,403 @@
+"""Observed state of the cluster, as reported by the node agents (soft state).
+
+Everything here is rebuilt from the agents after a coordinator restart: the GPUs and their limit
+constraints come from ``AgentHello``, the job bindings from ``AgentHello.jobs`` plus
+``JobStarted``/``JobEnded``, the readings from ``NodeTelemetry`` and the enforced read-backs from
+``CapAck`` (see docs/protocol.md).
+
+The registry is owned by the coordinator's asyncio event loop: only coroutines running on that loop
+read or write it (no locks). Other threads (the Prometheus exporter) read the immutable views that
+the reconcile loop publishes (:mod:`capctl.coordinator.view`).
+
+Accounting rule (docs/protocol.md, "Two-phase apply"): a GPU counts against its power domains at
+the highest cap it may be enforcing right now, :meth:`GpuObs.accounted_w`::
+
+    max(latest enforced read-back, caps sent but not yet acknowledged,
+        the latest acknowledged read-back if younger than ``ack_memory_s``)
+
+The last term covers a telemetry sample taken before an increase was applied but delivered after
+its acknowledgement. A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+
+log = logging.getLogger("capctl.coordinator.registry")
+
+THERMAL_REASON_MARK = "THERMAL"
+"""Clocks event reasons containing this word are thermal throttling (NVML
+``nvmlClocksEventReasonSwThermalSlowdown`` / ``HwThermalSlowdown``)."""
+
+POWER_REASONS = frozenset({"SW_POWER_CAP", "HW_POWER_BRAKE_SLOWDOWN", "POWER_CAP", "SW_POWER_CAPPING"})
+"""Clocks event reasons meaning power capping (NVML ``nvmlClocksEventReasonSwPowerCap`` and
+``HwPowerBrakeSlowdown``)."""
+
+THROTTLE_WINDOW_S = 60.0
+"""Window of the throttling time fractions, in seconds."""
+
+
+def is_thermal(reasons: Iterable[str]) -> bool:
+    """True when any clocks event reason is a thermal slowdown (software or hardware)."""
+    return any(THERMAL_REASON_MARK in r.upper() for r in reasons)
+
+
+def is_power_capped(reasons: Iterable[str]) -> bool:
+    """True when any clocks event reason is a power cap / power brake."""
+    return any(r.upper() in POWER_REASONS or "POWER_CAP" in r.upper() for r in reasons)
+
+
+@dataclasses.dataclass
+class Binding:
+    """One job bound to GPUs on one node (from ``JobBinding``)."""
+
+    job_id: str
+    node: str
+    gpu_indices: tuple[int, ...]
+    user: str = ""
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    start_time_s: float = 0.0
+
+    @classmethod
+    def from_proto(cls, msg, node: str | None = None) -> "Binding":
+        """Build from a ``capctl.v1.JobBinding``; ``node`` overrides an empty ``msg.node``."""
+        return cls(
+            job_id=msg.job_id,
+            node=msg.node or (node or ""),
+            gpu_indices=tuple(sorted(set(int(i) for i in msg.gpu_indices))),
+            user=msg.user,
+            partition=msg.partition,
+            account=msg.account,
+            qos=msg.qos,
+            start_time_s=msg.start_time_s,
+        )
+
+
+@dataclasses.dataclass
+class Sample:
+    """One telemetry sample of one GPU, kept for the online models (W, degC, MHz, s)."""
+
+    time_s: float
+    power_w: float
+    enforced_w: float
+    temp_c: float
+    sm_clock_mhz: float
+    reasons: tuple[str, ...]
+    utilization_pct: float
+
+
+@dataclasses.dataclass
+class GpuObs:
+    """Observed state of one GPU: static facts (``GpuInfo``) and the latest readings.
+
+    Units: watts, degrees Celsius, MHz, joules, seconds (``*_mono`` are ``time.monotonic()``).
+    """
+
+    node: str
+    index: int
+    uuid: str = ""
+    name: str = ""
+    min_cap_w: float = 0.0
+    max_cap_w: float = 0.0
+    default_cap_w: float = 0.0
+    slowdown_temp_c: float = 0.0
+    shutdown_temp_c: float = 0.0
+    max_sm_clock_mhz: int = 0
+    pre_job_cap_w: float = 0.0
+    # latest readings (telemetry or ack read-back, by order of arrival)
+    have_reading: bool = False
+    power_w: float = 0.0
+    cap_w: float = 0.0  # requested limit as read back
+    enforced_w: float = 0.0  # enforced limit as read back
+    temp_c: float = 0.0
+    sm_clock_mhz: int = 0
+    reasons: tuple[str, ...] = ()
+    utilization_pct: float = 0.0
+    energy_j: float = 0.0
+    job_id: str = ""
+    cap_state: str = ""
+    error: str = ""
+    # accounting
+    pending: dict[int, float] = dataclasses.field(default_factory=dict)  # plan seq -> cap sent (W)
+    last_ack_w: float = 0.0
+    last_ack_mono: float = -1e18
+    target_w: float = 0.0  # the last cap the coordinator decided for this GPU (W)
+    safe_cap_w: float = 0.0  # the last safe cap sent (W)
+    # throttling history: (mono time, thermal?, power?) over THROTTLE_WINDOW_S
+    throttle_hist: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
+    new_samples: list[Sample] = dataclasses.field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(node, index)``: the GPU's identity in the coordinator."""
+        return (self.node, self.index)
+
+    def accounted_w(self, now_mono: float, ack_memory_s: float) -> float:
+        """The highest cap this GPU may be enforcing now (W); see the module docstring."""
+        if not self.have_reading:
+            return self.max_cap_w
+        value = self.enforced_w
+        if self.pending:
+            value = max(value, max(self.pending.values()))
+        if now_mono - self.last_ack_mono <= ack_memory_s:
+            value = max(value, self.last_ack_w)
+        return value
+
+    def throttle_fractions(self, now_mono: float, window_s: float = THROTTLE_WINDOW_S) -> tuple[float, float]:
+        """Fractions (0..1) of the samples of the last ``window_s`` seconds in thermal / power throttling."""
+        n = th = pw = 0
+        for t, thermal, power in self.throttle_hist:
+            if now_mono - t <= window_s:
+                n += 1
+                th += thermal
+                pw += power
+        if n == 0:
+            return 0.0, 0.0
+        return th / n, pw / n
+
+
+@dataclasses.dataclass
+class NodeObs:
+    """Observed state of one node and its agent session."""
+
+    name: str
+    gpus: dict[int, GpuObs] = dataclasses.field(default_factory=dict)
+    bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
+    simulated: bool = False
+    agent_version: str = ""
+    driver_version: str = ""
+    last_report_mono: float = -1e18  # hello or telemetry
+    last_telemetry_mono: float = -1e18
+    last_telemetry_seq: int = 0
+    session: object | None = None  # capctl.coordinator.server.AgentSession while connected
+    connected_mono: float = -1e18
+    next_seq: int = 1  # next plan seq to this node (per coordinator incarnation)
+    seen_s: float = 0.0  # Unix time of the last message from its agent (or from the node ledger)
+
+    @property
+    def connected(self) -> bool:
+        """True while an AgentLink stream to this node's agent is open."""
+        return self.session is not None
+
+    def stale(self, now_mono: float, lease_s: float) -> bool:
+        """True when the node sent no report within the lease or its stream is closed."""
+        return self.session is None or (now_mono - self.last_report_mono) > lease_s
+
+
+class Registry:
+    """Nodes, GPUs, bindings and job energy, keyed by node name (see module docstring)."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.nodes: dict[str, NodeObs] = {}
+        self.clock = clock
+        self.job_energy_j: dict[str, float] = collections.defaultdict(float)
+        self._energy_seen: dict[tuple[str, int], float] = {}
+        self.events: collections.deque[str] = collections.deque(maxlen=256)
+
+    # -- agent messages ---------------------------------------------------------------------
+    def on_hello(self, hello, session) -> NodeObs:
+        """Register (or re-register) a node from its ``AgentHello``; replaces its bindings.
+
+        GPU facts are replaced by the hello's; the latest readings and accounting of known GPUs are
+        kept (the GPU did not change its cap by reconnecting). Returns the node.
+        """
+        now = self.clock()
+        node = self.nodes.get(hello.node)
+        if node is None:
+            node = NodeObs(name=hello.node)
+            self.nodes[hello.node] = node
+        node.simulated = hello.simulated
+        node.agent_version = hello.agent_version
+        node.driver_version = hello.driver_version
+        old = node.gpus
+        node.gpus = {}
+        for info in hello.gpus:
+            g = old.get(info.index) or GpuObs(node=hello.node, index=info.index)
+            g.uuid = info.uuid
+            g.name = info.name
+            g.min_cap_w = info.min_cap_w
+            g.max_cap_w = info.max_cap_w
+            g.default_cap_w = info.default_cap_w
+            g.slowdown_temp_c = info.slowdown_temp_c
+            g.shutdown_temp_c = info.shutdown_temp_c
+            g.max_sm_clock_mhz = info.max_sm_clock_mhz
+            g.pre_job_cap_w = info.pre_job_cap_w
+            g.pending.clear()  # plans of an older stream will never be acked
+            node.gpus[info.index] = g
+        node.bindings = {}
+        for b in hello.jobs:
+            binding = Binding.from_proto(b, node=hello.node)
+            node.bindings[binding.job_id] = binding
+        node.session = session
+        node.connected_mono = now
+        node.last_report_mono = now
+        node.seen_s = time.time()
+        self.events.append(f"hello {hello.node}: {len(node.gpus)} GPUs, {len(node.bindings)} jobs")
+        return node
+
+    def on_disconnect(self, node_name: str, session) -> None:
+        """Forget the session of ``node_name`` if it is still ``session`` (keeps the node: stale)."""
+        node = self.nodes.get(node_name)
+        if node is not None and node.session is session:
+            node.session = None
+            self.events.append(f"disconnect {node_name}")
+
+    def on_telemetry(self, node_name: str, msg) -> bool:
+        """Record one ``NodeTelemetry``: readings, throttling history, model samples, job energy.
+
+        Returns True when it brought the first reading of some GPU (the node can now be allocated).
+        """
+        node = self.nodes.get(node_name)
+        if node is None:
+            return False
+        first = any(not g.have_reading for g in node.gpus.values())
+        now = self.clock()
+        node.last_report_mono = now
+        node.last_telemetry_mono = now
+        node.seen_s = time.time()
+        node.last_telemetry_seq = msg.seq
+        for t in msg.gpus:
+            g = node.gpus.get(t.index)
+            if g is None:
+                continue
+            self._reading(g, t)
+            g.power_w = t.power_w
+            g.temp_c = t.temp_c
+            g.sm_clock_mhz = t.sm_clock_mhz
+            g.reasons = tuple(t.clocks_event_reasons)
+            g.utilization_pct = t.utilization_pct
+            g.job_id = t.job_id
+            g.error = t.error
+            g.throttle_hist.append((now, is_thermal(g.reasons), is_power_capped(g.reasons)))
+            while g.throttle_hist and now - g.throttle_hist[0][0] > THROTTLE_WINDOW_S:
+                g.throttle_hist.popleft()
+            if len(g.new_samples) < 1024:
+                g.new_samples.append(
+                    Sample(now, t.power_w, t.enforced_w, t.temp_c, float(t.sm_clock_mhz), g.reasons, t.utilization_pct)
+                )
+            # energy: NVML total energy counter (J); deltas are charged to the bound job
+            prev = self._energy_seen.get(g.key)
+            self._energy_seen[g.key] = t.energy_j
+            g.energy_j = t.energy_j
+            job = self.job_of(node, t.index)
+            if prev is not None and job and t.energy_j >= prev:
+                self.job_energy_j[job] += t.energy_j - prev
+        return first and all(g.have_reading for g in node.gpus.values())
+
+    def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None) -> None:
+        """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
+
+        ``sent_caps`` are the caps of the acknowledged plan (index -> W); a GPU of the plan missing
+        from the read-back stays counted at ``max(reading, cap sent)`` for ``ack_memory_s``.
+        """
+        node = self.nodes.get(node_name)
+        if node is None:
+            return
+        now = self.clock()
+        node.last_report_mono = now
+        seen = set()
+        for t in ack.gpus:
+            g = node.gpus.get(t.index)
+            if g is None:
+                continue
+            seen.add(t.index)
+            self._reading(g, t)
+            g.last_ack_w = t.enforced_w
+            g.last_ack_mono = now
+        for idx, g in node.gpus.items():
+            sent = g.pending.pop(ack.seq, None)
+            if sent is not None and idx not in seen:
+                g.last_ack_w = max(g.enforced_w, sent)
+                g.last_ack_mono = now
+
+    def _reading(self, g: GpuObs, t) -> None:
+        g.have_reading = True
+        g.cap_w = t.cap_w
+        g.enforced_w = t.enforced_w
+        if t.cap_state:
+            g.cap_state = t.cap_state
+        if t.error:
+            g.error = t.error
+
+    def on_job_started(self, node_name: str, binding_msg) -> None:
+        """Bind a job to GPUs of ``node_name`` (idempotent)."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return
+        b = Binding.from_proto(binding_msg, node=node_name)
+        if b.node != node_name:
+            log.warning("JobStarted for node %r received on the stream of %r; using %r", b.node, node_name, node_name)
+            b.node = node_name
+        node.bindings[b.job_id] = b
+        self.events.append(f"job {b.job_id} started on {node_name} GPUs {list(b.gpu_indices)}")
+
+    def on_job_ended(self, node_name: str, job_id: str) -> None:
+        """Unbind a job from ``node_name`` (idempotent)."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return
+        if node.bindings.pop(job_id, None) is not None:
+            self.events.append(f"job {job_id} ended on {node_name}")
+        if not any(job_id in n.bindings for n in self.nodes.values()):
+            self.job_energy_j.pop(job_id, None)
+
+    def restore_ledger(self, ledger: dict[str, dict], forget_s: float) -> int:
+        """Register the nodes of a persisted node ledger (store.load_nodes) as stale, each GPU
+        counted at its recorded cap; entries older than ``forget_s`` are skipped. Returns the count."""
+        now = time.time()
+        n = 0
+        for name, entry in ledger.items():
+            if name in self.nodes or now - entry.get("seen_s", 0.0) > forget_s:
+                continue
+            node = NodeObs(name=name, seen_s=entry.get("seen_s", 0.0))
+            for idx, (acc, lo, hi, safe) in entry["gpus"].items():
+                node.gpus[idx] = GpuObs(node=name, index=idx, min_cap_w=lo, max_cap_w=hi, have_reading=True,
+                                        cap_w=acc, enforced_w=acc, safe_cap_w=safe, cap_state="UNCONFIRMED")
+            self.nodes[name] = node
+            n += 1
+        return n
+
+    def forget_silent(self, forget_s: float) -> list[str]:
+        """Drop disconnected nodes not heard of for ``forget_s`` seconds; returns their names."""
+        now = time.time()
+        gone = [n for n, node in self.nodes.items() if node.session is None and now - node.seen_s > forget_s]
+        for name in gone:
+            del self.nodes[name]
+            self.events.append(f"forgot {name}: silent for more than {forget_s:.0f} s")
+        return gone
+
+    # -- queries ------------------------------------------------------------------------------
+    @staticmethod
+    def job_of(node: NodeObs, index: int) -> str:
+        """The job bound to GPU ``index`` of ``node`` ("" when idle)."""
+        for b in node.bindings.values():
+            if index in b.gpu_indices:
+                return b.job_id
+        return ""
+
+    def jobs(self) -> dict[str, list[Binding]]:
+        """Job id -> its bindings (one per node), sorted by node name."""
+        out: dict[str, list[Binding]] = {}
+        for name in sorted(self.nodes):
+            for b in self.nodes[name].bindings.values():
+                out.setdefault(b.job_id, []).append(b)
+        return out
+
+    def all_gpus(self) -> list[GpuObs]:
+        """Every known GPU, ordered by (node, index)."""
+        return [g for name in sorted(self.nodes) for _, g in sorted(self.nodes[name].gpus.items())]
+
+    def take_samples(self) -> dict[tuple[str, int], list[Sample]]:
+        """Return and clear the samples received since the last call, per GPU key."""
+        out = {}
+        for g in self.all_gpus():
+            if g.new_samples:
+                out[g.key] = g.new_samples
+                g.new_samples = []
+        return out

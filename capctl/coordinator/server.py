@@ -1,0 +1,356 @@
+"""gRPC servicers of the coordinator: AgentLink (agents), Admin (the ``capctl`` CLI), health and
+reflection. Runs on ``grpc.aio`` in the coordinator's event loop.
+
+Two servers share one :class:`~capctl.coordinator.loop.Coordinator`:
+
+* the **listen** server (``--listen ADDR``): AgentLink, read-only Admin (Status, Nodes, Jobs,
+  Explain), health, reflection. SetBudget/ReloadPolicy answer ``PERMISSION_DENIED`` unless the
+  configured :class:`AdminAuthorizer` accepts the caller (e.g. a token file: ``--admin-token-file``).
+* the **admin socket** server (``--admin-socket PATH``, a unix socket created with mode 0600, i.e.
+  root-only on a head node where the daemon runs as root): the full Admin service, health and
+  reflection. File permissions are the admin identity (:class:`TrustAll`).
+
+mTLS client certificates with an admin role (a later issue) plug in as another
+:class:`AdminAuthorizer` reading ``context.auth_context()``.
+
+Bounds: messages up to :data:`MAX_MESSAGE_BYTES`; an agent must say hello within
+:data:`HELLO_TIMEOUT_S`; at most :data:`MAX_GPUS_PER_NODE` GPUs and :data:`MAX_JOBS_PER_NODE` jobs
+per node; each agent's outgoing queue holds :data:`OUT_QUEUE_LEN` messages (a stream that falls
+further behind is closed; its node turns stale and counts at its caps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from capctl.v1 import capctl_pb2 as pb
+from capctl.v1 import capctl_pb2_grpc as pb_grpc
+
+log = logging.getLogger("capctl.coordinator.server")
+
+PROTOCOL_VERSION = "capctl.v1"
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+HELLO_TIMEOUT_S = 10.0
+MAX_GPUS_PER_NODE = 64
+MAX_JOBS_PER_NODE = 256
+MAX_NAME_LEN = 253
+OUT_QUEUE_LEN = 64
+GRACE_S = 2.0
+"""Seconds in-flight RPCs get on shutdown."""
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_concurrent_streams", 4096),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def major_version(version: str) -> str:
+    """``"capctl.v1"`` for ``"capctl.v1"``, ``"capctl.v1.3"``; the protocol's major version."""
+    return ".".join(version.split(".")[:2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Admin identity
+
+
+class AdminAuthorizer:
+    """Decides whether a caller may use admin RPCs (SetBudget, ReloadPolicy). Hook for mTLS."""
+
+    def allowed(self, context: grpc.aio.ServicerContext) -> bool:
+        """True when the caller has an admin identity."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What this authorizer accepts, for error messages."""
+        return ""
+
+
+class TrustAll(AdminAuthorizer):
+    """Every caller is admin: used on the root-only (mode 0600) admin unix socket."""
+
+    def allowed(self, context) -> bool:
+        return True
+
+
+class DenyAll(AdminAuthorizer):
+    """Nobody is admin (the default on the TCP listener)."""
+
+    def __init__(self, admin_socket: str | None) -> None:
+        self.admin_socket = admin_socket
+
+    def allowed(self, context) -> bool:
+        return False
+
+    def describe(self) -> str:
+        where = f"unix:{self.admin_socket}" if self.admin_socket else "the coordinator's admin unix socket"
+        return f"admin operations need the root-only admin socket ({where})"
+
+
+class TokenAuthorizer(AdminAuthorizer):
+    """Admin when the call carries metadata ``authorization: Bearer <token>`` equal to the token file.
+
+    The token file (``--admin-token-file``) should be root-only; it is read once at start.
+    """
+
+    def __init__(self, token: str, fallback: AdminAuthorizer) -> None:
+        self._token = token.strip().encode()
+        self.fallback = fallback
+
+    def allowed(self, context) -> bool:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                if self._token and hmac.compare_digest(value[7:].strip().encode(), self._token):
+                    return True
+        return self.fallback.allowed(context)
+
+    def describe(self) -> str:
+        return "admin operations need the admin token (metadata 'authorization: Bearer ...') or " + (
+            self.fallback.describe() or "the admin socket"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# AgentLink
+
+
+class AgentSession:
+    """One open AgentLink stream: outgoing queue, plans awaiting acknowledgement."""
+
+    def __init__(self, node: str, peer: str) -> None:
+        self.node = node
+        self.peer = peer
+        self.outq: asyncio.Queue = asyncio.Queue(maxsize=OUT_QUEUE_LEN)
+        self.waiters: dict[int, asyncio.Future] = {}
+        self.sent: dict[int, tuple] = {}  # seq -> (sent mono, caps {index: W}, phase, telemetry mono)
+        self.closed = asyncio.Event()
+        self.close_reason = ""
+
+    def send(self, msg: pb.CoordinatorMessage) -> bool:
+        """Queue ``msg`` for the agent; closes the session when the agent falls too far behind."""
+        if self.closed.is_set():
+            return False
+        try:
+            self.outq.put_nowait(msg)
+            return True
+        except asyncio.QueueFull:
+            self.close(f"agent {self.node} does not read its stream ({OUT_QUEUE_LEN} messages queued)")
+            return False
+
+    def close(self, reason: str) -> None:
+        """End the stream (the handler returns); pending ack waiters get ``None``."""
+        if not self.closed.is_set():
+            self.close_reason = reason
+            self.closed.set()
+            for fut in self.waiters.values():
+                if not fut.done():
+                    fut.set_result(None)
+            self.waiters.clear()
+
+
+class AgentLinkServicer(pb_grpc.AgentLinkServicer):
+    """``capctl.v1.AgentLink``: one bidirectional stream per node agent (docs/protocol.md)."""
+
+    def __init__(self, coord) -> None:
+        self.coord = coord
+
+    @staticmethod
+    def validate_hello(hello: pb.AgentHello) -> str:
+        """Return "" if the hello is acceptable, else what is wrong (one line)."""
+        if not hello.node or len(hello.node) > MAX_NAME_LEN or any(c.isspace() for c in hello.node):
+            return f"AgentHello.node {hello.node[:64]!r}: need a host name of 1..{MAX_NAME_LEN} characters"
+        if len(hello.gpus) > MAX_GPUS_PER_NODE:
+            return f"AgentHello.gpus: {len(hello.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
+        if len(hello.jobs) > MAX_JOBS_PER_NODE:
+            return f"AgentHello.jobs: {len(hello.jobs)} jobs, at most {MAX_JOBS_PER_NODE} allowed"
+        seen = set()
+        for g in hello.gpus:
+            if g.index in seen:
+                return f"AgentHello.gpus: index {g.index} twice"
+            seen.add(g.index)
+            vals = (g.min_cap_w, g.max_cap_w, g.default_cap_w, g.slowdown_temp_c)
+            if not all(math.isfinite(v) for v in vals) or g.min_cap_w < 0 or g.max_cap_w < g.min_cap_w:
+                return (
+                    f"AgentHello.gpus[{g.index}]: limit constraints min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w}: "
+                    "need 0 <= min_cap_w <= max_cap_w (finite watts)"
+                )
+        return ""
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC name)
+        coord = self.coord
+        try:
+            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no AgentHello within {HELLO_TIMEOUT_S:.0f} s")
+            return
+        if first is grpc.aio.EOF or first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a stream must be AgentHello")
+            return
+        hello = first.hello
+        if major_version(hello.protocol_version) != PROTOCOL_VERSION:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version {hello.protocol_version[:40]!r} not supported; this coordinator speaks {PROTOCOL_VERSION}",
+            )
+            return
+        problem = self.validate_hello(hello)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            return
+        session = AgentSession(hello.node, context.peer())
+        coord.attach(hello, session)
+        try:
+            await context.write(pb.CoordinatorMessage(welcome=coord.welcome_for(hello.node)))
+            reader = asyncio.ensure_future(self._read(context, session))
+            writer = asyncio.ensure_future(self._write(context, session))
+            closer = asyncio.ensure_future(session.closed.wait())
+            done, pending = await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if task.exception() is not None and not isinstance(task.exception(), asyncio.CancelledError):
+                    log.warning("agent %s stream: %s", hello.node, task.exception())
+        finally:
+            session.close(session.close_reason or "stream ended")
+            coord.detach(hello.node, session)
+            log.info("agent %s disconnected (%s)", hello.node, session.close_reason)
+
+    async def _read(self, context, session: AgentSession) -> None:
+        coord = self.coord
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                session.close_reason = "agent closed its stream"
+                return
+            kind = msg.WhichOneof("body")
+            if kind == "telemetry":
+                if msg.telemetry.node and msg.telemetry.node != session.node:
+                    log.warning("telemetry for %r on the stream of %r ignored", msg.telemetry.node, session.node)
+                    continue
+                if len(msg.telemetry.gpus) > MAX_GPUS_PER_NODE:
+                    continue
+                if coord.registry.on_telemetry(session.node, msg.telemetry):
+                    coord.wake()  # a node's first readings: allocate it now
+            elif kind == "ack":
+                coord.on_ack(session, msg.ack)
+            elif kind == "job_started":
+                coord.registry.on_job_started(session.node, msg.job_started.binding)
+                coord.wake()
+            elif kind == "job_ended":
+                coord.registry.on_job_ended(session.node, msg.job_ended.job_id)
+                coord.wake()
+            elif kind == "hello":
+                if msg.hello.node != session.node or self.validate_hello(msg.hello):
+                    session.close_reason = "invalid AgentHello inside the stream"
+                    return
+                coord.attach(msg.hello, session)
+
+    async def _write(self, context, session: AgentSession) -> None:
+        while True:
+            msg = await session.outq.get()
+            await context.write(msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Admin
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    """``capctl.v1.Admin``: status views for everyone; SetBudget/ReloadPolicy for admins only."""
+
+    def __init__(self, coord, authorizer: AdminAuthorizer) -> None:
+        self.coord = coord
+        self.authorizer = authorizer
+
+    async def _require_admin(self, context, what: str) -> None:
+        if not self.authorizer.allowed(context):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"{what}: permission denied: {self.authorizer.describe()}"
+            )
+
+    async def Status(self, request, context):  # noqa: N802
+        return self.coord.status_reply()
+
+    async def Nodes(self, request, context):  # noqa: N802
+        return self.coord.status_reply()
+
+    async def Jobs(self, request, context):  # noqa: N802
+        return self.coord.status_reply()
+
+    async def Explain(self, request, context):  # noqa: N802
+        reply = self.coord.explain(request.job_id)
+        if reply is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id[:100]!r} is not bound to any GPU")
+        return reply
+
+    async def SetBudget(self, request, context):  # noqa: N802
+        await self._require_admin(context, "budget set")
+        budget = request.budget_w
+        if not math.isfinite(budget) or budget <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_w {budget}: need a positive number of watts")
+        return await self.coord.set_budget(budget)
+
+    async def ReloadPolicy(self, request, context):  # noqa: N802
+        await self._require_admin(context, "policy reload")
+        if len(request.path) > 4096:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path longer than 4096 characters")
+        return await self.coord.reload_policy(request.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+
+
+def build_server(coord, address: str, authorizer: AdminAuthorizer, agent_link: bool) -> tuple[grpc.aio.Server, int]:
+    """Create (not start) an aio server on ``address`` with Admin, health, reflection (and AgentLink).
+
+    Returns ``(server, bound_port)``; ``bound_port`` is 0 for unix sockets.
+    Raises:
+        RuntimeError: the address cannot be bound (message names it).
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=8192)
+    names = [pb.DESCRIPTOR.services_by_name["Admin"].full_name]
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(coord, authorizer), server)
+    if agent_link:
+        pb_grpc.add_AgentLinkServicer_to_server(AgentLinkServicer(coord), server)
+        names.append(pb.DESCRIPTOR.services_by_name["AgentLink"].full_name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names.append(health.SERVICE_NAME)
+    names.append(reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot listen on {address}: {exc}") from None
+    if port == 0 and not address.startswith("unix"):
+        raise RuntimeError(f"cannot listen on {address}: address in use or not available")
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    server.service_names = names  # type: ignore[attr-defined]
+    return server, port
+
+
+async def set_serving(server: grpc.aio.Server, serving: bool) -> None:
+    """Mark every service of ``server`` (and the overall "" service) SERVING or NOT_SERVING."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    hs = server.health_servicer  # type: ignore[attr-defined]
+    for name in ["", *server.service_names]:  # type: ignore[attr-defined]
+        await hs.set(name, status)
+
+
+def now_s() -> float:
+    """Unix time in seconds."""
+    return time.time()

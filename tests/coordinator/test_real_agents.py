@@ -1,0 +1,80 @@
+"""The coordinator with the real node agent (``capctl-agent`` processes) on simulated GPUs (the
+real pynvml calling our simulated libnvidia-ml.so.1): the enforced limits read from the simulated
+devices, sampled every few milliseconds through coordinator-driven reallocations (budget down and
+up), never sum above the budget.
+
+Not covered here: job start/end on the real agent, which applies the policy's start cap and
+restores pre-job limits locally (docs/protocol.md, AgentLocal) without the coordinator's consent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.conftest import require
+from tests.coordinator.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path):
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:  # the agent/demo helpers are part of the same tree
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from capctl.coordinator.client import AdminClient
+
+    budget = 2400.0  # 8 GPUs, min 200 W each, max 700 W
+    with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget, interval_s=0.5, lease_s=3.0,
+                 sim_kwargs={"n2": {"inlet_c": 38.0}}) as cl:
+        for sim in cl.sims.values():
+            for i in range(4):
+                sim.set_load(i, 650.0)
+        samples: list[float] = []
+        stop = threading.Event()
+
+        def total():
+            return sum(sim.read(i)["enforced_w"] for sim in cl.sims.values() for i in range(4))
+
+        def sample():
+            while not stop.is_set():
+                samples.append(total())
+                time.sleep(0.005)
+        sampler = threading.Thread(target=sample, daemon=True)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
+                     "both agents reporting")
+            assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
+            assert cl.agent("n2").client().job_start("J1", ["0", "1"]).ok
+            assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
+
+            def allocated(budget_w):
+                st = c.status()
+                jobs = {j.job_id: j for j in st.jobs}
+                return st if set(jobs) == {"J1", "J2"} and budget_w - 5 < st.allocated_w <= budget_w + 1e-6 else None
+
+            def enforced_matches():
+                st = c.status()
+                return all(abs(g.enforced_w - cl.sims[n.name].read(g.index)["enforced_w"]) < 1.0 and
+                           abs(g.cap_w - g.enforced_w) < 3.0 for n in st.nodes for g in n.gpus)
+            wait_for(lambda: allocated(budget), 20, "both jobs allocated")
+            wait_for(enforced_matches, 20, "allocated caps enforced on the devices")
+            assert total() <= budget + 0.01
+            # coordinator-driven reallocations, sampled every 5 ms on the devices themselves
+            sampler.start()
+            try:
+                assert c.set_budget(2000.0).ok  # every cap down
+                wait_for(lambda: total() <= 2000.01 and allocated(2000.0), 20, "caps within 2000 W")
+                assert c.set_budget(budget).ok  # and up again
+                wait_for(lambda: allocated(budget), 20, "back to the full budget")
+                wait_for(enforced_matches, 20, "caps settled")
+            finally:
+                stop.set()
+                sampler.join(5)
+            st = c.status()
+    assert len(samples) > 50
+    assert max(samples) <= budget + 0.01, f"sum of enforced limits reached {max(samples):.1f} W > {budget} W"
+    assert st.enforced_w <= budget + 0.01 and not any("stale" in a for a in st.alerts)
