@@ -468,7 +468,7 @@ class Coordinator:
                 draw[key] = g.power_w if g.have_reading else 0.0
                 job = reg.job_of(node, idx)
                 ns.gpus.add(
-                    index=idx, uuid=g.uuid, cap_w=desired.get(key, acc), enforced_w=g.enforced_w if g.have_reading else 0.0,
+                    node=name, index=idx, uuid=g.uuid, cap_w=desired.get(key, acc), enforced_w=g.enforced_w if g.have_reading else 0.0,
                     power_w=g.power_w, temp_c=g.temp_c, slowdown_temp_c=g.slowdown_temp_c, sm_clock_mhz=g.sm_clock_mhz,
                     clocks_event_reasons=list(g.reasons), job_id=job, min_cap_w=g.min_cap_w, max_cap_w=g.max_cap_w,
                     thermal_ceiling_w=finite(ceil_of.get(key, math.inf), 0.0), cap_state=g.cap_state or ("" if g.have_reading else "NO_READING"),

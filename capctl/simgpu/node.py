@@ -343,10 +343,14 @@ class SimNode:
     ) -> None:
         """Vectorized :meth:`set_load` (cluster simulator): arrays (or scalars broadcast) per GPU.
 
-        ``indices`` None means GPUs 0..len(demand_w)-1.  Everything is validated before anything
+        ``indices`` None means GPUs 0..len(demand_w)-1 (a scalar ``demand_w`` means every GPU).  Everything is validated before anything
         changes; raises :class:`SimInputError` naming the first bad value.
         """
-        d = np.ascontiguousarray(np.atleast_1d(np.asarray(demand_w, dtype=np.float64)))
+        d = np.asarray(demand_w, dtype=np.float64)
+        if d.ndim == 0:  # a scalar applies to every selected GPU (all of them without indices)
+            n = self.gpu_count if indices is None else np.atleast_1d(np.asarray(indices)).size
+            d = np.full(n, float(d))
+        d = np.ascontiguousarray(np.atleast_1d(d))
         u = np.ascontiguousarray(np.broadcast_to(np.asarray(utilization_pct, dtype=np.float64), d.shape))
         m = None
         if memory_bound_fraction is not None:

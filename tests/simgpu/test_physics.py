@@ -292,3 +292,15 @@ def test_invariants_hold_for_any_operation_sequence(simlib, ops, r):
             assert g["energy_j"] >= prev["energy_j"] and g["progress"] >= prev["progress"]
             assert 0.0 <= g["power_avg_w"] <= max_power_w + 1e-6
             prev = g
+
+
+def test_set_loads_scalar_applies_to_every_gpu(tmp_path):
+    """A scalar demand in set_loads sets every GPU (regression: only GPU 0 was set)."""
+    from capctl.simgpu.node import SimNode
+
+    with SimNode.create(tmp_path / "n.state", gpus=4, manual_clock=True) as node:
+        node.set_loads(650.0, utilization_pct=80.0)
+        assert [node.read(i)["demand_w"] for i in range(4)] == [650.0] * 4
+        assert [node.read(i)["utilization_pct"] for i in range(4)] == [80.0] * 4
+        node.set_loads(300.0, indices=[1, 3])
+        assert [node.read(i)["demand_w"] for i in range(4)] == [650.0, 300.0, 650.0, 300.0]
