@@ -1,0 +1,314 @@
+"""Cluster files of the what-if simulator (``capctl sim --cluster FILE``): YAML in, :class:`ClusterSpec` out.
+
+A cluster file describes the hardware and the workload of a scenario; the power budget and the
+domain tree come from the policy file (the same file the coordinator runs). Every key, its unit
+and its default is documented in docs/sim.md; examples/clusters/ holds the shared scenario.
+
+Errors: :class:`ClusterError` (a :class:`capctl.errors.UserInputError`) whose message is
+``file:line:col: <field>: <value> ... allowed: ...`` — never a traceback for a bad file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hostlist
+
+from capctl.errors import UserInputError
+from capctl.policy.validate import unknown_key_message
+from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
+
+MAX_GPUS = 200_000
+"""Largest cluster accepted (GPUs); bigger files are an error, never a hang."""
+
+
+class ClusterError(UserInputError):
+    """A bad cluster file; ``str(err)`` is one or more ``file:line:col: message`` lines."""
+
+
+@dataclass(frozen=True)
+class RackSpec:
+    """One rack: its nodes (in order, bottom to top) and the inlet range across them (°C)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    inlet_bottom_c: float
+    inlet_top_c: float
+
+
+@dataclass(frozen=True)
+class JobMix:
+    """Synthetic workload: job sizes (GPUs, multiples of gpus_per_node), their weights, job
+    durations (s, uniform in the range), and the occupancy target (fraction of GPUs in jobs)."""
+
+    sizes_gpus: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+    size_weights: tuple[float, ...] = (6.0, 5.0, 4.0, 3.0, 2.0, 1.0)
+    duration_s: tuple[float, float] = (900.0, 5400.0)
+    occupancy: float = 0.9
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A scenario (see docs/sim.md for every field; units in the names).
+
+    ``speed``: None = the simulated driver's own seeded per-GPU variation (Sinha et al. SC'22:
+    ~8 % mean, up to 22 %); else ``(mean_loss, max_loss)`` to draw it here.
+    ``curves``: ``"zeus"`` = one workload per Zeus power-sensitive trace, read at run time from
+    ``../shared/data/zeus-power-traces`` and scaled to the device's limit constraints;
+    ``"default"`` = the allocator's shipped H100 default curve (derived from the same traces).
+    """
+
+    source: str
+    name: str
+    seed: int
+    duration_s: float
+    step_s: float
+    gpu_model: str
+    gpus_per_node: int
+    racks: tuple[RackSpec, ...]
+    swing_amplitude_c: float = 2.0
+    swing_period_s: float = 86400.0
+    swing_phase_s: float = 0.0
+    inlet_update_s: float = 60.0
+    speed: tuple[float, float] | None = None
+    hot_gpu_fraction: float = 0.0
+    hot_resistance_c_per_w: tuple[float, float] = (0.09, 0.12)
+    curves: str = "zeus"
+    jobs: JobMix = field(default_factory=JobMix)
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """Every node, rack by rack (the GPU order of the simulation)."""
+        return tuple(n for r in self.racks for n in r.nodes)
+
+    @property
+    def n_gpus(self) -> int:
+        return len(self.node_names) * self.gpus_per_node
+
+
+_TOP_KEYS = ["name", "seed", "duration_s", "step_s", "gpu_model", "gpus_per_node", "racks",
+             "inlet_swing", "inlet_update_s", "gpus", "workload"]
+_RACK_KEYS = ["name", "nodes", "inlet_c"]
+_SWING_KEYS = ["amplitude_c", "period_s", "phase_s"]
+_GPUS_KEYS = ["speed", "hot_fraction", "hot_resistance_c_per_w"]
+_SPEED_KEYS = ["mean_loss", "max_loss"]
+_WORK_KEYS = ["curves", "jobs"]
+_JOBS_KEYS = ["sizes_gpus", "size_weights", "duration_s", "occupancy"]
+
+
+class _Reader:
+    """Collects ``file:line:col`` errors while reading the parsed YAML."""
+
+    def __init__(self, source: str, pos: Positions) -> None:
+        self.source = source
+        self.pos = pos
+        self.errors: list[str] = []
+
+    def err(self, path: tuple, message: str, key: bool = False) -> None:
+        line, col = self.pos.key(path) if key else self.pos.value(path)
+        self.errors.append(f"{self.source}:{line}:{col}: {message}")
+
+    def mapping(self, data, path: tuple, known: list[str], what: str) -> dict:
+        if not isinstance(data, dict):
+            self.err(path, f"{what}: {_show(data)} is invalid; allowed: a mapping with keys {', '.join(known)}")
+            return {}
+        for k, v in data.items():
+            if k not in known:
+                self.err(path + (k,), unknown_key_message(k, known, v, what), key=True)
+        return data
+
+    def number(self, data: dict, path: tuple, key: str, default, lo=None, hi=None, lo_open=False,
+               integer=False, unit=""):
+        if key not in data:
+            return default
+        v = data[key]
+        name = _dotted(path + (key,))
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if integer:
+            ok = ok and float(v).is_integer()
+        rng = []
+        if lo is not None:
+            rng.append(f"{'>' if lo_open else '>='} {lo:g}")
+        if hi is not None:
+            rng.append(f"<= {hi:g}")
+        allowed = f"{'an integer' if integer else 'a number'}{(' ' + unit) if unit else ''}" + (
+            f" {' and '.join(rng)}" if rng else "")
+        if ok and lo is not None and (v < lo or (lo_open and v <= lo)):
+            ok = False
+        if ok and hi is not None and v > hi:
+            ok = False
+        if not ok:
+            self.err(path + (key,), f"{name}: {_show(v)} is invalid; allowed: {allowed}")
+            return default
+        return int(v) if integer else float(v)
+
+    def pair(self, data: dict, path: tuple, key: str, default, lo=None, hi=None, unit=""):
+        if key not in data:
+            return default
+        v = data[key]
+        name = _dotted(path + (key,))
+        good = (isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+                and v[0] <= v[1]
+                and (lo is None or v[0] >= lo) and (hi is None or v[1] <= hi))
+        if not good:
+            rng = f" within [{lo:g}, {hi:g}]" if lo is not None and hi is not None else ""
+            self.err(path + (key,), f"{name}: {_show(v)} is invalid; allowed: [low, high] {unit}{rng} with low <= high")
+            return default
+        return (float(v[0]), float(v[1]))
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
+    """Parse and validate a cluster file's text. Raises :class:`ClusterError` listing every error."""
+    try:
+        data, pos = load_with_positions(text)
+    except YamlInputError as exc:
+        raise ClusterError(f"{source}:{exc.line}:{exc.col}: {exc.message}") from None
+    r = _Reader(source, pos)
+    if data is None:
+        raise ClusterError(f"{source}:1:1: the cluster file is empty; see examples/clusters/shared-64x8.yaml")
+    top = r.mapping(data, (), _TOP_KEYS, "the cluster file")
+    if not top:
+        raise ClusterError("\n".join(r.errors))
+    for req in ("racks", "gpu_model"):
+        if req not in top:
+            r.err((), f"missing key {req!r}")
+    name = top.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name:
+        r.err(("name",), f"name: {_show(name)} is invalid; allowed: a non-empty string")
+        name = "cluster"
+    seed = r.number(top, (), "seed", 0, lo=0, hi=2**63 - 1, integer=True)
+    duration_s = r.number(top, (), "duration_s", 3600.0, lo=0, hi=30 * 86400.0, lo_open=True, unit="seconds")
+    step_s = r.number(top, (), "step_s", 1.0, lo=0.01, hi=60.0, unit="seconds")
+    gpn = r.number(top, (), "gpus_per_node", 8, lo=1, hi=64, integer=True)
+    inlet_update_s = r.number(top, (), "inlet_update_s", 60.0, lo=0.01, unit="seconds")
+    model = top.get("gpu_model", "H100-SXM")
+    try:
+        from capctl.simgpu.profiles import get as get_profile
+
+        model = get_profile(model).name if isinstance(model, str) else get_profile(str(model)).name
+    except UserInputError as exc:
+        r.err(("gpu_model",), f"gpu_model: {exc}")
+
+    racks = []
+    seen_nodes: dict[str, str] = {}
+    rack_list = top.get("racks", [])
+    if not isinstance(rack_list, list) or not rack_list:
+        if "racks" in top:
+            r.err(("racks",), f"racks: {_show(rack_list)} is invalid; allowed: a non-empty list of racks")
+        rack_list = []
+    for i, rd in enumerate(rack_list):
+        p = ("racks", i)
+        rd = r.mapping(rd, p, _RACK_KEYS, f"racks[{i}]")
+        if not rd:
+            continue
+        rname = rd.get("name", f"rack{i + 1}")
+        if not isinstance(rname, str) or not rname:
+            r.err(p + ("name",), f"racks[{i}].name: {_show(rname)} is invalid; allowed: a non-empty string")
+            rname = f"rack{i + 1}"
+        nodes_raw = rd.get("nodes")
+        nodes: list[str] = []
+        if isinstance(nodes_raw, str):
+            try:
+                nodes = list(hostlist.expand_hostlist(nodes_raw))
+            except hostlist.BadHostlist as exc:
+                r.err(p + ("nodes",), f"racks[{i}].nodes: {nodes_raw!r} is not a valid Slurm hostlist ({exc})")
+        elif isinstance(nodes_raw, list) and all(isinstance(x, str) and x for x in nodes_raw):
+            nodes = list(nodes_raw)
+        else:
+            r.err(p + ("nodes",) if "nodes" in rd else p,
+                  f"racks[{i}].nodes: {_show(nodes_raw)} is invalid; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a list of names")
+        for n in nodes:
+            if n in seen_nodes:
+                r.err(p + ("nodes",), f"racks[{i}].nodes: node {n!r} is already in rack {seen_nodes[n]!r}; a node belongs to one rack")
+                break
+            seen_nodes[n] = rname
+        inlet = rd.get("inlet_c", [25.0, 25.0])
+        if isinstance(inlet, (int, float)) and not isinstance(inlet, bool):
+            inlet = [inlet, inlet]
+        lo_hi = r.pair({"inlet_c": inlet}, p, "inlet_c", (25.0, 25.0), lo=-10.0, hi=60.0, unit="°C")
+        racks.append(RackSpec(rname, tuple(nodes), lo_hi[0], lo_hi[1]))
+    n_gpus = len(seen_nodes) * (gpn or 1)
+    if n_gpus > MAX_GPUS:
+        r.err(("racks",), f"racks: {n_gpus} GPUs; allowed: at most {MAX_GPUS}")
+
+    swing = r.mapping(top.get("inlet_swing", {}), ("inlet_swing",), _SWING_KEYS, "inlet_swing")
+    amp = r.number(swing, ("inlet_swing",), "amplitude_c", 2.0, lo=0, hi=30, unit="°C")
+    period = r.number(swing, ("inlet_swing",), "period_s", 86400.0, lo=1, lo_open=False, unit="seconds")
+    phase = r.number(swing, ("inlet_swing",), "phase_s", 0.0, unit="seconds")
+
+    gpus = r.mapping(top.get("gpus", {}), ("gpus",), _GPUS_KEYS, "gpus")
+    speed = None
+    sp = gpus.get("speed", "physics")
+    if sp != "physics":
+        spd = r.mapping(sp, ("gpus", "speed"), _SPEED_KEYS, "gpus.speed (or the word physics)")
+        if spd:
+            mean_loss = r.number(spd, ("gpus", "speed"), "mean_loss", 0.08, lo=0, hi=0.5)
+            max_loss = r.number(spd, ("gpus", "speed"), "max_loss", 0.22, lo=0, hi=0.9)
+            if max_loss < mean_loss:
+                r.err(("gpus", "speed", "max_loss"), f"gpus.speed.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
+            speed = (mean_loss, max_loss)
+    hot_fraction = r.number(gpus, ("gpus",), "hot_fraction", 0.0, lo=0, hi=1)
+    hot_r = r.pair(gpus, ("gpus",), "hot_resistance_c_per_w", (0.09, 0.12), lo=0.001, hi=1.0, unit="°C/W")
+
+    work = r.mapping(top.get("workload", {}), ("workload",), _WORK_KEYS, "workload")
+    curves = work.get("curves", "zeus")
+    if curves not in ("zeus", "default"):
+        r.err(("workload", "curves"), f"workload.curves: {_show(curves)} is invalid; allowed: zeus, default")
+        curves = "zeus"
+    jd = r.mapping(work.get("jobs", {}), ("workload", "jobs"), _JOBS_KEYS, "workload.jobs")
+    jp = ("workload", "jobs")
+    mix = JobMix()
+    default_sizes = [s for s in mix.sizes_gpus if s <= max(n_gpus, 1) and gpn and s % gpn == 0] or [gpn or 1]
+    sizes = jd.get("sizes_gpus", default_sizes)
+    if not (isinstance(sizes, list) and sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                                          and gpn and s % gpn == 0 for s in sizes)):
+        r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {_show(sizes)} is invalid; allowed: a list of "
+              f"positive multiples of gpus_per_node ({gpn})")
+        sizes = list(mix.sizes_gpus)
+    elif sizes and max(sizes) > n_gpus > 0:
+        r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {max(sizes)} GPUs is invalid; allowed: at most the cluster's {n_gpus} GPUs")
+    weights = jd.get("size_weights", [1.0] * len(sizes) if "sizes_gpus" in jd else
+                     [w for s, w in zip(mix.sizes_gpus, mix.size_weights) if s in default_sizes] or [1.0])
+    if not (isinstance(weights, list) and len(weights) == len(sizes)
+            and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 and math.isfinite(w) for w in weights)):
+        r.err(jp + ("size_weights",), f"workload.jobs.size_weights: {_show(weights)} is invalid; allowed: "
+              f"{len(sizes)} positive numbers (one per size)")
+        weights = [1.0] * len(sizes)
+    dur = r.pair(jd, jp, "duration_s", mix.duration_s, lo=1.0, hi=365 * 86400.0, unit="seconds")
+    occ = r.number(jd, jp, "occupancy", mix.occupancy, lo=0, hi=1, lo_open=True)
+    if r.errors:
+        raise ClusterError("\n".join(r.errors))
+    return ClusterSpec(
+        source=source, name=name, seed=int(seed), duration_s=duration_s, step_s=step_s, gpu_model=model,
+        gpus_per_node=int(gpn), racks=tuple(racks), swing_amplitude_c=amp, swing_period_s=period,
+        swing_phase_s=phase, inlet_update_s=inlet_update_s, speed=speed, hot_gpu_fraction=hot_fraction,
+        hot_resistance_c_per_w=hot_r, curves=curves,
+        jobs=JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ),
+    )
+
+
+def load_cluster(path) -> ClusterSpec:
+    """Read and validate a cluster file. Raises :class:`ClusterError` (unreadable file included)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterError(f"{p}: cluster file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClusterError(f"{p}: cannot read the cluster file: {exc}") from None
+    return parse_cluster(text, str(p))

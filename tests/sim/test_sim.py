@@ -1,0 +1,239 @@
+"""``capctl sim``: the what-if simulator on the small scenario (real physics, real allocator).
+
+The simulator runs the simulated driver's C physics in-process, so these tests need the compiled
+library (``make build``); under CI a missing library fails them (tests.conftest.require).
+Nothing here asserts a timing or a goal ratio (those are measured in bench/sim_compare.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capctl.cli.main import main
+from capctl.simgpu.build import library_path
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_CLUSTER = ROOT / "examples" / "clusters" / "small-4x8.yaml"
+SMALL_POLICY = ROOT / "examples" / "policies" / "small-4x8.yaml"
+SHARED_CLUSTER = ROOT / "examples" / "clusters" / "shared-64x8.yaml"
+SHARED_POLICY = ROOT / "examples" / "policies" / "shared-64x8.yaml"
+DURATION_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    require(library_path().is_file(), f"simulated NVML library not built at {library_path()} (run 'make build')")
+    from capctl.policy import load_policy
+    from capctl.sim.cluster import load_cluster
+    from capctl.sim.engine import build_scenario
+
+    spec = replace(load_cluster(SMALL_CLUSTER), duration_s=DURATION_S)
+    return build_scenario(spec, load_policy(SMALL_POLICY))
+
+
+@pytest.fixture(scope="module")
+def runs(scenario):
+    from capctl.sim.engine import run_policy
+    from capctl.sim.policies import POLICY_NAMES
+
+    return {n: run_policy(scenario, n) for n in POLICY_NAMES}
+
+
+def test_small_scenario_has_jobs_and_hot_gpus(scenario):
+    assert len(scenario.jobs) >= 2
+    assert scenario.hot_gpus.size == round(0.125 * 32)
+    for j in scenario.jobs:
+        assert j.n_gpus % 8 == 0 and j.end_s > j.start_s
+
+
+def test_deterministic_for_a_seed(scenario, runs):
+    from capctl.sim.engine import run_policy
+
+    for name in ("capctl", "balancer"):
+        again = run_policy(scenario, name)
+        assert again.throughput == runs[name].throughput
+        assert again.job_rate == runs[name].job_rate
+        np.testing.assert_array_equal(again.snap_cap_w, runs[name].snap_cap_w)
+
+
+def test_another_seed_changes_the_workload(scenario):
+    from capctl.sim.engine import build_scenario
+
+    other = build_scenario(replace(scenario.spec, seed=scenario.spec.seed + 1), scenario.policy)
+    a = [(j.n_gpus, j.start_s, j.end_s) for j in scenario.jobs]
+    b = [(j.n_gpus, j.start_s, j.end_s) for j in other.jobs]
+    assert a != b
+
+
+def test_uniform_respects_budget_domains_and_constraints(scenario, runs):
+    r = runs["uniform"]
+    caps = r.snap_cap_w
+    assert caps.size
+    assert caps.min() >= 200.0 - 1e-6 and caps.max() <= 700.0 + 1e-6
+    assert r.max_overshoot_w <= 1e-6
+    for _name, limit, idx in scenario.topo.limited_domains():
+        assert float(caps[:, idx].sum(axis=1).max()) <= limit + 0.01
+    # the share is budget / GPUs (17,920 W / 32 = 560 W) as long as no domain binds
+    assert np.allclose(caps, 560.0, atol=0.01)
+
+
+@pytest.mark.parametrize("name", ["uniform", "utilization", "balancer", "capctl", "oracle"])
+def test_no_policy_overshoots_the_budget(runs, scenario, name):
+    r = runs[name]
+    assert r.max_overshoot_w <= 1e-6, f"{name} overshoots by {r.max_overshoot_w} W"
+    for _name, limit, idx in scenario.topo.limited_domains():
+        assert float(r.snap_cap_w[:, idx].astype(float).sum(axis=1).max()) <= limit + 0.05
+
+
+def test_oracle_at_least_as_good_as_uniform(runs):
+    assert runs["oracle"].throughput >= runs["uniform"].throughput
+    assert runs["oracle"].thermal_slowdown_fraction <= runs["uniform"].thermal_slowdown_fraction
+
+
+def test_uniform_throttles_hot_gpus_and_the_oracle_does_not(runs):
+    # the small scenario's hot GPUs (R 0.10-0.12 C/W, inlet up to 35 C) cross their slowdown
+    # temperature at the uniform share; the thermal ceiling keeps the oracle below it
+    assert runs["uniform"].thermal_slowdown_fraction > 0.0
+    assert runs["oracle"].thermal_slowdown_fraction == 0.0
+
+
+def test_cli_json_has_the_keys(capsys):
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), "--duration", "120",
+               "--json"])
+    assert rc == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(obj["policies"]) == {"uniform", "utilization", "balancer", "capctl", "oracle"}
+    for p in obj["policies"].values():
+        for key in ("throughput", "thermal_slowdown_fraction", "max_overshoot_w", "energy_per_step_j", "jobs"):
+            assert key in p
+        assert p["throughput"] > 0
+    assert set(obj["ratios"]) == {"capctl/oracle", "capctl/uniform", "capctl/balancer", "capctl/utilization"}
+    assert obj["gpus"] == 32 and obj["duration_s"] == 120.0
+
+
+def test_cli_plot_writes_pngs(tmp_path, capsys):
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    out = tmp_path / "plots"
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), "--duration", "60",
+               "--policies", "uniform,oracle", "--plot", str(out)])
+    assert rc == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["heatmap_oracle.png", "heatmap_uniform.png", "throttling.png", "throughput.png"]
+    for p in out.iterdir():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
+    assert "uniform" in capsys.readouterr().out
+
+
+BAD_CLUSTERS = [
+    ("racks:\n  - {name: r1, nodes: \"node[1-4]\", inlet_c: [30, 20]}\ngpu_model: H100-SXM\n", 2,
+     "inlet_c"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nduraton_s: 60\n", 4,
+     "did you mean 'duration_s'"),
+    ("gpu_model: B300\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n", 1, "allowed: H100-SXM"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nstep_s: -1\n", 4, "step_s"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4\"}\n", 3, "hostlist"),
+    ("gpu_model: H100-SXM\nracks: [\n", 3, "malformed YAML"),
+]
+
+
+@pytest.mark.parametrize("text,line,needle", BAD_CLUSTERS)
+def test_bad_cluster_file_gives_file_line_error(tmp_path, capsys, text, line, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "Traceback" not in err
+    assert f"{path}:{line}:" in err, err
+    assert needle in err, err
+
+
+def test_cluster_and_policy_must_describe_the_same_nodes(tmp_path, capsys):
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    path = tmp_path / "other.yaml"
+    path.write_text("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"gpu[1-4]\"}\n")
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "'gpu1'" in err and "no domain of the policy" in err and "Traceback" not in err
+
+
+def test_shared_scenario_files_load_and_match():
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    from capctl.policy import load_policy
+    from capctl.sim.cluster import load_cluster
+    from capctl.sim.topology import build_topology
+
+    spec = load_cluster(SHARED_CLUSTER)
+    pol = load_policy(SHARED_POLICY)
+    assert spec.n_gpus == 512 and len(spec.racks) == 2 and all(len(r.nodes) == 32 for r in spec.racks)
+    assert pol.budget_w == pytest.approx(0.8 * 512 * 700.0)
+    topo = build_topology(spec, pol, 200.0, 700.0)
+    assert topo.n_gpus == 512
+    lo = min(r.inlet_bottom_c for r in spec.racks) - spec.swing_amplitude_c
+    hi = max(r.inlet_top_c for r in spec.racks) + spec.swing_amplitude_c
+    assert lo == pytest.approx(18.0) and hi == pytest.approx(35.0)
+
+
+def test_zeus_workloads_fit_the_physics():
+    from capctl.allocator.curves import zeus_data_dir
+
+    require((zeus_data_dir() / "summary_power_a40.csv").is_file(), "../shared/data/zeus-power-traces missing")
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    from capctl.sim.workload import zeus_profiles
+
+    profs = zeus_profiles("H100-SXM", str(zeus_data_dir()))
+    assert len(profs) >= 40
+    for p in profs:
+        assert 210.0 <= p.demand_w <= 700.0 and 0.0 <= p.memory_bound_fraction <= 0.9
+    # V100 traces are close to the physics family; A40 traces are steeper than it can follow
+    v100 = [p.fit_rmse for p in profs if p.name.startswith("v100:")]
+    assert np.median(v100) < 0.05
+
+
+def test_waterfill_splits_in_proportion_within_bounds():
+    from capctl.sim.policies import waterfill
+
+    lo = np.full(4, 200.0)
+    hi = np.full(4, 700.0)
+    caps = waterfill(1400.0, np.array([100.0, 100.0, 0.0, 50.0]), lo, hi)
+    assert caps[2] == 200.0
+    assert caps.sum() == pytest.approx(1400.0, abs=1e-6)
+    assert caps[0] == pytest.approx(caps[1]) and caps[0] > caps[3] > 200.0
+    assert np.array_equal(waterfill(5000.0, np.ones(4), lo, hi), hi)
+    assert np.array_equal(waterfill(100.0, np.ones(4), lo, hi), lo)
+
+
+def _obs(scenario, t_s, progress):
+    from capctl.sim.policies import Observation
+
+    job = scenario.jobs[0]
+    two_nodes = replace(job, gpus=np.arange(16), nodes=scenario.topo.node_names[:2])
+    tele = np.zeros(scenario.topo.n_gpus, dtype=[("progress", "<f8"), ("utilization_pct", "<f8")])
+    tele["progress"] = progress
+    job_of = np.full(scenario.topo.n_gpus, -1)
+    job_of[:16] = 0
+    return Observation(t_s, [two_nodes], job_of, tele, False)
+
+
+def test_balancer_moves_watts_from_the_fast_node_to_the_slow_one(scenario):
+    from capctl.sim.policies import BALANCER_STEP_W, Balancer, Context
+
+    bal = Balancer()
+    bal.reset(Context(scenario.topo, float(scenario.policy.budget_w), scenario.policy, scenario.profile, None))
+    first = bal.decide(_obs(scenario, 0.0, np.zeros(32)))
+    share = scenario.policy.budget_w / 32
+    assert np.allclose(first, share)
+    rate = np.ones(32)
+    rate[3] = 0.8  # a slow GPU on node 0: node 0 is the job's slowest, node 1 is faster
+    caps = bal.decide(_obs(scenario, 10.0, rate * 10.0))
+    assert np.allclose(caps[8:16], share - BALANCER_STEP_W)
+    assert np.allclose(caps[:8], share + BALANCER_STEP_W)
+    assert caps[:16].sum() == pytest.approx(16 * share)  # the job's budget is kept
+    assert np.allclose(caps[16:], share)
