@@ -1,0 +1,302 @@
+"""Shared preprocessing and result assembly for both solvers (internal).
+
+Reduces an :class:`AllocationProblem` to: per job-GPU box [lo_g, hi_g], fixed loads (idle GPUs),
+the set of domains whose constraint is active-able, per-job rate range [s_lo_j, s_max_j]; and
+turns job rates back into milliwatt-rounded, exactly feasible caps with explanations.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .curves import rate as curve_rate
+from .problem import AllocationProblem, AllocationResult, domain_depth
+
+# reasons an upper bound binds
+HI_DEVICE_MAX, HI_THERMAL, HI_SLEW, HI_MIN = 0, 1, 2, 3
+_HI_NAMES = {HI_DEVICE_MAX: "device_max", HI_THERMAL: "thermal", HI_SLEW: "slew", HI_MIN: "device_min"}
+#: watts kept free under each binding domain limit before milliwatt rounding
+LIMIT_MARGIN_W = 0.002
+#: lowest relative rate the allocator plans with (the curve is extrapolated below its fit range)
+RATE_FLOOR = 0.05
+
+
+@dataclass
+class Prep:
+    G: int
+    J: int
+    D: int
+    lo: np.ndarray          # [G] lower bound of the cap [W] (idle: fixed cap)
+    hi: np.ndarray          # [G] upper bound [W]
+    hi_reason: np.ndarray   # [G] HI_* code
+    sigma: np.ndarray       # [G] speed relative to the slowest GPU of its job (>= 1)
+    in_job: np.ndarray      # [G] bool
+    pair_dom: np.ndarray    # [P] domain of each (domain, gpu) ancestor pair
+    pair_gpu: np.ndarray    # [P]
+    depth: np.ndarray       # [D]
+    limit: np.ndarray       # [D] limit [W] (+inf none)
+    deficit_w: np.ndarray   # [D]
+    in_deficit: np.ndarray  # [D] bool
+    held_by: np.ndarray     # [G] deficit domain holding the GPU at its minimum, -1 none
+    fixed_load: np.ndarray  # [D] idle caps under each domain [W]
+    s_lo: np.ndarray        # [J] job rate with every GPU at lo
+    s_max: np.ndarray       # [J] highest job rate reachable (<= 1)
+    s_max_gpu: np.ndarray   # [J] GPU that limits s_max (-1 none)
+    has_gpu: np.ndarray     # [J] bool
+    candidates: np.ndarray  # [C] domains whose constraint can bind
+    alerts: list
+
+
+def _seg_min(values, seg, n):
+    """Per-segment minimum and argmin (global index); +inf / -1 for empty segments."""
+    out = np.full(n, np.inf)
+    arg = np.full(n, -1, dtype=np.int64)
+    if values.size == 0:
+        return out, arg
+    order = np.lexsort((values, seg))
+    s_sorted = seg[order]
+    first = np.ones(order.size, bool)
+    first[1:] = s_sorted[1:] != s_sorted[:-1]
+    idx = order[first]
+    out[seg[idx]] = values[idx]
+    arg[seg[idx]] = idx
+    return out, arg
+
+
+def ancestors(problem: AllocationProblem):
+    """(pair_dom[P], pair_gpu[P]): every (domain, gpu) with the domain at or above the GPU's leaf."""
+    dom = problem.domain_of_gpu.astype(np.int64)
+    gpu = np.arange(problem.n_gpus, dtype=np.int64)
+    doms, gpus = [], []
+    cur = dom.copy()
+    live = np.ones(cur.shape[0], bool)
+    while live.any():
+        doms.append(cur[live])
+        gpus.append(gpu[live])
+        nxt = problem.domain_parent[cur[live]]
+        cur = nxt
+        gpu = gpu[live]
+        live = cur >= 0
+    if not doms:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(doms), np.concatenate(gpus)
+
+
+def prepare(pb: AllocationProblem) -> Prep:
+    G, J, D = pb.n_gpus, pb.n_jobs, pb.n_domains
+    alerts: list[str] = []
+    name = (lambda g: pb.gpu_names[g] if g < len(pb.gpu_names) else f"#{g}")
+    mn, mx, ceil = pb.min_cap_w, pb.max_cap_w, pb.thermal_ceiling_w
+    hi = np.minimum(mx, ceil)
+    hi_reason = np.where(ceil < mx, HI_THERMAL, HI_DEVICE_MAX)
+    low_ceiling = hi < mn
+    for g in np.nonzero(low_ceiling)[0][:20]:
+        alerts.append(f"gpu {name(g)}: thermal ceiling {ceil[g]:.1f} W below its minimum cap "
+                      f"{mn[g]:.1f} W; holding the minimum")
+    if low_ceiling.sum() > 20:
+        alerts.append(f"{int(low_ceiling.sum()) - 20} more GPUs with a thermal ceiling below the minimum cap")
+    hi = np.maximum(hi, mn)
+    in_job = pb.job_of_gpu >= 0
+    lo = np.maximum(mn, np.minimum(pb.curve_min_w, hi))
+    # never plan below the cap where the curve predicts RATE_FLOOR (extrapolated curves can reach 0)
+    floor_cap = pb.curve_sat_w - pb.curve_k_w * np.log1p((1.0 - RATE_FLOOR) / pb.curve_a)
+    lo = np.maximum(lo, np.minimum(floor_cap, hi))
+    if pb.slew_w is not None:
+        prev = pb.prev_cap_w
+        known = np.isfinite(prev) & in_job
+        lo = np.where(known, np.maximum(lo, np.minimum(prev - pb.slew_w, hi)), lo)
+        up = np.where(known, np.maximum(prev + pb.slew_w, lo), np.inf)
+        hi_reason = np.where(up < hi, HI_SLEW, hi_reason)
+        hi = np.minimum(hi, up)
+    idle_cap = np.clip(pb.idle_cap_w, mn, hi)
+    lo = np.where(in_job, lo, idle_cap)
+    hi = np.where(in_job, hi, idle_cap)
+
+    pair_dom, pair_gpu = ancestors(pb)
+    depth = domain_depth(pb.domain_parent)
+    limit = pb.domain_limit_w.astype(float)
+    # feasibility of the minimums: first relax soft lower bounds (curve range, slew) to the device
+    # minimum under domains that cannot hold them, then hold the minimums where even that fails
+    min_load = np.bincount(pair_dom, lo[pair_gpu], minlength=D)
+    short = min_load > limit
+    if short.any():
+        g_short = np.zeros(G, bool)
+        g_short[pair_gpu[short[pair_dom]]] = True
+        lo = np.where(g_short, np.where(in_job, np.maximum(mn, np.minimum(floor_cap, hi)), mn), lo)
+        hi = np.where(g_short & ~in_job, mn, hi)
+        min_load = np.bincount(pair_dom, lo[pair_gpu], minlength=D)
+    dev_min_load = np.bincount(pair_dom, np.where(in_job, mn, lo)[pair_gpu], minlength=D)
+    in_deficit = (min_load > limit) & (dev_min_load > limit)
+    still_short = (min_load > limit) & ~in_deficit
+    if still_short.any():  # even the rate floor does not fit: plan down to the device minimum
+        g_short = np.zeros(G, bool)
+        g_short[pair_gpu[still_short[pair_dom]]] = True
+        lo = np.where(g_short & in_job, mn, lo)
+    deficit = np.where(in_deficit, dev_min_load - limit, 0.0)
+    held_by = np.full(G, -1, np.int64)
+    if in_deficit.any():
+        sel = in_deficit[pair_dom]
+        # the highest deficit domain above each held GPU (smallest depth wins: written last)
+        order = np.argsort(-depth[pair_dom[sel]], kind="stable")
+        held_by[pair_gpu[sel][order]] = pair_dom[sel][order]
+        held = held_by >= 0
+        lo = np.where(held & in_job, mn, lo)
+        hi = np.where(held, lo, hi)
+        hi_reason = np.where(held, HI_MIN, hi_reason)
+        for d in np.nonzero(in_deficit)[0][:20]:
+            alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
+                          f"caps {min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
+    hi_reason = np.where((hi <= lo) & (hi_reason == HI_DEVICE_MAX), HI_MIN, hi_reason)
+
+    # job speed normalization and rate ranges
+    jg = np.nonzero(in_job)[0]
+    job = pb.job_of_gpu[jg]
+    slow_speed, _ = _seg_min(pb.speed[jg], job, J)
+    sigma = np.ones(G)
+    sigma[jg] = pb.speed[jg] / slow_speed[job]
+    rho_lo = curve_rate(lo[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
+    rho_hi = curve_rate(hi[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
+    s_max, arg = _seg_min(sigma[jg] * rho_hi, job, J)
+    s_max_gpu = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
+    s_max = np.minimum(s_max, 1.0)
+    s_lo, _ = _seg_min(sigma[jg] * rho_lo, job, J)
+    s_lo = np.maximum(s_lo, 1e-9)  # extrapolated curves may reach 0 at the device minimum
+    s_lo = np.minimum(s_lo, s_max)
+    stalled = (s_max <= 1e-9) & (s_lo < 1e300)
+    if stalled.any():
+        for j in np.nonzero(stalled)[0][:20]:
+            alerts.append(f"job {pb.job_names[j] if j < len(pb.job_names) else j}: a GPU's ceiling "
+                          "allows no positive predicted rate; the job is held at its minimum caps")
+        s_max = np.where(stalled, 1e-9, s_max)
+        s_lo = np.minimum(s_lo, s_max)
+    has_gpu = np.zeros(J, bool)
+    has_gpu[job] = True
+    s_max[~has_gpu] = 1.0
+    s_lo[~has_gpu] = 1.0
+
+    fixed_load = np.bincount(pair_dom, np.where(in_job, 0.0, lo)[pair_gpu], minlength=D)
+    # the most each GPU can usefully draw: power at its job's s_max
+    use_max = lo.copy()
+    if jg.size:
+        use_max[jg] = np.clip(cap_at_rate(pb, jg, sigma[jg], s_max[job]), lo[jg], hi[jg])
+    max_load = np.bincount(pair_dom, use_max[pair_gpu], minlength=D)
+    candidates = np.nonzero((max_load > limit - LIMIT_MARGIN_W) & ~in_deficit & np.isfinite(limit))[0]
+    return Prep(G, J, D, lo, hi, hi_reason, sigma, in_job, pair_dom, pair_gpu, depth, limit,
+                deficit, in_deficit, held_by, fixed_load, s_lo, s_max, s_max_gpu, has_gpu,
+                candidates, alerts)
+
+
+def cap_at_rate(pb, gpus, sigma, s):
+    """phi_g(s): smallest cap [W] at which GPU g (in a job of rate s) keeps pace. Arrays over gpus."""
+    r = np.minimum(s / sigma, 1.0)
+    return pb.curve_sat_w[gpus] - pb.curve_k_w[gpus] * np.log1p((1.0 - r) / pb.curve_a[gpus])
+
+
+def job_objective(pb, s):
+    w = pb.job_weight
+    if pb.objective == "proportional":
+        with np.errstate(divide="ignore"):
+            return float(np.sum(w * np.log(s)))
+    return float(np.sum(w * s))
+
+
+def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray, *, solver: str,
+             t0: float, iterations: int = 0, alerts=()) -> AllocationResult:
+    """Caps from job rates s[J] (minimal power keeping pace), milliwatt rounding with exact domain
+    feasibility, rates/bindings/prices. ``price``[D] are the domain multipliers."""
+    G, J, D = prep.G, prep.J, prep.D
+    alerts = list(prep.alerts) + list(alerts)
+    lo, hi = prep.lo, prep.hi
+    cap = lo.copy()
+    jg = np.nonzero(prep.in_job)[0]
+    if jg.size:
+        cap[jg] = np.clip(cap_at_rate(pb, jg, prep.sigma[jg], s[pb.job_of_gpu[jg]]), lo[jg], hi[jg])
+    # ---- milliwatt rounding, exact: integers, floor, then repair any domain over its limit
+    lo_mw = np.ceil(lo * 1000.0)
+    lo_mw += (lo_mw / 1000.0 < lo)
+    hi_mw = np.floor(hi * 1000.0)
+    hi_mw -= (hi_mw / 1000.0 > hi)
+    lo_mw = np.minimum(lo_mw, hi_mw)
+    cap_mw = np.clip(np.floor(cap * 1000.0), lo_mw, hi_mw)
+    lim_mw = np.where(np.isfinite(prep.limit), np.floor(np.nan_to_num(prep.limit, posinf=0) * 1000.0) - 1, np.inf)
+    load_mw = np.bincount(prep.pair_dom, cap_mw[prep.pair_gpu], minlength=D)
+    over = np.nonzero((load_mw > lim_mw) & ~prep.in_deficit)[0]
+    if over.size:
+        order = np.argsort(-prep.depth[over], kind="stable")
+        members = {}
+        for d in over[order]:
+            if d not in members:
+                members[d] = prep.pair_gpu[prep.pair_dom == d]
+            gs = members[d]
+            excess = float(cap_mw[gs].sum() - lim_mw[d])
+            if excess <= 0:
+                continue
+            room = cap_mw[gs] - lo_mw[gs]
+            total = room.sum()
+            if total < excess:  # cannot happen unless the limit is within 1 mW of the minimums
+                cap_mw[gs] = lo_mw[gs]
+                alerts.append(f"domain {pb.domain_name(d)}: rounding left {excess - total:.0f} mW over")
+                continue
+            cut = np.minimum(room, np.ceil(room * (excess / total)))
+            # fix overshoot/undershoot of the proportional cut greedily
+            extra = excess - cut.sum()
+            if extra > 0:
+                idx = np.argsort(-(room - cut))
+                take = np.minimum(room[idx] - cut[idx], extra)
+                take = np.where(np.cumsum(take) - take < extra, take, 0)
+                cut[idx] += take
+            cap_mw[gs] -= cut
+        if len(members):
+            alerts.append(f"rounding repair lowered caps under {len(members)} domain(s)")
+    cap_w = cap_mw / 1000.0
+    load_w = np.bincount(prep.pair_dom, cap_w[prep.pair_gpu], minlength=D)
+
+    # ---- rates from the rounded caps
+    job = pb.job_of_gpu[jg]
+    rho = curve_rate(cap_w[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg]) * prep.sigma[jg]
+    job_rate, arg = _seg_min(rho, job, J)
+    job_rate = np.where(prep.has_gpu, np.minimum(job_rate, 1.0), 1.0)
+    slowest = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
+
+    # ---- binding reasons
+    price = np.where(prep.in_deficit, np.nan, np.nan_to_num(price))
+    binding = [""] * J
+    # strongest priced domain per job: argmax over (domain, gpu) pairs of price * marginal watts
+    best_dom = np.full(J, -1, np.int64)
+    if jg.size and np.any(np.nan_to_num(price) > 0):
+        pj = pb.job_of_gpu[prep.pair_gpu]
+        sel = (pj >= 0) & (np.nan_to_num(price)[prep.pair_dom] > 0)
+        if sel.any():
+            val = np.nan_to_num(price)[prep.pair_dom[sel]]
+            _, a = _seg_min(-val, pj[sel], J)
+            ok = a >= 0
+            best_dom[ok] = prep.pair_dom[sel][a[ok]]
+    tol = 1e-7
+    for j in range(J):
+        if not prep.has_gpu[j]:
+            binding[j] = "no_gpus"
+            continue
+        if s[j] >= 1.0 - tol:
+            binding[j] = "saturated"
+            continue
+        gl = prep.s_max_gpu[j]
+        if prep.held_by[gl] >= 0:
+            binding[j] = f"deficit:{pb.domain_name(int(prep.held_by[gl]))}"
+        elif s[j] >= prep.s_max[j] - tol * max(1.0, prep.s_max[j]):
+            binding[j] = _HI_NAMES[int(prep.hi_reason[gl])]
+        elif best_dom[j] >= 0:
+            binding[j] = f"domain:{pb.domain_name(int(best_dom[j]))}"
+        else:
+            binding[j] = "device_min"
+    feasible = not bool(prep.in_deficit.any())
+    return AllocationResult(
+        cap_w=cap_w, job_rate=job_rate, job_binding=binding, slowest_gpu=slowest,
+        domain_price=price, domain_load_w=load_w, domain_deficit_w=prep.deficit_w,
+        feasible=feasible, alerts=alerts, solve_time_s=time.perf_counter() - t0,
+        objective_value=job_objective(pb, job_rate), solver=solver, iterations=iterations)
+
+
+__all__ = ["prepare", "finalize", "Prep", "cap_at_rate", "job_objective", "ancestors", "LIMIT_MARGIN_W", "RATE_FLOOR"]
