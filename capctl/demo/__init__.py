@@ -1,0 +1,2 @@
+"""``capctl demo`` orchestration (:mod:`capctl.demo.run`) and process helpers shared with the tests
+(:mod:`capctl.demo.processes`)."""

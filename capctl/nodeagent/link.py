@@ -1,0 +1,236 @@
+"""AgentLink client: the node agent's one bidirectional stream to the coordinator.
+
+Protocol (docs/protocol.md): the agent sends ``AgentHello`` first, the coordinator answers
+``Welcome``; then telemetry, job events and ``CapAck`` go up, ``CapPlan`` comes down. When the stream
+breaks, the link reconnects with bounded exponential backoff (:data:`BACKOFF_MIN_S` doubling up to
+``backoff_max_s``, with jitter) and sends a fresh ``AgentHello`` (the agent's current bindings and
+last applied plan seq), so the coordinator resyncs.
+
+The link holds no cap logic: it calls back into the agent (``hello_fn``, ``on_welcome``,
+``on_plan`` -> ``CapAck``, ``on_disconnect``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from collections.abc import Callable
+
+import grpc
+
+log = logging.getLogger("capctl.agent.link")
+
+PROTOCOL_VERSION = "capctl.v1"
+BACKOFF_MIN_S = 0.2
+"""First reconnect delay in seconds; doubles per failed attempt up to the link's ``backoff_max_s``."""
+BACKOFF_MAX_S = 5.0
+"""Default ceiling of the reconnect delay in seconds."""
+OUTBOX_MAX = 256
+"""Bound of queued upstream messages; telemetry is dropped first when full."""
+WELCOME_TIMEOUT_S = 10.0
+"""A coordinator that does not answer the hello within this many seconds is reconnected to."""
+
+_CLOSE = object()
+
+
+class ProtocolMismatchError(Exception):
+    """The coordinator answered with another major protocol version."""
+
+
+class AgentLinkClient:
+    """Keeps the AgentLink stream up in a background thread.
+
+    Args:
+        target: gRPC target of the coordinator (``host:port`` or ``unix:/path``).
+        hello_fn: returns the ``AgentHello`` to send on each (re)connect.
+        on_welcome: called with the ``Welcome``.
+        on_plan: called with each ``CapPlan``; returns the ``CapAck`` to send (or ``None``).
+        on_disconnect: called (no args) when an established stream ends.
+        credentials: optional ``grpc.ChannelCredentials`` (mTLS); insecure channel otherwise.
+        channel_options: extra gRPC channel options (e.g. ``grpc.ssl_target_name_override``).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        hello_fn: Callable[[], object],
+        on_welcome: Callable[[object], None],
+        on_plan: Callable[[object], object | None],
+        on_disconnect: Callable[[], None] | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: list[tuple[str, object]] | None = None,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ) -> None:
+        self.target = target
+        self.hello_fn = hello_fn
+        self.on_welcome = on_welcome
+        self.on_plan = on_plan
+        self.on_disconnect = on_disconnect
+        self.credentials = credentials
+        self.channel_options = list(channel_options or [])
+        self.backoff_max_s = max(BACKOFF_MIN_S, backoff_max_s)
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._outbox: queue.Queue = queue.Queue(maxsize=OUTBOX_MAX)
+        self._thread: threading.Thread | None = None
+        self._call = None
+        self._lock = threading.Lock()
+        self.connects = 0  # successful (welcomed) connections
+        self.last_error = ""
+        self.coordinator_id = ""
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="agent-link", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        self._put(_CLOSE, force=True)
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def send(self, message, *, droppable: bool = False) -> bool:
+        """Queue an ``AgentMessage`` for the coordinator; dropped (False) while disconnected.
+
+        ``droppable`` messages (telemetry) are also dropped when the outbox is full.
+        """
+        if not self._connected.is_set():
+            return False
+        return self._put(message, force=not droppable)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _put(self, item, force: bool) -> bool:
+        try:
+            self._outbox.put_nowait(item)
+            return True
+        except queue.Full:
+            if not force:
+                return False
+            try:  # make room: drop the oldest message (telemetry is superseded by newer samples)
+                self._outbox.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self._outbox.put_nowait(item)
+                return True
+            except queue.Full:
+                return False
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._outbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _requests(self, hello, ended: threading.Event):
+        from capctl.v1 import capctl_pb2
+
+        yield capctl_pb2.AgentMessage(hello=hello)
+        while not self._stop.is_set() and not ended.is_set():
+            try:
+                item = self._outbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item is _CLOSE:
+                return
+            yield item
+
+    def _run(self) -> None:
+        from capctl.v1 import capctl_pb2, capctl_pb2_grpc
+
+        delay = BACKOFF_MIN_S
+        logged_error = ""
+        options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.keepalive_time_ms", 10000),
+                   ("grpc.keepalive_timeout_ms", 5000)] + self.channel_options
+        while not self._stop.is_set():
+            channel = (grpc.secure_channel(self.target, self.credentials, options=options) if self.credentials
+                       else grpc.insecure_channel(self.target, options=options))
+            ended = threading.Event()
+            welcomed = False
+            try:
+                stub = capctl_pb2_grpc.AgentLinkStub(channel)
+                self._drain()
+                hello = self.hello_fn()
+                call = stub.Connect(self._requests(hello, ended))
+                with self._lock:
+                    self._call = call
+                watchdog = threading.Timer(WELCOME_TIMEOUT_S, lambda: (not welcomed) and call.cancel())
+                watchdog.daemon = True
+                watchdog.start()
+                try:
+                    for msg in call:
+                        kind = msg.WhichOneof("body")
+                        if kind == "welcome":
+                            if msg.welcome.protocol_version.split(".")[:2] != PROTOCOL_VERSION.split(".")[:2]:
+                                raise ProtocolMismatchError(f"coordinator speaks {msg.welcome.protocol_version!r}, "
+                                                   f"agent {PROTOCOL_VERSION!r}")
+                            welcomed = True
+                            watchdog.cancel()
+                            self.coordinator_id = msg.welcome.coordinator_id
+                            self.on_welcome(msg.welcome)
+                            self._connected.set()
+                            self.connects += 1
+                            self.last_error = ""
+                            delay = BACKOFF_MIN_S
+                            log.info("connected to coordinator %s (id %s)", self.target, msg.welcome.coordinator_id)
+                        elif kind == "plan":
+                            if not welcomed:
+                                continue
+                            ack = self.on_plan(msg.plan)
+                            if ack is not None:
+                                self._put(capctl_pb2.AgentMessage(ack=ack), force=True)
+                finally:
+                    watchdog.cancel()
+                if not self._stop.is_set():
+                    self.last_error = "stream closed by coordinator"
+            except grpc.RpcError as err:
+                if not self._stop.is_set():
+                    code = err.code() if hasattr(err, "code") else None
+                    self.last_error = f"{code.name if code else 'error'}: {err.details() if hasattr(err, 'details') else err}"
+            except ProtocolMismatchError as err:
+                self.last_error = str(err)
+            except Exception as err:  # noqa: BLE001 — keep the link alive whatever the callback did
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.exception("agent link error")
+            finally:
+                ended.set()
+                with self._lock:
+                    self._call = None
+                was_connected = self._connected.is_set()
+                self._connected.clear()
+                channel.close()
+                if was_connected and self.on_disconnect is not None:
+                    try:
+                        self.on_disconnect()
+                    except Exception:  # noqa: BLE001
+                        log.exception("on_disconnect failed")
+            if self._stop.is_set():
+                return
+            if welcomed:
+                log.warning("coordinator link lost (%s); reconnecting", self.last_error)
+                logged_error = self.last_error
+                delay = BACKOFF_MIN_S
+            elif self.last_error != logged_error:
+                # log each new reason once (a refused protocol version must be visible), then quietly retry
+                logged_error = self.last_error
+                level = logging.INFO if self.last_error.startswith(("UNAVAILABLE", "DEADLINE")) else logging.ERROR
+                log.log(level, "coordinator %s: %s; retrying (backoff up to %.1f s)", self.target, self.last_error,
+                        self.backoff_max_s)
+            self._stop.wait(delay * (0.8 + 0.4 * random.random()))
+            delay = min(self.backoff_max_s, delay * 2)

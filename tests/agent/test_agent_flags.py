@@ -1,0 +1,62 @@
+"""capctl-agent command line: bad flags give one clear line (no traceback) and the right exit code;
+the simulated driver is refused unless configured."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.processes import AGENT_MAIN_FOR_TESTS, sim_node, simulated_library
+
+
+def run_agent(args, env=None, timeout=30):
+    import os
+
+    e = dict(os.environ)
+    e.pop("CAPCTL_SIMGPU_NODE", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", AGENT_MAIN_FOR_TESTS, *args], capture_output=True, text=True,
+                          env=e, timeout=timeout)
+
+
+def _one_clean_line(out: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("capctl-agent:")]
+    assert len(errors) == 1, out.stderr
+    return errors[0]
+
+
+def test_missing_flag_is_usage_error(tmp_path):
+    out = run_agent(["--node", "n1"])
+    assert out.returncode == 2 and "the following arguments are required: --coordinator" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--nvml-library", "lib/libnvidia-ml.so.1"], "is not allowed; use 'system', 'simulated' or an absolute path"),
+    (["--interval-s", "0"], "--interval-s 0.0: allowed 0.05..3600 seconds"),
+    (["--policy", "/nonexistent/policy.yaml"], "/nonexistent/policy.yaml"),
+])
+def test_bad_values_one_line(tmp_path, args, expect):
+    base = ["--node", "n1", "--coordinator", "unix:/nonexistent.sock", "--socket", str(tmp_path / "a.sock"),
+            "--state-dir", str(tmp_path / "state")]
+    out = run_agent(base + args)
+    assert out.returncode == 1, out.stderr
+    assert expect in _one_clean_line(out)
+
+
+def test_simulated_driver_refused_unless_configured(tmp_path):
+    node = sim_node(tmp_path / "sim", 2)
+    base = ["--node", "n1", "--coordinator", "unix:/nonexistent.sock", "--socket", str(tmp_path / "a.sock"),
+            "--state-dir", str(tmp_path / "state")]
+    # an absolute path to the simulated driver without --allow-simulated: refused, exit 5 (NVML error)
+    out = run_agent(base + ["--nvml-library", str(simulated_library().resolve())], env=node.env())
+    assert out.returncode == 5
+    assert "refusing the simulated NVML driver" in _one_clean_line(out)
+    # the system library pointed elsewhere by LD_PRELOAD cannot sneak the simulated driver in
+    out = run_agent(base, env=dict(node.env(), LD_PRELOAD=str(simulated_library().resolve())))
+    assert out.returncode == 5, out.stderr
+    assert "simulated" in _one_clean_line(out)
+    node.close()

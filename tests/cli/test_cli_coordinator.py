@@ -1,0 +1,70 @@
+"""capctl status/nodes/jobs/explain/budget against a running coordinator with real agents on
+simulated GPUs; ``status --json`` validated against docs/status-schema.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from capctl.cli.main import main
+from tests.support.processes import Cluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "status-schema.json").read_text())
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_against_running_coordinator(tmp_path, capsys):
+    # node2's GPUs stay idle at their pre-job (default) limit, 700 W each, counted as spent
+    with Cluster(tmp_path, {"node1": 2, "node2": 2}, budget_w=2600.0, interval_s=0.3) as cl:
+        addr = cl.coordinator.address
+        with cl.agent("node1").client() as c:
+            assert c.job_start("77", ["0", "1"], user="dave", partition="gpu").ok
+        for i in range(2):
+            cl.sims["node1"].set_load(i, 650.0, 100.0)
+
+        def status():
+            code, out, err = run(capsys, "status", "--json", "--coordinator", addr)
+            assert code == 0, err
+            return json.loads(out)
+
+        # (before JobStart every GPU sat at its 700 W default: wait for telemetry after the start cap)
+        d = wait_until(lambda: (x := status())["jobs"] and len(x["nodes"]) == 2 and x["enforced_w"] <= 2600 and x, 15,
+                       what="job 77, both nodes and the budget held in capctl status")
+        jsonschema.validate(d, SCHEMA)
+        assert d["budget_w"] == 2600.0 and d["interval_s"] == 0.3
+        assert sorted(n["name"] for n in d["nodes"]) == ["node1", "node2"]
+        assert [j["job_id"] for j in d["jobs"]] == ["77"] and d["jobs"][0]["nodes"] == ["node1"]
+        assert d["jobs"][0]["gpus"] == 2 and d["jobs"][0]["user"] == "dave"
+        n1 = next(n for n in d["nodes"] if n["name"] == "node1")
+        assert [g["job_id"] for g in n1["gpus"]] == ["77", "77"] and n1["gpus"][0]["slowdown_temp_c"] == 89.0
+        assert sum(g["enforced_w"] for n in d["nodes"] for g in n["gpus"]) <= d["budget_w"] + 1e-6
+
+        code, out, _ = run(capsys, "status", "--coordinator", addr)
+        assert code == 0 and "budget 2600 W" in out and "77" in out and "node2" in out
+        code, out, _ = run(capsys, "nodes", "--coordinator", addr)
+        assert code == 0 and out.count("node1") >= 3
+        code, out, _ = run(capsys, "jobs", "--json", "--coordinator", addr)
+        assert code == 0 and [j["job_id"] for j in json.loads(out)["jobs"]] == ["77"]
+        code, out, _ = run(capsys, "explain", "77", "--coordinator", addr)
+        assert code == 0 and out.startswith("job 77: 2 GPU(s) on node1")
+        code, out, err = run(capsys, "explain", "78", "--coordinator", addr)
+        assert code == 6 and "78" in err
+
+        # budget: admin only on the admin socket; refused below the minimum caps
+        code, _, err = run(capsys, "budget", "set", "2400", "--coordinator", addr)
+        assert code == 4, err
+        code, out, _ = run(capsys, "budget", "set", "2400", "--json", "--coordinator", cl.coordinator.admin_address)
+        assert code == 0 and json.loads(out)["budget_w"] == 2400.0
+        code, out, err = run(capsys, "budget", "set", "700", "--coordinator", cl.coordinator.admin_address)
+        assert code == 1 and "deficit" in err and "700" in err
+        assert status()["budget_w"] == 2400.0

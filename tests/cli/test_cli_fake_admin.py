@@ -1,0 +1,172 @@
+"""capctl status/nodes/jobs/explain/budget against an in-test Admin gRPC server (real gRPC on a unix
+socket): rendering, the documented JSON schema, and exit codes. The same commands run against the
+real coordinator in test_cli_coordinator.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import jsonschema
+import pytest
+
+from capctl.cli.main import main
+from capctl.v1 import capctl_pb2 as pb
+from capctl.v1 import capctl_pb2_grpc as pb_grpc
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "status-schema.json").read_text())
+
+
+def sample_reply() -> pb.StatusReply:
+    def gpu(i, temp, reasons, job, node="node1"):
+        return pb.GpuStatus(node=node, index=i, uuid=f"GPU-{i:04d}", cap_w=500 + i, enforced_w=500 + i, power_w=480 + i,
+                            temp_c=temp, slowdown_temp_c=89, sm_clock_mhz=1700 - 10 * i, max_sm_clock_mhz=1980,
+                            clocks_event_reasons=reasons, job_id=job, min_cap_w=200, max_cap_w=700,
+                            thermal_ceiling_w=650, cap_state="OK")
+
+    return pb.StatusReply(
+        budget_w=4480, allocated_w=4012, enforced_w=4012, draw_w=3900.5, interval_s=2, last_solve_s=0.0123,
+        last_solve_time_s=1.7e9, policy_path="/etc/capctl/policy.yaml", coordinator_id="c0ffee",
+        nodes=[pb.NodeStatus(name="node1", stale=False, last_report_age_s=0.4,
+                             gpus=[gpu(0, 70.5, ["SW_POWER_CAP"], "11"), gpu(1, 86.0, ["HW_THERMAL_SLOWDOWN"], "11")]),
+               pb.NodeStatus(name="node2", stale=True, last_report_age_s=31.0,
+                             gpus=[gpu(0, 60.0, [], "", "node2"), gpu(1, 62.0, [], "12,13", "node2")])],
+        jobs=[pb.JobStatus(job_id="11", nodes=["node1"], gpus=2, weight=1.0, predicted_step_rate=0.9312,
+                           binding="domain:pdu-a", allocated_w=1001, energy_j=7.2e6, user="alice")],
+        domains=[pb.DomainStatus(name="cluster", kind="cluster", limit_w=4480, allocated_w=4012, enforced_w=4012,
+                                 draw_w=3900.5, price_rate_per_w=0.0021)],
+        alerts=["node2 stale: no telemetry for 31 s"])
+
+
+class FakeAdmin(pb_grpc.AdminServicer):
+    def __init__(self):
+        self.budget_w = 4480.0
+        self.calls = []
+
+    def Status(self, request, context):  # noqa: N802
+        self.calls.append("Status")
+        r = sample_reply()
+        r.budget_w = self.budget_w
+        return r
+
+    Nodes = Status
+    Jobs = Status
+
+    def Explain(self, request, context):  # noqa: N802
+        if request.job_id != "11":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id!r} is not bound to any GPU")
+        r = sample_reply()
+        return pb.ExplainReply(job=r.jobs[0], binding="domain:pdu-a", slowest_node="node1", slowest_gpu_index=1,
+                               prices=[pb.DomainPrice(domain="pdu-a", price_rate_per_w=0.003)],
+                               gpus=list(r.nodes[0].gpus), text="GPU 1 on node1 is the straggler.")
+
+    def SetBudget(self, request, context):  # noqa: N802
+        if request.budget_w > 1e6:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "budget set: admin only")
+        if request.budget_w < 800:
+            return pb.SetBudgetReply(ok=False, budget_w=self.budget_w, deficit_w=800 - request.budget_w,
+                                     message="below the sum of minimum caps")
+        self.budget_w = request.budget_w
+        return pb.SetBudgetReply(ok=True, budget_w=self.budget_w)
+
+
+@pytest.fixture
+def admin(tmp_path):
+    fake = FakeAdmin()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_AdminServicer_to_server(fake, server)
+    address = f"unix:{tmp_path}/admin.sock"
+    server.add_insecure_port(address)
+    server.start()
+    yield fake, address
+    server.stop(0.2).wait(2)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_status_json_matches_schema_and_values(admin, capsys):
+    fake, address = admin
+    code, out, err = run(capsys, "status", "--json", "--coordinator", address)
+    assert code == 0 and err == ""
+    d = json.loads(out)
+    jsonschema.validate(d, SCHEMA)
+    assert d["budget_w"] == 4480 and d["draw_w"] == 3900.5 and d["last_solve_s"] == 0.0123
+    assert d["nodes"][1]["stale"] is True and d["nodes"][1]["gpus"][1]["job_id"] == "12,13"
+    assert d["nodes"][0]["gpus"][1]["clocks_event_reasons"] == ["HW_THERMAL_SLOWDOWN"]
+    assert d["jobs"][0] == {"job_id": "11", "nodes": ["node1"], "gpus": 2, "weight": 1.0, "predicted_step_rate": 0.9312,
+                            "binding": "domain:pdu-a", "allocated_w": 1001.0, "energy_j": 7200000.0, "user": "alice",
+                            "partition": "", "account": ""}
+    # a broken document is rejected by the schema (the test can fail)
+    bad = dict(d, nodes=[{"name": "x", "stale": "no", "gpus": []}])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+
+
+def test_status_table_for_people(admin, capsys):
+    _, address = admin
+    code, out, _ = run(capsys, "status", "--coordinator", address)
+    assert code == 0
+    assert "budget 4480 W   allocated 4012 W (90%)" in out
+    assert "domain:pdu-a" in out and "0.931" in out
+    assert "STALE" in out and "! node2 stale" in out
+    hottest = out.split("hottest GPUs")[1].splitlines()[2]
+    assert hottest.split()[:2] == ["node1", "1"] and "+3.0" in hottest and "HW-THERM" in hottest
+
+
+def test_nodes_jobs_explain(admin, capsys):
+    _, address = admin
+    code, out, _ = run(capsys, "nodes", "--json", "--coordinator", address)
+    nodes = json.loads(out)["nodes"]
+    assert code == 0 and [n["name"] for n in nodes] == ["node1", "node2"]
+    jsonschema.validate({**json.loads(run(capsys, "status", "--json", "--coordinator", address)[1]), "nodes": nodes},
+                        SCHEMA)
+    code, out, _ = run(capsys, "nodes", "--coordinator", address)
+    assert code == 0 and "node1" in out and "GPU" in out and "12,13" in out
+    code, out, _ = run(capsys, "jobs", "--coordinator", address)
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["JOB", "NODES", "GPUS"] and "alice" in out
+    code, out, _ = run(capsys, "explain", "11", "--json", "--coordinator", address)
+    d = json.loads(out)
+    assert code == 0 and d["slowest_node"] == "node1" and d["slowest_gpu_index"] == 1
+    assert d["prices"] == [{"domain": "pdu-a", "price_rate_per_w": 0.003}]
+    code, out, _ = run(capsys, "explain", "11", "--coordinator", address)
+    assert "binding constraint: domain:pdu-a" in out and "straggler" in out
+    assert out.splitlines()[-1].split()[:3] == ["node1", "1", "11"]  # GPU table names each GPU's node
+    code, out, err = run(capsys, "explain", "99", "--coordinator", address)
+    assert code == 6 and "job '99' is not bound" in err
+
+
+def test_budget_set_ok_refused_denied(admin, capsys):
+    fake, address = admin
+    code, out, _ = run(capsys, "budget", "set", "4.2kW", "--coordinator", address)
+    assert code == 0 and "budget set to 4200 W" in out and fake.budget_w == 4200
+    code, out, err = run(capsys, "budget", "set", "500", "--json", "--coordinator", address)
+    assert code == 1 and json.loads(out)["deficit_w"] == 300 and "deficit 300 W" in err
+    assert fake.budget_w == 4200
+    code, _, err = run(capsys, "budget", "set", "2000000", "--coordinator", address)
+    assert code == 4 and "admin only" in err
+    code, _, err = run(capsys, "budget", "set", "lots", "--coordinator", address)
+    assert code == 1 and "WATTS 'lots'" in err
+
+
+def test_watch_refreshes(admin, capsys):
+    fake, address = admin
+    code, out, _ = run(capsys, "status", "--watch", "--watch-interval-s", "0.05", "--count", "3", "--coordinator",
+                       address)
+    assert code == 0 and out.count("capctl status") == 3 and fake.calls.count("Status") == 3
+
+
+def test_unreachable_exit_3_clean_message(tmp_path):
+    for args in (["status"], ["nodes", "--json"], ["budget", "set", "1000"]):
+        out = subprocess.run([sys.executable, "-m", "capctl.cli.main", *args, "--coordinator",
+                              f"unix:{tmp_path}/none.sock"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 3, (args, out.stderr)
+        assert out.stderr.startswith("capctl: coordinator at unix:") and "unreachable" in out.stderr
+        assert "Traceback" not in out.stderr and out.stdout == ""

@@ -1,0 +1,83 @@
+"""``capctl demo`` end to end (real coordinator, agents and simulated GPUs, ~25 s) and its cleanup."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.support.processes import require_coordinator, require_simulated_gpus
+
+pytestmark = pytest.mark.integration
+
+
+def _children_alive(workdir: str) -> list[str]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(workdir in part for part in (p.info["cmdline"] or [])):
+                out.append(f"{p.info['pid']}: {' '.join(p.info['cmdline'])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def test_demo_json_summary(tmp_path):
+    require_simulated_gpus()
+    require_coordinator()
+    out = subprocess.run([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "20", "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    for key in ("budget_w", "max_enforced_w", "throughput_ratio_vs_uniform", "thermal_slowdown_fraction"):
+        assert key in s, key
+    assert s["budget_w"] == pytest.approx(0.8 * 700 * 32)
+    # the budget held at every sampled instant, through both phases and the handover
+    assert s["over_budget_samples"] == [], s["over_budget_samples"][:3]
+    assert 0 < s["max_enforced_w"] <= s["budget_w"] + 1e-6
+    assert s["max_enforced_w_uniform"] == pytest.approx(32 * s["uniform_cap_w"], abs=0.1)
+    # a real measured ratio: both phases measured, every job advanced in both
+    assert s["measured_s"]["uniform"] > 3 and s["measured_s"]["capctl"] > 3
+    assert all(j["throughput_uniform"] > 0 and j["throughput_capctl"] > 0 for j in s["jobs"])
+    ratio = s["throughput_ratio_vs_uniform"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and 0.3 < ratio < 3.0
+    weighted = (sum(j["gpus"] * j["throughput_capctl"] for j in s["jobs"])
+                / sum(j["gpus"] * j["throughput_uniform"] for j in s["jobs"]))
+    assert ratio == pytest.approx(weighted, rel=1e-3)
+    assert 0.0 <= s["thermal_slowdown_fraction"] <= 1.0
+    assert [j["job_id"] for j in s["jobs"]] == ["1001", "1002", "1003"] and s["jobs"][0]["gpus"] == 16
+    workdir = re.search(r"workdir (\S+)", out.stderr).group(1)
+    assert not os.path.exists(workdir) and _children_alive(workdir) == []
+
+
+def test_demo_ctrl_c_stops_everything(tmp_path):
+    require_simulated_gpus()
+    proc = subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "60", "--no-live"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "workdir" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        m = re.search(r"workdir (\S+)", line)
+        assert m, line
+        workdir = m.group(1)
+        assert _children_alive(workdir), "agents should be running"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        assert "interrupted" in proc.stderr.read()
+        assert not os.path.exists(workdir) and _children_alive(workdir) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
