@@ -16,7 +16,8 @@ Problem construction (issue 4, "Control loop"):
   the device's slowdown temperature), previous cap = observed enforced cap (slew limit);
 * GPUs of stale nodes, and GPUs without a reading yet, are *fixed* at their accounted cap
   (``min = max = accounted``): held and counted as spent, never as free budget;
-* idle GPUs (no job bound) get the policy's ``idle_cap_w``; when it is null they keep their
+* idle GPUs (no job bound) get the policy's ``idle_cap_w``; when it is null they go back to the
+  pre-job limit the agent still has to restore (``GpuTelemetry.pre_job_cap_w``), else keep their
   current cap (counted as spent), as the default policy documents;
 * jobs: the bindings the agents hold; weight from the policy (qos > account > partition >
   default).
@@ -126,60 +127,123 @@ def _walk_with_parent(domain, parent):
         yield from _walk_with_parent(child, domain.name)
 
 
-def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_memory_s: float) -> SolveInputs:
-    """Snapshot the registry and models into :class:`SolveInputs` (see module docstring)."""
-    node_names = sorted(registry.nodes)
-    domains, node_domain = build_domains(policy, node_names)
+_STRUCTURE_CACHE: dict = {}
+"""(policy, topology) -> (domains, node_domain, members): rebuilt only when the policy object or
+the set of nodes and GPU indices changes (a few entries; see :func:`_structure`)."""
+_STRUCTURE_CACHE_MAX = 4
+
+
+def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dict[str, frozenset]]:
+    """Domains, node -> node-domain and domain -> GPU keys below it for ``topology`` (a tuple of
+    ``(node name, (gpu indices...))`` sorted by name), cached. The returned objects are shared
+    between intervals: callers must not mutate them."""
+    key = (id(policy), topology)
+    hit = _STRUCTURE_CACHE.get(key)
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    domains, node_domain = build_domains(policy, [name for name, _ in topology])
     parent = {d["name"]: d["parent"] for d in domains}
     members: dict[str, set] = {d["name"]: set() for d in domains}
+    for name, indices in topology:
+        keys = [(name, idx) for idx in indices]
+        d = node_domain[name]
+        while d is not None:
+            members[d].update(keys)
+            d = parent[d]
+    value = (domains, node_domain, {k: frozenset(v) for k, v in members.items()})
+    if len(_STRUCTURE_CACHE) >= _STRUCTURE_CACHE_MAX:
+        _STRUCTURE_CACHE.clear()
+    _STRUCTURE_CACHE[key] = (policy, value)  # the policy is kept alive so that its id stays unique
+    return value
+
+
+def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_memory_s: float) -> SolveInputs:
+    """Snapshot the registry and models into :class:`SolveInputs` (see module docstring).
+
+    The thermal ceilings of all GPUs come from one vectorized
+    :func:`~capctl.allocator.thermal.thermal_ceiling_w` call (same values as :func:`ceiling_w`
+    per GPU); the domain tree and its members are cached per policy and topology.
+    """
+    nodes = registry.nodes
+    node_names = sorted(nodes)
+    topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in node_names)
+    domains, node_domain, members = _structure(policy, topology)
     jobs: dict[str, float] = {}
     gpus: list[GpuInput] = []
     policy_min = policy.min_cap_w
-    for name in node_names:
-        node = registry.nodes[name]
+    idle_policy = policy.idle_cap_w
+    curve_of = models.curve
+    # batched thermal ceilings: GPU positions and their (temp, R, tau, inlet, slowdown)
+    c_pos: list[int] = []
+    c_vals: list[tuple] = []
+    weights: dict[tuple, float] = {}
+    for name, indices in topology:
+        node = nodes[name]
         stale = node.stale(now_mono, lease_s)
-        thermal = models.thermal(name)
+        thermal = models.thermal(name) if not stale else {}
         job_of = {}
         for b in node.bindings.values():
             for i in b.gpu_indices:
                 job_of[i] = b.job_id
             if b.job_id not in jobs:
-                jobs[b.job_id] = float(policy.job_weight(partition=b.partition or None, account=b.account or None,
-                                                         qos=b.qos or None))
-        for idx in sorted(node.gpus):
-            g = node.gpus[idx]
+                wkey = (b.partition, b.account, b.qos)
+                w = weights.get(wkey)
+                if w is None:
+                    w = weights[wkey] = float(policy.job_weight(partition=b.partition or None, account=b.account or None,
+                                                                qos=b.qos or None))
+                jobs[b.job_id] = w
+        dom = node_domain[name]
+        gpumap = node.gpus
+        for idx in indices:
+            g = gpumap[idx]
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
             fixed = stale or not g.have_reading or g.max_cap_w <= 0
-            job = job_of.get(idx)
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
-                ceil = math.inf
                 idle = v
             else:
                 lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
-                ceil = ceiling_w(g.temp_c, thermal.get(idx), policy.interval_s, g.slowdown_temp_c, policy.thermal.margin_c)
-                if policy.idle_cap_w is not None:
-                    idle = min(max(policy.idle_cap_w, lo), hi)
-                else:
-                    idle = min(max(accounted, lo), hi)
+                th = thermal.get(idx)
+                if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
+                    c_pos.append(len(gpus))
+                    c_vals.append((g.temp_c, th[0], th[1], th[2], g.slowdown_temp_c))
+                if idle_policy is not None:
+                    idle = min(max(idle_policy, lo), hi)
+                else:  # null: back to the pre-job limit still to be restored, else kept where it is
+                    idle = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
             gpus.append(GpuInput(
-                key=key, domain=node_domain[name], min_cap_w=lo, max_cap_w=hi, fixed=fixed,
-                accounted_w=accounted, observed_w=g.enforced_w if g.have_reading else accounted, job=job,
-                curve=models.curve(key), thermal_ceiling_w=ceil, idle_cap_w=idle,
+                key=key, domain=dom, min_cap_w=lo, max_cap_w=hi, fixed=fixed,
+                accounted_w=accounted, observed_w=g.enforced_w if g.have_reading else accounted, job=job_of.get(idx),
+                curve=curve_of(key), thermal_ceiling_w=math.inf, idle_cap_w=idle,
             ))
-            d = node_domain[name]
-            while d is not None:
-                members[d].add(key)
-                d = parent[d]
+    if c_pos:
+        for pos, value in zip(c_pos, ceilings_w(c_vals, policy.interval_s, policy.thermal.margin_c)):
+            gpus[pos].thermal_ceiling_w = value
     # jobs whose GPUs are all unknown to the registry cannot be allocated
     used = {g.job for g in gpus if g.job}
     jobs = {j: w for j, w in jobs.items() if j in used}
     return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
                        node_domain=node_domain, domain_members=members)
+
+
+def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
+    """Thermal ceilings (W) of many GPUs in one vectorized call; ``rows`` are
+    ``(temp_c, r_c_per_w, tau_s, inlet_c, slowdown_temp_c)``. Element-wise equal to
+    :func:`ceiling_w`: +inf where the model is unusable (R, tau or the interval not positive, or
+    a NaN result)."""
+    a = np.asarray(rows, dtype=float).reshape(-1, 5)
+    temp, r, tau, inlet, slowdown = a.T
+    ok = (r > 0) & (tau > 0) & (float(interval_s) > 0)
+    out = np.full(a.shape[0], math.inf)
+    if ok.any():
+        with np.errstate(all="ignore"):
+            v = thermal_ceiling_w(temp[ok], inlet[ok], r[ok], tau[ok], interval_s, slowdown[ok], margin_c)
+        out[ok] = np.where(np.isnan(v), math.inf, v)
+    return out.tolist()
 
 
 def solve(inputs: SolveInputs) -> SolveOutput:
@@ -188,36 +252,18 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     Raises ValueError (from the allocator) when the problem is malformed.
     """
     from capctl.allocator.fast import solve as fast_solve
-    from capctl.allocator.problem import AllocationProblem
 
     t0 = time.perf_counter()
     if not inputs.gpus:
         return SolveOutput({}, {}, {}, {}, {d["name"]: 0.0 for d in inputs.domains},
                            {d["name"]: 0.0 for d in inputs.domains}, {d["name"]: 0.0 for d in inputs.domains},
                            True, [], time.perf_counter() - t0, "none")
-    specs = []
-    for g in inputs.gpus:
-        spec = {
-            "name": f"{g.key[0]}/{g.key[1]}",
-            "domain": g.domain,
-            "min_cap_w": g.min_cap_w,
-            "max_cap_w": g.max_cap_w,
-            "thermal_ceiling_w": None if not math.isfinite(g.thermal_ceiling_w) else g.thermal_ceiling_w,
-            "job": g.job,
-            "prev_cap_w": None if g.fixed else g.observed_w,
-            "idle_cap_w": g.idle_cap_w,
-        }
-        if g.curve is not None:
-            spec["curve"] = g.curve
-        specs.append(spec)
-    problem = AllocationProblem.build(gpus=specs, jobs=inputs.jobs, domains=inputs.domains,
-                                      objective=inputs.objective, slew_w=inputs.slew_w)
+    problem = build_problem(inputs)
     result = fast_solve(problem)
     solve_s = time.perf_counter() - t0
     keys = [g.key for g in inputs.gpus]
-    desired = {}
-    for i, g in enumerate(inputs.gpus):
-        desired[g.key] = g.accounted_w if g.fixed else float(result.cap_w[i])
+    caps = np.asarray(result.cap_w, dtype=float).tolist()
+    desired = {g.key: (g.accounted_w if g.fixed else caps[i]) for i, g in enumerate(inputs.gpus)}
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -231,6 +277,74 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+
+
+def build_problem(inputs: SolveInputs):
+    """The :class:`~capctl.allocator.problem.AllocationProblem` of ``inputs``, built column-wise
+    from the GPU list (the same arrays :meth:`AllocationProblem.build` would make from one spec
+    dict per GPU: curve None -> the H100 default, no ceiling -> +inf, fixed GPUs without a
+    previous cap). Raises ValueError for an unknown job or domain, or a malformed value."""
+    from capctl.allocator.curves import DEFAULT_CURVES, CurveParams
+    from capctl.allocator.problem import AllocationProblem
+
+    gpus = inputs.gpus
+    G = len(gpus)
+    job_items = [(str(k), float(v)) for k, v in inputs.jobs.items()]
+    job_index = {n: i for i, (n, _) in enumerate(job_items)}
+    dom_index = {}
+    for i, d in enumerate(inputs.domains):
+        if d["name"] in dom_index:
+            raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
+        dom_index[d["name"]] = i
+    parent = []
+    for i, d in enumerate(inputs.domains):
+        p = d.get("parent")
+        if p is not None and p not in dom_index:
+            raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
+        parent.append(-1 if p is None else dom_index[p])
+    limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in inputs.domains]
+    default_curve = DEFAULT_CURVES["H100"]
+    curves = []
+    for g in gpus:
+        c = g.curve
+        if c is None:
+            c = default_curve
+        elif isinstance(c, dict):
+            c = CurveParams(float(c["a"]), float(c["k_w"]), float(c["sat_w"]), float(c.get("valid_min_w", g.min_cap_w)))
+        curves.append(c)
+    names = [f"{g.key[0]}/{g.key[1]}" for g in gpus]
+    try:
+        job_of = np.fromiter((-1 if g.job is None else job_index[str(g.job)] for g in gpus), np.int64, G)
+    except KeyError as exc:
+        bad = next(g for g in gpus if g.job is not None and str(g.job) not in job_index)
+        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].job: unknown job {bad.job!r}") from exc
+    try:
+        dom_of = np.fromiter((dom_index[g.domain] for g in gpus), np.int64, G)
+    except KeyError as exc:
+        bad = next(g for g in gpus if g.domain not in dom_index)
+        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].domain: unknown domain {bad.domain!r}") from exc
+    f = np.float64
+    return AllocationProblem(
+        min_cap_w=np.fromiter((g.min_cap_w for g in gpus), f, G),
+        max_cap_w=np.fromiter((g.max_cap_w for g in gpus), f, G),
+        thermal_ceiling_w=np.fromiter((g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf
+                                       for g in gpus), f, G),
+        curve_a=np.fromiter((c.a for c in curves), f, G),
+        curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
+        curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
+        curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G),
+        speed=np.ones(G),
+        job_of_gpu=job_of,
+        prev_cap_w=np.fromiter((math.nan if g.fixed else g.observed_w for g in gpus), f, G),
+        idle_cap_w=np.fromiter((g.idle_cap_w for g in gpus), f, G),
+        domain_of_gpu=dom_of,
+        job_weight=np.array([w for _, w in job_items], float),
+        domain_parent=np.array(parent, dtype=np.int64), domain_limit_w=np.array(limit, float),
+        objective=inputs.objective, slew_w=None if inputs.slew_w is None else float(inputs.slew_w),
+        gpu_names=tuple(names), job_names=tuple(n for n, _ in job_items),
+        domain_names=tuple(str(d["name"]) for d in inputs.domains),
+        domain_kinds=tuple(str(d.get("kind", "")) for d in inputs.domains),
+    ).validate()
 
 
 def minimum_needed_w(inputs: SolveInputs) -> float:

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import functools
 import logging
+import operator
 import math
 import statistics
 import time
@@ -37,7 +40,7 @@ from capctl.coordinator import allocation, planner
 from capctl.coordinator.models import Models
 from capctl.coordinator.registry import Registry
 from capctl.coordinator.store import StoreError
-from capctl.coordinator.view import GpuExtra, JobExtra, View, empty_view, finite
+from capctl.coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
 
@@ -99,6 +102,7 @@ class Coordinator:
         self.control_s: collections.deque = collections.deque(maxlen=4096)  # telemetry -> ack
         self.solve_s: collections.deque = collections.deque(maxlen=4096)
         self.tick_count = 0
+        self._start_clock = self.registry.clock()  # start of the startup hold (see _unreported_policy_nodes)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -294,26 +298,31 @@ class Coordinator:
     def _plan_inputs(self, inputs, desired, now) -> list[planner.GpuPlanInput]:
         out = []
         ack_mem = self.ack_memory_s()
+        lease = self.lease_s
+        nodes = self.registry.nodes
+        live_of: dict = {}
+        make = planner.GpuPlanInput
         for gi in inputs.gpus:
-            node = self.registry.nodes.get(gi.key[0])
-            g = node.gpus.get(gi.key[1]) if node else None
+            name, idx = gi.key
+            node = nodes.get(name)
+            g = node.gpus.get(idx) if node else None
             if g is None:
                 continue
-            live = (not gi.fixed) and node.session is not None and not node.stale(now, self.lease_s)
+            node_live = live_of.get(name)
+            if node_live is None:
+                node_live = live_of[name] = node.session is not None and not node.stale(now, lease)
             acc = g.accounted_w(now, ack_mem)
-            out.append(planner.GpuPlanInput(
-                key=gi.key, desired_w=desired.get(gi.key, acc), observed_w=g.enforced_w if g.have_reading else acc,
-                accounted_w=acc, min_cap_w=g.min_cap_w, max_cap_w=g.max_cap_w, live=live, prev_safe_w=g.safe_cap_w,
-            ))
+            out.append(make(gi.key, desired.get(gi.key, acc), g.enforced_w if g.have_reading else acc,
+                            acc, g.min_cap_w, g.max_cap_w, (not gi.fixed) and node_live, g.safe_cap_w))
         return out
 
-    @staticmethod
-    def _domain_specs(inputs) -> list[planner.DomainSpec]:
+    def _domain_specs(self, inputs) -> list[planner.DomainSpec]:
+        members = inputs.domain_members
         out = []
         for d in inputs.domains:
             lim = d["limit_w"]
             out.append(planner.DomainSpec(d["name"], d.get("kind", ""), None if lim is None or not math.isfinite(lim) else float(lim),
-                                          frozenset(inputs.domain_members.get(d["name"], ()))))
+                                          frozenset(members.get(d["name"], ()))))
         return out
 
     async def tick(self) -> None:
@@ -360,6 +369,17 @@ class Coordinator:
                    and now - node.connected_mono < self.interval_s]
         if waiting:
             log.debug("holding caps until %s report(s)", ", ".join(sorted(waiting)))
+        # startup hold: policy nodes whose agents have not reported yet may be enforcing anything up
+        # to their maximum limit; until they report (or one lease after start, when an agent that
+        # still has not reported is presumed down and flagged) no cap is raised anywhere.
+        unreported = self._unreported_policy_nodes()
+        hold_increases = bool(unreported) and now - self._start_clock < self.lease_s
+        if unreported:
+            alerts.append(
+                f"{len(unreported)} policy node(s) have not reported ({', '.join(unreported[:5])}"
+                f"{', ...' if len(unreported) > 5 else ''}): "
+                + ("no cap is raised until they report or one lease has passed" if hold_increases
+                   else "their GPUs are not counted against the budget"))
         if self.dry_run or out is None or waiting:
             for n in live_nodes:
                 if self.dry_run:
@@ -382,7 +402,7 @@ class Coordinator:
                 await asyncio.wait(waits, timeout=self.ack_wait_s())
             now = reg.clock()
             plan_in2 = self._plan_inputs(inputs, desired, now)
-            inc = planner.plan_increases(plan_in2, domains)
+            inc = {} if hold_increases else planner.plan_increases(plan_in2, domains)
             if inc:  # write-ahead: a restart must count these caps even for nodes not back yet
                 self._save_ledger(inc)
             inc_by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
@@ -413,6 +433,16 @@ class Coordinator:
         self.tick_count += 1
         self._publish(inputs, out, desired, alerts, time.monotonic() - t0, plans_sent)
 
+    def _unreported_policy_nodes(self) -> list[str]:
+        """Nodes the policy lists whose agents have sent no telemetry (and no ledger entry counts)."""
+        reg = self.registry
+        out = []
+        for name in self.policy.domains.all_nodes():
+            node = reg.nodes.get(name)
+            if node is None or not node.gpus:
+                out.append(name)
+        return sorted(out)
+
     def _save_ledger(self, planned: dict) -> None:
         """Persist the node ledger: each GPU at max(accounted, ``planned`` cap) (W)."""
         if self.store is None or not self.store.ok:
@@ -438,108 +468,27 @@ class Coordinator:
 
     # -- views ----------------------------------------------------------------------------------
     def _publish(self, inputs, out, desired, alerts, tick_s, plans_sent) -> None:
+        """Swap in this interval's view: a snapshot of what it shows is taken now (cheap: one tuple
+        per GPU); the status reply and metric extras are built from it when first read
+        (:class:`~capctl.coordinator.view.LazyView`, :func:`build_view`)."""
         reg = self.registry
-        policy = self.policy
         now = reg.clock()
         ack_mem = self.ack_memory_s()
-        st = pb.StatusReply(
-            budget_w=policy.budget_w, interval_s=policy.interval_s, dry_run=self.dry_run,
-            policy_path=self.policy_path, coordinator_id=self.coordinator_id,
-            last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=time.time(),
-        )
-        ceil_of = {gi.key: gi.thermal_ceiling_w for gi in inputs.gpus}
-        accounted: dict = {}
-        draw: dict = {}
-        extras = []
-        node_means = []
-        stale_age = {}
+        lease = self.lease_s
+        nodes = []
         for name in sorted(reg.nodes):
             node = reg.nodes[name]
-            stale = node.stale(now, self.lease_s)
-            age = max(0.0, now - node.last_report_mono) if node.last_report_mono > -1e17 else -1.0
-            stale_age[name] = age
-            ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=node.simulated)
-            temps = []
-            for idx in sorted(node.gpus):
-                g = node.gpus[idx]
-                key = (name, idx)
-                acc = g.accounted_w(now, ack_mem)
-                accounted[key] = acc
-                draw[key] = g.power_w if g.have_reading else 0.0
-                job = reg.job_of(node, idx)
-                ns.gpus.add(
-                    node=name, index=idx, uuid=g.uuid, cap_w=desired.get(key, acc), enforced_w=g.enforced_w if g.have_reading else 0.0,
-                    power_w=g.power_w, temp_c=g.temp_c, slowdown_temp_c=g.slowdown_temp_c, sm_clock_mhz=g.sm_clock_mhz,
-                    clocks_event_reasons=list(g.reasons), job_id=job, min_cap_w=g.min_cap_w, max_cap_w=g.max_cap_w,
-                    thermal_ceiling_w=finite(ceil_of.get(key, math.inf), 0.0), cap_state=g.cap_state or ("" if g.have_reading else "NO_READING"),
-                    max_sm_clock_mhz=g.max_sm_clock_mhz,
-                )
-                thf, pwf = g.throttle_fractions(now)
-                busy = g.utilization_pct >= 20.0 and g.max_sm_clock_mhz > 0
-                extras.append(GpuExtra(
-                    node=name, index=idx, uuid=g.uuid, job_id=job, thermal_fraction=thf, power_fraction=pwf,
-                    throttle_intensity=max(0.0, 1.0 - g.sm_clock_mhz / g.max_sm_clock_mhz) if busy else 0.0,
-                    hotspot_margin_c=(g.slowdown_temp_c - g.temp_c) if (g.have_reading and g.slowdown_temp_c > 0) else math.nan,
-                    energy_j=g.energy_j,
-                ))
-                if g.have_reading:
-                    temps.append(g.temp_c)
-                    if g.cap_state and g.cap_state not in ("OK", "SAFE_CAP"):
-                        alerts.append(f"{name} GPU {idx}: cap state {g.cap_state}{': ' + g.error if g.error else ''}")
-            if temps and not stale:
-                node_means.append(statistics.fmean(temps))
-            if stale and node.gpus:
-                alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
-        st.allocated_w = sum(desired.get(k, v) for k, v in accounted.items())
-        st.enforced_w = sum(accounted.values())
-        st.draw_w = sum(draw.values())
-        # jobs
-        gpu_domains: dict = collections.defaultdict(list)
-        for name, members in inputs.domain_members.items():
-            for k in members:
-                gpu_domains[k].append(name)
-        jobs_extra = {}
-        lost_num = lost_den = 0.0
-        for job_id, bindings in reg.jobs().items():
-            keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in reg.nodes[b.node].gpus]
-            first = bindings[0]
-            weight = float(policy.job_weight(partition=first.partition or None, account=first.account or None,
-                                             qos=first.qos or None))
-            rate = out.job_rate.get(job_id, 0.0) if out else 0.0
-            binding = out.job_binding.get(job_id, "") if out else ""
-            energy = reg.job_energy_j.get(job_id, 0.0)
-            st.jobs.add(
-                job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
-                predicted_step_rate=finite(rate), binding=binding, allocated_w=sum(desired.get(k, 0.0) for k in keys),
-                energy_j=energy, user=first.user, partition=first.partition, account=first.account,
-            )
-            mine = {name for k in keys for name in gpu_domains.get(k, ())}
-            doms = [d["name"] for d in inputs.domains if d["name"] in mine]
-            jobs_extra[job_id] = JobExtra(slowest=out.job_slowest.get(job_id) if out else None, domains=tuple(doms),
-                                          energy_j=energy, weight=weight)
-            if keys and out and job_id in out.job_rate:
-                lost_num += len(keys) * max(0.0, 1.0 - rate)
-                lost_den += len(keys)
-        # domains
-        for d in inputs.domains:
-            mem = inputs.domain_members.get(d["name"], set())
-            lim = d["limit_w"]
-            st.domains.add(
-                name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
-                allocated_w=sum(desired.get(k, accounted.get(k, 0.0)) for k in mem),
-                enforced_w=sum(accounted.get(k, 0.0) for k in mem), draw_w=sum(draw.get(k, 0.0) for k in mem),
-                price_rate_per_w=finite(out.domain_price.get(d["name"], 0.0)) if out else 0.0,
-                deficit_w=finite(out.domain_deficit_w.get(d["name"], 0.0)) if out else 0.0,
-            )
-        all_alerts = list(self.persistent_alerts.values()) + alerts
-        seen = set()
-        st.alerts.extend([a for a in all_alerts if not (a in seen or seen.add(a))][:200])
-        self.view = View(
-            status=st, gpus=tuple(extras), jobs=jobs_extra,
-            temp_spread_c=(max(node_means) - min(node_means)) if len(node_means) >= 2 else 0.0,
-            throughput_lost=lost_num / lost_den if lost_den else 0.0, stale_age_s=stale_age, tick_s=tick_s,
-            plans_sent=plans_sent,
+            rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), g.throttle_counts(now))
+                    for _, g in sorted(node.gpus.items())]
+            nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
+                          tuple(node.bindings.values()), rows))
+        snap = _Snapshot(
+            policy=self.policy, dry_run=self.dry_run, policy_path=self.policy_path, coordinator_id=self.coordinator_id,
+            now=now, time_s=time.time(), nodes=nodes, job_energy_j=dict(reg.job_energy_j),
+            persistent_alerts=list(self.persistent_alerts.values()), alerts=list(alerts), inputs=inputs, out=out,
+            desired=desired, tick_s=tick_s, plans_sent=plans_sent,
         )
+        self.view = LazyView(functools.partial(build_view, snap), tick_s, plans_sent)
 
     def status_reply(self) -> pb.StatusReply:
         """The latest interval's status (a copy)."""
@@ -635,6 +584,148 @@ class Coordinator:
         log.info("%s", msg)
         self.wake()
         return pb.ReloadPolicyReply(ok=True, message=msg)
+
+
+_GPU_FIELDS = operator.attrgetter(
+    "index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz", "reasons",
+    "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error",
+)
+"""The GpuObs fields a view shows, read in one call (order: see :func:`build_view`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    """What one interval's view shows, copied at the end of the interval (immutable inputs only)."""
+
+    policy: object
+    dry_run: bool
+    policy_path: str
+    coordinator_id: str
+    now: float
+    time_s: float
+    nodes: list  # (name, stale, last_report_mono, simulated, bindings, [(GPU fields, accounted W, throttle counts)])
+    job_energy_j: dict
+    persistent_alerts: list
+    alerts: list
+    inputs: object
+    out: object
+    desired: dict
+    tick_s: float
+    plans_sent: int
+
+
+def build_view(snap: _Snapshot) -> View:
+    """The :class:`View` of one interval from its snapshot (pure; any thread)."""
+    policy = snap.policy
+    out = snap.out
+    desired = snap.desired
+    inputs = snap.inputs
+    now = snap.now
+    alerts = list(snap.alerts)
+    st = pb.StatusReply(
+        budget_w=policy.budget_w, interval_s=policy.interval_s, dry_run=snap.dry_run,
+        policy_path=snap.policy_path, coordinator_id=snap.coordinator_id,
+        last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
+    )
+    ceil_of = {gi.key: gi.thermal_ceiling_w for gi in inputs.gpus}
+    accounted: dict = {}
+    draw: dict = {}
+    extras = []
+    node_means = []
+    stale_age = {}
+    gpu_sets: dict = {}
+    jobs_by_id: dict = {}
+    for name, stale, last_report_mono, simulated, bindings, rows in snap.nodes:
+        age = max(0.0, now - last_report_mono) if last_report_mono > -1e17 else -1.0
+        stale_age[name] = age
+        ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
+        job_of: dict = {}
+        for b in bindings:
+            jobs_by_id.setdefault(b.job_id, []).append(b)
+            for i in b.gpu_indices:
+                job_of.setdefault(i, b.job_id)
+        gpu_sets[name] = {r[0][0] for r in rows}
+        temps = []
+        for fields, acc, (th_n, th_t, th_p) in rows:
+            (idx, uuid_, have_reading, power_w, enforced_w, temp_c, slowdown_c, sm_clock, reasons, min_w, max_w,
+             cap_state, max_sm_clock, util, energy_j, error) = fields
+            key = (name, idx)
+            accounted[key] = acc
+            draw[key] = power_w if have_reading else 0.0
+            job = job_of.get(idx, "")
+            ns.gpus.add(
+                node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
+                power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
+                clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
+                thermal_ceiling_w=finite(ceil_of.get(key, math.inf), 0.0), cap_state=cap_state or ("" if have_reading else "NO_READING"),
+                max_sm_clock_mhz=max_sm_clock,
+            )
+            busy = util >= 20.0 and max_sm_clock > 0
+            extras.append(GpuExtra(
+                node=name, index=idx, uuid=uuid_, job_id=job,
+                thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,
+                throttle_intensity=max(0.0, 1.0 - sm_clock / max_sm_clock) if busy else 0.0,
+                hotspot_margin_c=(slowdown_c - temp_c) if (have_reading and slowdown_c > 0) else math.nan,
+                energy_j=energy_j,
+            ))
+            if have_reading:
+                temps.append(temp_c)
+                if cap_state and cap_state not in ("OK", "SAFE_CAP"):
+                    alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
+        if temps and not stale:
+            node_means.append(statistics.fmean(temps))
+        if stale and rows:
+            alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+    st.allocated_w = sum(desired.get(k, v) for k, v in accounted.items())
+    st.enforced_w = sum(accounted.values())
+    st.draw_w = sum(draw.values())
+    # jobs
+    gpu_domains: dict = collections.defaultdict(list)
+    for name, members in inputs.domain_members.items():
+        for k in members:
+            gpu_domains[k].append(name)
+    jobs_extra = {}
+    lost_num = lost_den = 0.0
+    for job_id, bindings in jobs_by_id.items():
+        keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in gpu_sets.get(b.node, ())]
+        first = bindings[0]
+        weight = float(policy.job_weight(partition=first.partition or None, account=first.account or None,
+                                         qos=first.qos or None))
+        rate = out.job_rate.get(job_id, 0.0) if out else 0.0
+        binding = out.job_binding.get(job_id, "") if out else ""
+        energy = snap.job_energy_j.get(job_id, 0.0)
+        st.jobs.add(
+            job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
+            predicted_step_rate=finite(rate), binding=binding, allocated_w=sum(desired.get(k, 0.0) for k in keys),
+            energy_j=energy, user=first.user, partition=first.partition, account=first.account,
+        )
+        mine = {name for k in keys for name in gpu_domains.get(k, ())}
+        doms = [d["name"] for d in inputs.domains if d["name"] in mine]
+        jobs_extra[job_id] = JobExtra(slowest=out.job_slowest.get(job_id) if out else None, domains=tuple(doms),
+                                      energy_j=energy, weight=weight)
+        if keys and out and job_id in out.job_rate:
+            lost_num += len(keys) * max(0.0, 1.0 - rate)
+            lost_den += len(keys)
+    # domains
+    for d in inputs.domains:
+        mem = inputs.domain_members.get(d["name"], set())
+        lim = d["limit_w"]
+        st.domains.add(
+            name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
+            allocated_w=sum(desired.get(k, accounted.get(k, 0.0)) for k in mem),
+            enforced_w=sum(accounted.get(k, 0.0) for k in mem), draw_w=sum(draw.get(k, 0.0) for k in mem),
+            price_rate_per_w=finite(out.domain_price.get(d["name"], 0.0)) if out else 0.0,
+            deficit_w=finite(out.domain_deficit_w.get(d["name"], 0.0)) if out else 0.0,
+        )
+    all_alerts = snap.persistent_alerts + alerts
+    seen: set = set()
+    st.alerts.extend([a for a in all_alerts if not (a in seen or seen.add(a))][:200])
+    return View(
+        status=st, gpus=tuple(extras), jobs=jobs_extra,
+        temp_spread_c=(max(node_means) - min(node_means)) if len(node_means) >= 2 else 0.0,
+        throughput_lost=lost_num / lost_den if lost_den else 0.0, stale_age_s=stale_age, tick_s=snap.tick_s,
+        plans_sent=snap.plans_sent,
+    )
 
 
 def _deficit_from_message(text: str) -> float:

@@ -21,6 +21,22 @@ average, close enough to the average over the interval for intervals of seconds)
 The curve prior is the allocator's default for the device's model (:data:`DEFAULT_CURVES`,
 matched in the NVML product name); unknown products get the A40 curve mapped affinely onto the
 device's limit constraints (as the allocator does for H100/A100).
+
+Prior-anchored curve (per GPU, every sample, closed form): same-model GPUs need different power
+for the same clock (Sinha et al., "Not All GPUs Are Created Equal", SC'22: power management makes
+same-SKU GPUs run 8 % apart on average, up to 22 %, under the same limit). Until a GPU's
+observations span enough distinct caps for the 3-parameter fit (:data:`FULL_FIT_MIN_CAPS` caps
+over :data:`FULL_FIT_MIN_SPAN_W`; settled caps rarely do), its curve is the prior with its power
+axis scaled by ``s``: ``rho_g(P) = rho_prior(P / s)`` (``CurveParams`` ``k_w`` and ``sat_w`` times
+``s``). Each observation gives one ``s``: at a binding cap, ``P / P_prior(rho)`` (the prior's
+inverse, as :func:`~capctl.allocator.curves.cap_for_rate`); below the cap (rate 1), the GPU's own
+uncapped draw over the prior's saturation, ``power_w / sat_w``. ``s`` is their exponentially
+weighted mean (:data:`SCALE_HALF_LIFE` samples).
+
+Clocks: :class:`Models` takes the clocks it reads (``clock``: refit throttle, default
+``time.monotonic``; ``budget_clock``: the per-interval refit budget, default
+``time.perf_counter``) and the random source of the refit jitter, so an in-process user (the
+what-if simulator) can run it on simulated time, deterministically. The daemon keeps the defaults.
 """
 
 from __future__ import annotations
@@ -78,10 +94,23 @@ def rate_observation(sample, max_sm_clock_mhz: float) -> float | None:
 
 CURVE_REFIT_S = 10.0
 """A GPU's rate curve is refitted (scipy least squares, a few ms) at most this often, seconds."""
+FULL_FIT_MIN_CAPS = 3
+"""Distinct caps (1 W bins) a GPU must have been observed at before its 3-parameter fit is used."""
+FULL_FIT_MIN_SPAN_W = 50.0
+"""... and the span (W) those caps must cover: closer caps cannot tell the curve's shape."""
+SCALE_HALF_LIFE = 20.0
+"""Half-life (samples) of the prior-anchored power scale's exponential mean."""
+REFIT_NEW_CAPS = 5
+"""A fitted GPU is refitted when this many caps it was never seen at have been observed since ..."""
+REFIT_SCALE_MOVE = 0.05
+"""... or when its anchored scale moved by this fraction (one 15 MHz clock step is ~2 % of power)
+since the last refit: its workload changed (a new job), the old bins are being forgotten."""
+SCALE_RANGE = (0.5, 2.5)
+"""Bounds of the power scale ``s`` (Sinha et al. SC'22 variation stays well inside)."""
 
 
 class GpuModel:
-    """Online curve of one GPU (W -> relative rate)."""
+    """Online curve of one GPU (W -> relative rate): prior-anchored scale, then the full fit."""
 
     def __init__(self, product_name: str, min_cap_w: float, max_cap_w: float) -> None:
         self.prior = prior_curve(product_name, min_cap_w, max_cap_w)
@@ -89,23 +118,77 @@ class GpuModel:
         self._failed = False
         self._cached = self.prior
         self._refit_mono = -math.inf
+        self._caps: set[int] = set()
+        self._new_caps = 0  # distinct caps first seen since the last refit
+        self._scale_sum = 0.0
+        self._scale_wt = 0.0
+        self._scaled: CurveParams | None = None
+        self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
+        self._scale_at_fit = 1.0
+        self.refits = 0
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
         rho = rate_observation(sample, max_sm_clock_mhz)
-        if rho is not None and math.isfinite(sample.enforced_w):
-            self.curve_fit.add(sample.enforced_w, rho)
+        if rho is None or not math.isfinite(sample.enforced_w):
+            return
+        self.curve_fit.add(sample.enforced_w, rho)
+        b = int(round(sample.enforced_w))
+        if b not in self._caps and sample.enforced_w >= self.prior.valid_min_w:
+            self._caps.add(b)
+            self._new_caps += 1
+        p = self.prior
+        if rho < 1.0:
+            ref = p.sat_w - p.k_w * math.log1p((1.0 - rho) / p.a)  # cap_for_rate, scalar
+            s = sample.enforced_w / ref if ref > 0 else math.nan
+        else:
+            s = sample.power_w / p.sat_w if sample.power_w > 0 and p.sat_w > 0 else math.nan
+        if math.isfinite(s):
+            s = min(max(s, SCALE_RANGE[0]), SCALE_RANGE[1])
+            self._scale_sum = self._scale_sum * self._decay + s
+            self._scale_wt = self._scale_wt * self._decay + 1.0
+            self._scaled = None
 
-    def curve(self, now_mono: float | None = None, allow_refit: bool = True) -> CurveParams:
-        """The current fit, refitted at most every :data:`CURVE_REFIT_S` (and only when
-        ``allow_refit``); the last good fit (or the prior) if a refit fails."""
+    @property
+    def scale(self) -> float:
+        """Current power scale ``s`` of the prior-anchored curve (1.0 before any observation)."""
+        return self._scale_sum / self._scale_wt if self._scale_wt > 0 else 1.0
+
+    def _full_fit_ready(self) -> bool:
+        return len(self._caps) >= FULL_FIT_MIN_CAPS and max(self._caps) - min(self._caps) >= FULL_FIT_MIN_SPAN_W
+
+    def _anchored(self) -> CurveParams:
+        if self._scaled is None:
+            s = self.scale
+            p = self.prior
+            self._scaled = p if s == 1.0 else CurveParams(
+                p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse, p.fit_max_err,
+                f"prior scaled x{s:.3f} in power")
+        return self._scaled
+
+    def curve(self, now_mono: float | None = None, allow_refit: bool = True, rng=random) -> CurveParams:
+        """The current curve: the prior-anchored scaled prior until the full fit is usable, then the
+        full fit, refitted at most every :data:`CURVE_REFIT_S` (``now_mono``, default
+        ``time.monotonic()``), only when ``allow_refit`` and when new caps were observed; the last
+        good fit if a refit fails. ``rng``: source of the refit jitter (``random.uniform``)."""
+        if not self._full_fit_ready():
+            return self._anchored()
         now = time.monotonic() if now_mono is None else now_mono
+        moved = abs(self.scale / self._scale_at_fit - 1.0) > REFIT_SCALE_MOVE
+        if self._cached is not self.prior and not (self._new_caps >= REFIT_NEW_CAPS or moved):
+            return self._cached  # nothing new to fit: skip the scipy refit (ms of CPU)
         if not allow_refit or now - self._refit_mono < CURVE_REFIT_S:
-            return self._cached
+            return self._cached if self._cached is not self.prior else self._anchored()
         # the next refit comes 0.8-1.2 periods later: refits of many GPUs spread over intervals
-        self._refit_mono = now + random.uniform(-0.2, 0.2) * CURVE_REFIT_S
+        self._refit_mono = now + rng.uniform(-0.2, 0.2) * CURVE_REFIT_S
+        self._new_caps = 0
+        self._scale_at_fit = self.scale
+        # regularize toward this GPU's anchored prior, not the model's (a part needing 1.4x the
+        # power would otherwise be pulled back to the nominal curve)
+        self.curve_fit.prior = self._anchored()
         try:
             self._cached = self.curve_fit.params()
+            self.refits += 1
         except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
             if not self._failed:
                 log.warning("rate curve refit failed (%s); keeping the last fit", exc)
@@ -146,15 +229,24 @@ REFIT_BUDGET_MAX_S = 0.1
 class Models:
     """All online models of the cluster, keyed by ``(node, index)`` / node name."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.monotonic, budget_clock=time.perf_counter, rng=None) -> None:
+        """``clock``: seconds for the refit throttle; ``budget_clock``: seconds for the
+        per-interval refit budget; ``rng``: a ``random.Random`` for the refit jitter (default: the
+        ``random`` module). The daemon uses the defaults; the what-if simulator passes simulated
+        clocks and a seeded ``random.Random`` (deterministic runs)."""
         self.gpus: dict[tuple[str, int], GpuModel] = {}
         self.nodes: dict[str, NodeThermal] = {}
         self._refit_deadline = 0.0
+        self._clock = clock
+        self._budget_clock = budget_clock
+        self._rng = rng if rng is not None else random
+        self.refits = 0
+        """Full (3-parameter) curve refits done so far."""
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's
         refit budget (see :data:`REFIT_BUDGET_FRACTION`)."""
-        self._refit_deadline = time.perf_counter() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
+        self._refit_deadline = self._budget_clock() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
         samples = registry.take_samples()
         for node_name, node in registry.nodes.items():
             indices = tuple(sorted(node.gpus))
@@ -180,7 +272,12 @@ class Models:
     def curve(self, key: tuple[str, int]) -> CurveParams | None:
         """Current rate curve of a GPU (None if unknown)."""
         m = self.gpus.get(key)
-        return m.curve(allow_refit=time.perf_counter() < self._refit_deadline) if m else None
+        if m is None:
+            return None
+        n = m.refits
+        c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
+        self.refits += m.refits - n
+        return c
 
     def thermal(self, node: str) -> dict[int, tuple[float, float, float]]:
         """GPU index -> (R °C/W, tau s, inlet °C) for ``node`` (empty if unknown)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 GpuKey = tuple[str, int]
 
@@ -42,13 +43,13 @@ class DomainSpec:
     members: frozenset[GpuKey]
 
 
-@dataclasses.dataclass(frozen=True)
-class GpuPlanInput:
+class GpuPlanInput(NamedTuple):
     """What the planner needs to know about one GPU (W).
 
     ``live``: its agent is connected and reporting (only live GPUs get caps). ``observed_w``: the
     latest enforced read-back. ``accounted_w``: the highest cap it may be enforcing now.
     ``desired_w``: the allocation. ``prev_safe_w``: the safe cap last sent (0 if none).
+    (An immutable named tuple: the loop makes one per GPU twice an interval.)
     """
 
     key: GpuKey

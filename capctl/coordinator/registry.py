@@ -51,6 +51,21 @@ def is_power_capped(reasons: Iterable[str]) -> bool:
     return any(r.upper() in POWER_REASONS or "POWER_CAP" in r.upper() for r in reasons)
 
 
+_REASON_CLASS: dict[tuple[str, ...], tuple[bool, bool]] = {}
+_REASON_CLASS_MAX = 4096
+
+
+def classify_reasons(reasons: tuple[str, ...]) -> tuple[bool, bool]:
+    """``(is_thermal(reasons), is_power_capped(reasons))``, memoized per reasons tuple (agents
+    report a handful of distinct combinations; the cache is bounded)."""
+    hit = _REASON_CLASS.get(reasons)
+    if hit is None:
+        hit = (is_thermal(reasons), is_power_capped(reasons))
+        if len(_REASON_CLASS) < _REASON_CLASS_MAX:
+            _REASON_CLASS[reasons] = hit
+    return hit
+
+
 @dataclasses.dataclass
 class Binding:
     """One job bound to GPUs on one node (from ``JobBinding``)."""
@@ -132,6 +147,8 @@ class GpuObs:
     # throttling history: (mono time, thermal?, power?) over THROTTLE_WINDOW_S
     throttle_hist: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
     new_samples: list[Sample] = dataclasses.field(default_factory=list)
+    # running sums over ``throttle_hist`` (samples, thermal, power), kept by :meth:`add_throttle`
+    throttle_sums: list = dataclasses.field(default_factory=lambda: [0, 0, 0])
 
     @property
     def key(self) -> tuple[str, int]:
@@ -149,8 +166,46 @@ class GpuObs:
             value = max(value, self.last_ack_w)
         return value
 
+    def add_throttle(self, now_mono: float, thermal: bool, power: bool) -> None:
+        """Append one sample to the throttling history (drops samples older than the window)."""
+        hist = self.throttle_hist
+        sums = self.throttle_sums
+        if len(hist) == hist.maxlen:
+            self._drop_oldest()
+        hist.append((now_mono, thermal, power))
+        sums[0] += 1
+        sums[1] += thermal
+        sums[2] += power
+        while hist and now_mono - hist[0][0] > THROTTLE_WINDOW_S:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _t, thermal, power = self.throttle_hist.popleft()
+        sums = self.throttle_sums
+        sums[0] -= 1
+        sums[1] -= thermal
+        sums[2] -= power
+
+    def throttle_counts(self, now_mono: float) -> tuple[int, int, int]:
+        """``(samples, thermal, power)`` counts over the last :data:`THROTTLE_WINDOW_S` seconds
+        (O(1) when the history holds only samples of the window, as after every telemetry)."""
+        hist = self.throttle_hist
+        if not hist or now_mono - hist[0][0] <= THROTTLE_WINDOW_S:
+            if self.throttle_sums[0] == len(hist):
+                return self.throttle_sums[0], self.throttle_sums[1], self.throttle_sums[2]
+        n = th = pw = 0
+        for t, thermal, power in hist:
+            if now_mono - t <= THROTTLE_WINDOW_S:
+                n += 1
+                th += thermal
+                pw += power
+        return n, th, pw
+
     def throttle_fractions(self, now_mono: float, window_s: float = THROTTLE_WINDOW_S) -> tuple[float, float]:
         """Fractions (0..1) of the samples of the last ``window_s`` seconds in thermal / power throttling."""
+        if window_s == THROTTLE_WINDOW_S:
+            n, th, pw = self.throttle_counts(now_mono)
+            return (th / n, pw / n) if n else (0.0, 0.0)
         n = th = pw = 0
         for t, thermal, power in self.throttle_hist:
             if now_mono - t <= window_s:
@@ -274,9 +329,8 @@ class Registry:
             g.utilization_pct = t.utilization_pct
             g.job_id = t.job_id
             g.error = t.error
-            g.throttle_hist.append((now, is_thermal(g.reasons), is_power_capped(g.reasons)))
-            while g.throttle_hist and now - g.throttle_hist[0][0] > THROTTLE_WINDOW_S:
-                g.throttle_hist.popleft()
+            thermal, power = classify_reasons(g.reasons)
+            g.add_throttle(now, thermal, power)
             if len(g.new_samples) < 1024:
                 g.new_samples.append(
                     Sample(now, t.power_w, t.enforced_w, t.temp_c, float(t.sm_clock_mhz), g.reasons, t.utilization_pct)
@@ -322,6 +376,7 @@ class Registry:
         g.enforced_w = t.enforced_w
         if t.cap_state:
             g.cap_state = t.cap_state
+        g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error
 

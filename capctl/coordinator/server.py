@@ -212,18 +212,22 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
             return
         session = AgentSession(hello.node, context.peer())
         coord.attach(hello, session)
+        tasks: list[asyncio.Task] = []
         try:
             await context.write(pb.CoordinatorMessage(welcome=coord.welcome_for(hello.node)))
-            reader = asyncio.ensure_future(self._read(context, session))
-            writer = asyncio.ensure_future(self._write(context, session))
-            closer = asyncio.ensure_future(session.closed.wait())
-            done, pending = await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
+            tasks = [asyncio.ensure_future(self._read(context, session)),
+                     asyncio.ensure_future(self._write(context, session)),
+                     asyncio.ensure_future(session.closed.wait())]
+            for task in tasks:
+                task.add_done_callback(_retrieve)
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task.exception() is not None and not isinstance(task.exception(), asyncio.CancelledError):
-                    log.warning("agent %s stream: %s", hello.node, task.exception())
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning("agent %s stream: %s: %s", hello.node, type(task.exception()).__name__, task.exception())
         finally:
+            # the handler ends (agent gone, stream replaced, shutdown, or the RPC itself cancelled by
+            # gRPC): stop the reader and writer and wait for them, so that none outlives its stream
+            await _stop_tasks(tasks)
             session.close(session.close_reason or "stream ended")
             coord.detach(hello.node, session)
             log.info("agent %s disconnected (%s)", hello.node, session.close_reason)
@@ -231,8 +235,12 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
     async def _read(self, context, session: AgentSession) -> None:
         coord = self.coord
         while True:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
+            try:
+                msg = await context.read()
+            except (grpc.aio.AioRpcError, grpc.RpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+                session.close_reason = session.close_reason or f"stream closed while reading ({type(exc).__name__})"
+                return
+            if msg is grpc.aio.EOF or msg is None:
                 session.close_reason = "agent closed its stream"
                 return
             kind = msg.WhichOneof("body")
@@ -261,7 +269,35 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
     async def _write(self, context, session: AgentSession) -> None:
         while True:
             msg = await session.outq.get()
-            await context.write(msg)
+            try:
+                await context.write(msg)
+            except (grpc.aio.AioRpcError, grpc.RpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+                # the agent went away (stream closed or cancelled): the handler ends and detaches it
+                session.close_reason = session.close_reason or f"stream closed while writing ({type(exc).__name__})"
+                return
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Done-callback marking a stream task's exception as retrieved (the handler reports what
+    matters; a task ending with the stream must not log "exception was never retrieved")."""
+    if not task.cancelled():
+        task.exception()
+
+
+STOP_TASKS_S = 2.0
+"""Bound (s) on waiting for a stream's reader and writer after they were cancelled."""
+
+
+async def _stop_tasks(tasks: list) -> None:
+    """Cancel ``tasks`` and wait (bounded by :data:`STOP_TASKS_S`) until they finished."""
+    live = [t for t in tasks if not t.done()]
+    for t in live:
+        t.cancel()
+    if not live:
+        return
+    # if this wait is cancelled in turn, the tasks still end on their own (already cancelled;
+    # their exceptions are retrieved by _retrieve)
+    await asyncio.wait(live, timeout=STOP_TASKS_S)
 
 
 # ---------------------------------------------------------------------------------------------

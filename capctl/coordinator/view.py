@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 
 from capctl.v1 import capctl_pb2 as pb
 
@@ -52,6 +53,59 @@ class View:
     stale_age_s: dict = dataclasses.field(default_factory=dict)  # node -> seconds since last report
     tick_s: float = 0.0
     plans_sent: int = 0
+
+
+class LazyView:
+    """A :class:`View` computed on first use, from an immutable snapshot taken at the end of the
+    interval (so it shows exactly what a view built then would show).
+
+    Building the status of thousands of GPUs costs tens of milliseconds; most intervals nobody
+    reads it (admins ask now and then, Prometheus scrapes every few seconds), so the reconcile
+    loop only takes the snapshot and whoever reads first (event loop or exporter thread) builds
+    it, once (thread-safe). ``build`` must only read the snapshot it closes over.
+    """
+
+    def __init__(self, build, tick_s: float, plans_sent: int) -> None:
+        self._build = build
+        self._view: View | None = None
+        self._lock = threading.Lock()
+        self.tick_s = tick_s
+        self.plans_sent = plans_sent
+
+    def resolve(self) -> View:
+        """The built :class:`View` (built now on first call)."""
+        view = self._view
+        if view is None:
+            with self._lock:
+                if self._view is None:
+                    self._view = self._build()
+                    self._build = None
+                view = self._view
+        return view
+
+    @property
+    def status(self) -> pb.StatusReply:
+        return self.resolve().status
+
+    @property
+    def gpus(self) -> tuple:
+        return self.resolve().gpus
+
+    @property
+    def jobs(self) -> dict:
+        return self.resolve().jobs
+
+    @property
+    def temp_spread_c(self) -> float:
+        return self.resolve().temp_spread_c
+
+    @property
+    def throughput_lost(self) -> float:
+        return self.resolve().throughput_lost
+
+    @property
+    def stale_age_s(self) -> dict:
+        return self.resolve().stale_age_s
 
 
 def empty_view(coordinator_id: str, policy, policy_path: str, dry_run: bool) -> View:

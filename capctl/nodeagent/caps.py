@@ -135,6 +135,8 @@ class _Runtime:
     drift_s: deque = field(default_factory=lambda: deque(maxlen=16))
     last_rewrite_s: float | None = None
     last_alarm_s: float | None = None
+    restore_ceiling_w: float | None = None  # coordinator's allowance while a restore is held below it
+    held_w: float | None = None  # value written by a restore held below the saved limit
 
 
 class CapManager:
@@ -308,6 +310,7 @@ class CapManager:
                     rec.restore_pending = False
                     if self._rt[i].state == RESTORE_FAILED:
                         self._rt[i].state = OK
+                self._rt[i].restore_ceiling_w = self._rt[i].held_w = None
             self._try_store()
 
     # -- writing -------------------------------------------------------------------------------
@@ -419,27 +422,58 @@ class CapManager:
 
     # -- restoring -----------------------------------------------------------------------------
 
+    def _restore_target_w(self, index: int) -> float:
+        """The value a restore writes now: the saved pre-job limit, never above the ceiling (W)."""
+        saved_w = self._state.gpus[index].saved_limit_w
+        ceiling_w = self._rt[index].restore_ceiling_w
+        return saved_w if ceiling_w is None else min(saved_w, ceiling_w)
+
     def _restore(self, indices: list[int]) -> dict[int, CapResult]:
         results: dict[int, CapResult] = {}
-        targets = {i: self._state.gpus[i].saved_limit_w for i in indices if i in self._state.gpus}
+        targets = {i: self._restore_target_w(i) for i in indices if i in self._state.gpus}
         for i in targets:
             self._state.gpus[i].restore_pending = True
         if targets:
             self._try_store()  # a crash from here on still retries the restore at the next start
-        for _, index, saved_w, _ in self._plan(targets, "restore", results):
-            results[index] = self._write(index, saved_w, "restore")
+        for _, index, target_w, _ in self._plan(targets, "restore", results):
+            results[index] = self._write(index, target_w, "restore")
         for index, res in results.items():
+            rt = self._rt[index]
             if res.ok:
+                saved_w = self._state.gpus[index].saved_limit_w
+                if targets[index] < saved_w - 1e-3:
+                    # held below the pre-job limit by the coordinator's allowance: the restore stays
+                    # pending and completes once the allowance reaches the saved value
+                    rt.held_w = targets[index]
+                    rt.state, rt.message = OK, None
+                    LOG.info("GPU %d: pre-job limit %.3f W held at %.3f W (coordinator allowance)",
+                             index, saved_w, targets[index])
+                    continue
                 del self._state.gpus[index]
-                self._rt[index].drift_s.clear()
+                rt.drift_s.clear()
+                rt.restore_ceiling_w = rt.held_w = None
                 LOG.info("GPU %d: restored pre-job limit %.3f W", index, res.requested_w)
             else:
-                self._rt[index].state = LOST if res.state == LOST else RESTORE_FAILED
+                rt.state = LOST if res.state == LOST else RESTORE_FAILED
         self._try_store()
         return dict(sorted(results.items()))
 
-    def release(self, job_id: str) -> dict[int, CapResult]:
+    def set_restore_ceiling(self, index: int, ceiling_w: float | None) -> None:
+        """Set the highest limit (W) a pending restore of GPU ``index`` may write (None: no bound).
+
+        The agent passes the coordinator's current allowance for an idle GPU, so that restoring a
+        pre-job limit never raises a GPU above what the coordinator budgeted for it; the restore
+        completes when the allowance reaches the saved value.
+        """
+        with self._lock:
+            if index in self._rt:
+                self._rt[index].restore_ceiling_w = None if ceiling_w is None else float(ceiling_w)
+
+    def release(self, job_id: str, ceiling_w: dict[int, float] | None = None) -> dict[int, CapResult]:
         """Unbind ``job_id``; restore the pre-job limit of each GPU it was the last job on.
+
+        ``ceiling_w`` (GPU index -> W) bounds the restore from above for GPUs under coordinator
+        management (see :meth:`set_restore_ceiling`); GPUs not named are restored fully.
 
         Best effort per GPU: a GPU that fails keeps its saved value, is marked
         ``RESTORE_FAILED`` and is retried by :meth:`retry_pending` / :meth:`reconcile`. Releasing
@@ -456,6 +490,8 @@ class CapManager:
             last = [i for i in indices if self.job_count(i) == 0]
             for i in last:
                 self._rt[i].desired_w = None
+                ceiling = (ceiling_w or {}).get(i)
+                self._rt[i].restore_ceiling_w = None if ceiling is None else float(ceiling)
             return self._restore([i for i in last if i in self._state.gpus])
 
     def retry_pending(self) -> dict[int, CapResult]:
@@ -464,6 +500,8 @@ class CapManager:
             pending = [
                 i for i, rec in self._state.gpus.items()
                 if rec.restore_pending and self.job_count(i) == 0
+                and not (self._rt[i].held_w is not None
+                         and abs(self._restore_target_w(i) - self._rt[i].held_w) < 1e-3)
             ]
             return self._restore(sorted(pending)) if pending else {}
 

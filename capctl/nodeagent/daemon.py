@@ -120,6 +120,9 @@ class Agent:
         self.jobs: dict[str, dict] = {}  # job_id -> {gpu_indices, user, partition, account, qos, start_time_s}
         self.desired_w: dict[int, float] = {}  # what the agent keeps on each GPU it manages
         self.safe_mode: set[int] = set()  # GPUs held at their safe cap after a lease expiry
+        # the coordinator's latest allowance per GPU (W; min with the safe cap after a lease expiry):
+        # no start cap and no restore ever raises a managed GPU above it
+        self.allowed_w: dict[int, float] = {}
         self.gpu_error: dict[int, str] = {}
         self.lease = Lease()
         self.last_plan_seq = 0
@@ -305,6 +308,7 @@ class Agent:
             clocks_event_reasons=list(s.clocks_event_reasons or ()), utilization_pct=_finite(s.utilization_pct),
             energy_j=_finite(s.energy_j), job_id=",".join(bound.get(s.index, [])), cap_state=state,
             error=err or self.gpu_error.get(s.index, ""),
+            pre_job_cap_w=_finite(self.caps.saved_limits_w().get(s.index, 0.0)),
         )
 
     def hello(self):
@@ -361,6 +365,9 @@ class Agent:
                         ok = False
                         continue
                     wanted[c.index] = self._clamp(c.index, c.cap_w)
+                for i, cap in wanted.items():
+                    self.allowed_w[i] = cap
+                    self.caps.set_restore_ceiling(i, cap)  # a held restore may rise to the new allowance
                 results = self._apply(wanted)
                 for i, cap in wanted.items():
                     r = results.get(i)
@@ -423,6 +430,10 @@ class Agent:
             if i in safe:
                 self.desired_w[i] = min(self.desired_w.get(i, current.get(i, safe[i])), safe[i])
                 self.safe_mode.add(i)
+        for i, c in safe.items():
+            if i in self.allowed_w:
+                self.allowed_w[i] = min(self.allowed_w[i], c)
+                self.caps.set_restore_ceiling(i, self.allowed_w[i])
         self.lease.expired_applied = True
 
     def _loop(self) -> None:
@@ -523,6 +534,8 @@ class Agent:
                 safe = self._safe_cap_for(i)
                 if safe is not None and not (connected and self.lease.active()):
                     cap = min(cap, safe)
+                if i in self.allowed_w:  # never above what the coordinator budgeted for this GPU
+                    cap = min(cap, self.allowed_w[i])
                 start[i] = self._clamp(i, cap)
             results = self._apply(start)
             self.desired_w.update(start)
@@ -554,8 +567,9 @@ class Agent:
         with self.lock:
             job_gpus = set(self.jobs.get(job_id, {}).get("gpu_indices", [])) | set(self._cap_bindings().get(job_id, []))
             known = bool(job_gpus) or job_id in self.jobs
+            ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
             try:
-                res = self.caps.release(job_id)
+                res = self.caps.release(job_id, ceiling_w=ceiling)
             except CapctlError as err:
                 log.error("release of job %s failed: %s", job_id, err)
                 res = {}

@@ -78,3 +78,53 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
     assert len(samples) > 50
     assert max(samples) <= budget + 0.01, f"sum of enforced limits reached {max(samples):.1f} W > {budget} W"
     assert st.enforced_w <= budget + 0.01 and not any("stale" in a for a in st.alerts)
+
+
+def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
+    """A job's end on a real agent never pushes the sum of enforced limits above the budget: the
+    restore is held at the coordinator's allowance and completes when the coordinator hands the idle
+    GPUs their pre-job limit back (phase 2, out of freed headroom)."""
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from capctl.coordinator.client import AdminClient
+
+    budget = 3200.0  # 8 GPUs at 200..700 W; the pre-job (default) limit is 700 W
+    with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget, interval_s=0.5, lease_s=3.0) as cl:
+        for sim in cl.sims.values():
+            for i in range(4):
+                sim.set_load(i, 650.0)
+
+        def total():
+            return sum(sim.read(i)["enforced_w"] for sim in cl.sims.values() for i in range(4))
+
+        samples: list[float] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append(total())
+                time.sleep(0.005)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
+                     "both agents reporting")
+            # every GPU busy: the budget binds (8 x 400 W)
+            assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
+            assert cl.agent("n2").client().job_start("J1", ["0", "1"]).ok
+            assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
+            wait_for(lambda: total() <= budget + 0.01 and
+                     all(cl.sims["n2"].read(i)["enforced_w"] < 650 for i in (2, 3)), 20, "J2's GPUs capped")
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            try:
+                assert cl.agent("n2").client().job_end("J2").ok
+                # the idle GPUs get their 700 W pre-job limit back once J1's caps came down
+                wait_for(lambda: all(cl.sims["n2"].read(i)["limit_w"] == 700.0 for i in (2, 3)), 20,
+                         "pre-job limits restored")
+                time.sleep(1.0)
+            finally:
+                stop.set()
+                sampler.join(5)
+    assert len(samples) > 50
+    assert max(samples) <= budget + 0.01, f"sum of enforced limits reached {max(samples):.1f} W > {budget} W"

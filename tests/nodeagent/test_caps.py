@@ -303,3 +303,22 @@ def test_lost_gpu_is_reported_and_recovers(site_node, tmp_path):
     assert mgr.saved_limits_w() == {0: 250.0, 1: 250.0}
     node.clear(1, "gpu_lost")
     assert mgr.reconcile(desired) == {0: OK, 1: OK}
+
+
+def test_restore_is_held_below_the_coordinators_allowance_then_completes(site_node, tmp_path):
+    """A managed GPU's restore never rises above the coordinator's allowance (the budget holds);
+    it stays pending and completes once the allowance reaches the saved pre-job limit."""
+    node, backend = site_node
+    mgr = CapManager(backend, tmp_path / "state")
+    mgr.bind("job-1", [0])
+    assert mgr.set_caps({0: 200.0})[0].ok
+    restored = mgr.release("job-1", ceiling_w={0: 220.0})
+    assert restored[0].ok and node.read(0)["limit_w"] == 220.0  # held at the allowance, not 250 W
+    assert mgr.saved_limits_w() == {0: 250.0}  # still to be restored
+    assert mgr.retry_pending() == {}  # nothing to do while the allowance stays at 220 W
+    assert node.read(0)["limit_w"] == 220.0
+    mgr.set_restore_ceiling(0, 300.0)  # the coordinator raised the idle GPU's allowance
+    retried = mgr.retry_pending()
+    assert retried[0].ok and node.read(0)["limit_w"] == 250.0  # the site limit, never 300 W
+    assert mgr.saved_limits_w() == {}
+    assert mgr.states()[0] == OK
