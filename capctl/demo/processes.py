@@ -114,7 +114,7 @@ class AgentProc(Proc):
     state_dir: Path
 
     def client(self, timeout_s: float = 5.0):
-        from capctl.nodeagent.local import LocalClient
+        from capctl.agentclient import LocalClient
 
         return LocalClient(self.socket_path, timeout_s=timeout_s)
 

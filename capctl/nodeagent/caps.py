@@ -406,7 +406,20 @@ class CapManager:
         """
         with self._lock:
             results: dict[int, CapResult] = {}
-            plan = self._plan(dict(caps_w), "set", results)
+            caps_w = dict(caps_w)
+            # an idle GPU whose pre-job limit is still to be restored: the cap is the restore's
+            # ceiling (the coordinator's allowance), so the restore state machine stays in charge
+            held = [i for i in caps_w if i in self._rt and self._restore_pending_idle(i)]
+            for i in held:
+                cap = caps_w.pop(i)
+                if isinstance(cap, (int, float)) and math.isfinite(cap):
+                    self._rt[i].restore_ceiling_w = float(cap)
+            pending = [i for i in held if self._rt[i].held_w is None
+                       or abs(self._restore_target_w(i) - self._rt[i].held_w) >= 1e-3
+                       or self._rt[i].state == RESTORE_FAILED]
+            if pending:
+                results.update(self._restore(pending))
+            plan = self._plan(caps_w, "set", results)
             unsafe = self._save_pre_job(plan)
             for _, index, cap_w, _ in plan:
                 if index in unsafe:
@@ -457,6 +470,10 @@ class CapManager:
                 rt.state = LOST if res.state == LOST else RESTORE_FAILED
         self._try_store()
         return dict(sorted(results.items()))
+
+    def _restore_pending_idle(self, index: int) -> bool:
+        rec = self._state.gpus.get(index)
+        return rec is not None and rec.restore_pending and self.job_count(index) == 0
 
     def set_restore_ceiling(self, index: int, ceiling_w: float | None) -> None:
         """Set the highest limit (W) a pending restore of GPU ``index`` may write (None: no bound).

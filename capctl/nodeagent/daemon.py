@@ -161,6 +161,24 @@ class Agent:
         except (TypeError, ValueError):
             self.last_plan_seq = 0
         bindings = self._cap_bindings()
+        if getattr(self.caps, "state_file_error", None) is not None:
+            # the CapManager's file was corrupt: rebind from our own state file (two copies, one lost)
+            for job_id, m in meta.items():
+                if job_id in bindings or not isinstance(m, dict):
+                    continue
+                try:
+                    indices = sorted({int(i) for i in m.get("gpu_indices", [])} & set(self.devices))
+                except (TypeError, ValueError):
+                    continue
+                if indices:
+                    try:
+                        self.caps.bind(job_id, indices)
+                    except CapctlError as err:
+                        log.error("rebinding job %s from %s failed: %s", job_id, path, err)
+                        continue
+                    log.warning("job %s rebound to GPUs %s from %s (the cap state file was corrupt)",
+                                job_id, indices, path)
+            bindings = self._cap_bindings()
         for job_id, indices in bindings.items():
             m = meta.get(job_id) if isinstance(meta.get(job_id), dict) else {}
             self.jobs[job_id] = {
@@ -504,6 +522,11 @@ class Agent:
         job_id = req.job_id.strip()
         if not job_id or len(job_id) > 128:
             raise UserInputError(f"job_id {req.job_id!r}: give the Slurm job id (1-128 characters)")
+        from capctl.security.limits import validate_job_start
+
+        problem = validate_job_start(req)
+        if problem:
+            raise UserInputError(problem)
         if len(req.gpu_ids) > 1024:
             raise UserInputError(f"gpu_ids: {len(req.gpu_ids)} ids; at most 1024 allowed")
         with self.lock:
@@ -852,6 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s capctl-agent[%(process)d] %(levelname)s %(name)s: %(message)s")
+    from capctl.security import redact
+
+    redact.install()  # no secrets in logs
     try:
         return run(args)
     except CapctlError as err:

@@ -5,7 +5,7 @@ Wire format: plain gRPC (``capctl.v1.AgentLocal``) over a unix socket, so any gR
     channel = grpc.insecure_channel("unix:/run/capctl/agent.sock")
     capctl_pb2_grpc.AgentLocalStub(channel).JobStart(request, timeout=2.0)
 
-(:class:`LocalClient` wraps exactly that.) gRPC's Python server does not expose the peer's
+(:class:`capctl.agentclient.LocalClient` wraps exactly that.) gRPC's Python server does not expose the peer's
 credentials of a unix-socket connection, so the agent does not let gRPC listen on the public socket
 itself. :class:`LocalServer` accepts every connection on the public socket, reads the kernel's
 ``SO_PEERCRED`` (pid, uid, gid) of the connecting process, decides with :func:`peer_allowed`, and
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import grpc
 
-from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
+from capctl.agentclient import DEFAULT_CALL_TIMEOUT_S, LocalClient  # noqa: F401 (the client side, re-exported)
+from capctl.errors import UserInputError
 
 log = logging.getLogger("capctl.agent.local")
 
@@ -47,8 +48,6 @@ MAX_CONNECTIONS = 64
 CONNECTION_IDLE_S = 30.0
 """A local connection with no traffic for this long is closed (Slurm hooks make one short call)."""
 
-DEFAULT_CALL_TIMEOUT_S = 5.0
-"""Default deadline of one local call from :class:`LocalClient`, in seconds."""
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7))
 
@@ -295,69 +294,3 @@ class LocalServer:
                 os.rmdir(self._private_dir)
             except OSError:
                 pass
-
-
-class LocalClient:
-    """Client of a node agent's AgentLocal service (what the Slurm hooks and the demo use).
-
-    Args:
-        socket_path: the agent's socket path (``unix:`` prefix optional).
-        timeout_s: deadline of each call in seconds.
-
-    Methods raise :class:`UnreachableError` (agent not running / deadline), :class:`PermissionDeniedError`
-    (SO_PEERCRED refusal) or :class:`UserInputError` (bad request, e.g. unknown GPU ids).
-    """
-
-    def __init__(self, socket_path: str, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
-        path = socket_path[5:] if socket_path.startswith("unix:") else socket_path
-        self.socket_path = path
-        self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(f"unix:{path}")
-        from capctl.v1 import capctl_pb2_grpc
-
-        self._stub = capctl_pb2_grpc.AgentLocalStub(self._channel)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> LocalClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _call(self, method: str, request):
-        try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            code = err.code()
-            if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-                raise PermissionDeniedError(f"agent at unix:{self.socket_path}: {err.details()}") from None
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                        grpc.StatusCode.FAILED_PRECONDITION):
-                raise UserInputError(f"agent at unix:{self.socket_path}: {err.details()}") from None
-            raise UnreachableError(
-                f"agent at unix:{self.socket_path} unreachable ({code.name}): {err.details()}"
-            ) from None
-
-    def job_start(self, job_id: str, gpu_ids: list[str], gpu_id_kind: int = 0, *, user: str = "",
-                  partition: str = "", account: str = "", qos: str = ""):
-        """Send JobStart; returns ``JobStartReply``. ``gpu_id_kind``: ``capctl_pb2.GPU_ID_*``."""
-        from capctl.v1 import capctl_pb2
-
-        req = capctl_pb2.JobStartRequest(job_id=job_id, gpu_ids=[str(g) for g in gpu_ids],
-                                         gpu_id_kind=gpu_id_kind, user=user, partition=partition,
-                                         account=account, qos=qos)
-        return self._call("JobStart", req)
-
-    def job_end(self, job_id: str):
-        """Send JobEnd; returns ``JobEndReply``."""
-        from capctl.v1 import capctl_pb2
-
-        return self._call("JobEnd", capctl_pb2.JobEndRequest(job_id=job_id))
-
-    def local_status(self):
-        """Return the agent's ``LocalStatusReply``."""
-        from capctl.v1 import capctl_pb2
-
-        return self._call("LocalStatus", capctl_pb2.LocalStatusRequest())

@@ -194,7 +194,7 @@ def _run(run: Run) -> None:
     if call_timeout_s <= 0.01:
         run.finish("timeout", "no time left for the agent call", failure=True)
 
-    from capctl.nodeagent.local import LocalClient
+    from capctl.agentclient import LocalClient
 
     try:
         with LocalClient(cfg.socket_path, timeout_s=call_timeout_s) as client:

@@ -87,7 +87,7 @@ def test_bad_requests_are_clear_errors(agent):
 
 
 def test_unreachable_agent_is_a_clean_error(tmp_path):
-    from capctl.nodeagent.local import LocalClient
+    from capctl.agentclient import LocalClient
 
     with LocalClient(str(tmp_path / "absent.sock"), timeout_s=1.0) as c:
         with pytest.raises(UnreachableError, match="unreachable"):
@@ -127,7 +127,7 @@ def _connect_as(uid: int, gid: int, path: str):
 
 def _call_over(conn: socket.socket, tmp_path, fn):
     """Run ``fn(LocalClient)`` through a proxy socket spliced onto the already connected ``conn``."""
-    from capctl.nodeagent.local import LocalClient
+    from capctl.agentclient import LocalClient
 
     proxy_path = str(tmp_path / "proxy.sock")
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -147,10 +147,13 @@ def test_three_node_job_binding_caps_and_restore(capctl_cluster):
     for node, ev in epilogs.items():
         assert ev["outcome"] == "unbound" and ev["exit"] == 0, ev
         assert sorted(g["index"] for g in ev["gpus"]) == sorted(slurm_gpus[node]), ev
-        assert all(g["ok"] and g["cap_w"] == c.pre_job_limit_w for g in ev["gpus"]), ev
+        # under coordinator management the epilog restores at most the coordinator's allowance
+        # (never above what the budget holds for the GPU); the coordinator hands the idle GPUs their
+        # pre-job limit back in its next intervals
+        assert all(g["ok"] and 200.0 <= g["cap_w"] <= c.pre_job_limit_w for g in ev["gpus"]), ev
     # Pre-job limits back, bindings gone everywhere.
+    wait_for(lambda: all(c.sim_limits_w(node) == pre[node] for node in c.nodes), 20, "pre-job limits back")
     for node in c.nodes:
-        assert c.sim_limits_w(node) == pre[node]
         assert list(c.agent_status(node).jobs) == []
     wait_for(lambda: job not in {j.job_id for j in c.coordinator_status().jobs}, 20, "coordinator drops the job")
     assert_durations_bounded(events(c, job))
@@ -185,7 +188,7 @@ def test_two_jobs_on_one_node_get_their_own_gpus(capctl_cluster):
     release(c, b)
     c.wait_job(b)
     wait_hooks(c, b, "epilog", ["n2"])
-    assert c.sim_limits_w("n2") == [c.pre_job_limit_w] * 8
+    wait_for(lambda: c.sim_limits_w("n2") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
     assert list(c.agent_status("n2").jobs) == []
     assert_durations_bounded(events(c, a) + events(c, b))
     assert_not_drained(c)
@@ -203,8 +206,8 @@ def test_srun_multi_node_step(capctl_cluster):
     epilogs = wait_hooks(c, job, "epilog", nodes)
     assert all(e["outcome"] == "bound" and len(e["gpu_ids"]) == 2 for e in prologs.values()), prologs
     assert all(e["outcome"] == "unbound" for e in epilogs.values()), epilogs
-    for node in nodes:
-        assert c.sim_limits_w(node) == [c.pre_job_limit_w] * 8
+    wait_for(lambda: all(c.sim_limits_w(node) == [c.pre_job_limit_w] * 8 for node in nodes), 20,
+             "pre-job limits back")
     assert_not_drained(c)
 
 
@@ -229,7 +232,7 @@ def test_coordinator_down_job_runs_hooks_fast_no_drain(capctl_cluster):
     assert all(e["outcome"] == "unbound" and e["exit"] == 0 for e in epilogs.values()), epilogs
     assert_durations_bounded(events(c, job))
     for node in nodes:
-        assert c.sim_limits_w(node) == [c.pre_job_limit_w] * 8
+        wait_for(lambda: c.sim_limits_w(node) == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
     c.wait_nodes_idle()
     assert_not_drained(c)
 
@@ -253,7 +256,7 @@ def test_agent_down_job_runs_hooks_fast_no_drain(capctl_cluster):
     assert epilogs["n3"]["outcome"] == "agent-unreachable" and epilogs["n3"]["exit"] == 0, epilogs["n3"]
     assert all(epilogs[n]["outcome"] == "unbound" for n in ("n1", "n2")), epilogs
     assert_durations_bounded(events(c, job))
-    assert c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8  # nothing touched them
+    wait_for(lambda: c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")  # nothing touched them
     c.wait_nodes_idle()
     assert_not_drained(c)
 
@@ -301,10 +304,12 @@ def test_epilog_restore_failure_is_visible_and_retried(capctl_cluster):
         ev = wait_hooks(c, job, "epilog", ["n1"])["n1"]
         assert ev["outcome"] == "restore-failed" and ev["exit"] == 0, ev
         res = {g["index"]: g for g in ev["gpus"]}
-        assert res[good]["ok"] and res[good]["cap_w"] == c.pre_job_limit_w, res
+        # the good GPU is restored (at most to the coordinator's allowance at first, see
+        # test_three_node_job_binding_caps_and_restore), the bad one is not
+        assert res[good]["ok"] and res[good]["cap_w"] <= c.pre_job_limit_w, res
         assert not res[bad]["ok"], res
-        lim = c.sim_limits_w("n1")
-        assert lim[good] == c.pre_job_limit_w and lim[bad] != c.pre_job_limit_w, lim
+        wait_for(lambda: c.sim_limits_w("n1")[good] == c.pre_job_limit_w, 20, "good GPU back at its pre-job limit")
+        assert c.sim_limits_w("n1")[bad] != c.pre_job_limit_w
         c.wait_nodes_idle(("n1",))
         assert_not_drained(c)
         # Visible: agent LocalStatus and the coordinator's status both say RESTORE_FAILED.
@@ -346,7 +351,7 @@ def test_job_cancelled_during_its_prolog(capctl_cluster):
     c.wait_nodes_idle(("n1",))
     assert_not_drained(c)
     assert list(c.agent_status("n1").jobs) == []
-    assert c.sim_limits_w("n1") == [c.pre_job_limit_w] * 8
+    wait_for(lambda: c.sim_limits_w("n1") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
 
 
 def test_job_ends_before_the_coordinator_assigned_caps(capctl_cluster):
@@ -363,7 +368,7 @@ def test_job_ends_before_the_coordinator_assigned_caps(capctl_cluster):
         epi = wait_hooks(c, job, "epilog", ["n3"])["n3"]
         assert pro["outcome"] == "bound" and all(g["cap_w"] == c.start_cap_w for g in pro["gpus"]), pro
         assert epi["outcome"] == "unbound" and all(g["cap_w"] == c.pre_job_limit_w for g in epi["gpus"]), epi
-        assert c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8
+        wait_for(lambda: c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
     finally:
         c.signal_process("coordinator", signal.SIGCONT)
     wait_for(lambda: c.coordinator_status() is not None, 20, "coordinator answers again")
@@ -371,7 +376,7 @@ def test_job_ends_before_the_coordinator_assigned_caps(capctl_cluster):
     st = c.coordinator_status()
     assert job not in {j.job_id for j in st.jobs}
     assert coordinator_gpus_of(st, job) == {}
-    assert c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8
+    wait_for(lambda: c.sim_limits_w("n3") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
     assert list(c.agent_status("n3").jobs) == []
     assert_not_drained(c)
 
@@ -404,7 +409,7 @@ def test_hooks_are_idempotent(capctl_cluster):
     assert [e["outcome"] for e in events(c, "990001", "epilog")] == ["unbound", "unbound"]
     assert [e["outcome"] for e in events(c, "990002", "epilog")] == ["unbound"]
     assert list(c.agent_status("n2").jobs) == []
-    assert c.sim_limits_w("n2") == [c.pre_job_limit_w] * 8
+    wait_for(lambda: c.sim_limits_w("n2") == [c.pre_job_limit_w] * 8, 20, "pre-job limits back")
 
 
 def test_hook_durations_on_the_test_cluster(capctl_cluster):

@@ -155,7 +155,7 @@ def stop_agent(cluster: SlurmCluster, node: str) -> None:
 def agent_status(cluster: SlurmCluster, node: str, timeout_s: float = 2.0):
     """AgentLocal.LocalStatus of ``node``'s agent (``LocalStatusReply``), or None when unreachable."""
     from capctl.errors import CapctlError
-    from capctl.nodeagent.local import LocalClient
+    from capctl.agentclient import LocalClient
 
     try:
         with LocalClient(str(cluster.agent_socket(node)), timeout_s=timeout_s) as client:
