@@ -413,7 +413,9 @@ def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_
                 kind = "rack"
         elif kind == "cluster" and depth > 0:
             diag.error(path + ("kind",), f"{dotted(path + ('kind',))}: only the root domain may be of kind 'cluster'; allowed here: {', '.join(model.DOMAIN_KINDS[1:])}")
-        gpu_model = raw_domain.get("gpu_model", parent_model)
+        gpu_model = raw_domain.get("gpu_model")
+        if gpu_model is None:  # absent or null: inherited
+            gpu_model = parent_model
         if "gpu_model" in raw_domain and gpu_model is not None:
             low, high = device_limits_w(gpu_model, device_min, device_max)
             if low is None and high is None:
@@ -422,7 +424,9 @@ def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_
                     f"{dotted(path + ('gpu_model',))}: unknown GPU model {gpu_model!r}: device-limit checks skipped "
                     f"(known: {', '.join(KNOWN_DEVICE_LIMITS_W)})",
                 )
-        gpus = raw_domain.get("gpus_per_node", parent_gpus)
+        gpus = raw_domain.get("gpus_per_node")
+        if gpus is None:  # absent or null: inherited
+            gpus = parent_gpus
         raw_nodes = raw_domain.get("nodes")
         errors_before = len(diag.errors)
         nodes: list[str] = []

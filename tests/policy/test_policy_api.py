@@ -27,7 +27,7 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
 
 def test_three_examples_exist() -> None:
-    assert [p.name for p in EXAMPLE_FILES] == ["cluster-1000node.yaml", "cluster-64node.yaml", "lab-4node.yaml"]
+    assert {"cluster-1000node.yaml", "cluster-64node.yaml", "lab-4node.yaml"} <= {p.name for p in EXAMPLE_FILES}
 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.name)
