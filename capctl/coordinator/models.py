@@ -31,7 +31,8 @@ axis scaled by ``s``: ``rho_g(P) = rho_prior(P / s)`` (``CurveParams`` ``k_w`` a
 ``s``). Each observation gives one ``s``: at a binding cap, ``P / P_prior(rho)`` (the prior's
 inverse, as :func:`~capctl.allocator.curves.cap_for_rate`); below the cap (rate 1), the GPU's own
 uncapped draw over the prior's saturation, ``power_w / sat_w``. ``s`` is their exponentially
-weighted mean (:data:`SCALE_HALF_LIFE` samples).
+weighted mean (:data:`SCALE_HALF_LIFE` samples). A GPU bound to a new job (registry bindings)
+gets a fresh model: a new workload, a new curve.
 
 Clocks: :class:`Models` takes the clocks it reads (``clock``: refit throttle, default
 ``time.monotonic``; ``budget_clock``: the per-interval refit budget, default
@@ -104,7 +105,7 @@ REFIT_NEW_CAPS = 5
 """A fitted GPU is refitted when this many caps it was never seen at have been observed since ..."""
 REFIT_SCALE_MOVE = 0.05
 """... or when its anchored scale moved by this fraction (one 15 MHz clock step is ~2 % of power)
-since the last refit: its workload changed (a new job), the old bins are being forgotten."""
+since the last refit: its workload changed (phases within a job)."""
 SCALE_RANGE = (0.5, 2.5)
 """Bounds of the power scale ``s`` (Sinha et al. SC'22 variation stays well inside)."""
 
@@ -126,6 +127,7 @@ class GpuModel:
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
         self._scale_at_fit = 1.0
         self.refits = 0
+        self.job_id = ""  # the job whose samples this model holds ("" = none yet)
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
@@ -193,7 +195,7 @@ class GpuModel:
             if not self._failed:
                 log.warning("rate curve refit failed (%s); keeping the last fit", exc)
                 self._failed = True
-        return self._cached
+        return self._cached if self._cached is not self.prior else self._anchored()
 
 
 class NodeThermal:
@@ -255,12 +257,16 @@ class Models:
                 nt = NodeThermal(indices, interval_s)
                 self.nodes[node_name] = nt
             per_gpu = [samples.get((node_name, i), []) for i in indices]
+            job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
             for i in indices:
                 g = node.gpus[i]
                 key = (node_name, i)
                 m = self.gpus.get(key)
-                if m is None:
+                job = job_of.get(i, "")
+                if m is None or (job and job != m.job_id):
+                    # a new job is a new workload: its curve starts again from the prior
                     m = GpuModel(g.name, g.min_cap_w, g.max_cap_w)
+                    m.job_id = job
                     self.gpus[key] = m
                 for s in samples.get(key, ()):
                     m.add(s, g.max_sm_clock_mhz)

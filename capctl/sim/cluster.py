@@ -53,8 +53,17 @@ class JobMix:
 class ClusterSpec:
     """A scenario (see docs/sim.md for every field; units in the names).
 
-    ``speed``: None = the simulated driver's own seeded per-GPU variation (Sinha et al. SC'22:
-    ~8 % mean, up to 22 %); else ``(mean_loss, max_loss)`` to draw it here.
+    ``speed``: None = the simulated driver's own seeded per-GPU step-rate variation (``speed``,
+    invisible to NVML), unless ``driver_speed`` is False (``speed: none``: every GPU at speed 1);
+    else ``(mean_loss, max_loss)`` to draw it here.
+    ``efficiency``: None, or ``(mean_loss, max_loss)``: per-GPU power-efficiency variation (Sinha
+    et al. SC'22: same-SKU GPUs need different power for the same clock; 8 % average, up to 22 %
+    performance variation). A GPU's clock loss L at a binding cap is drawn as for ``speed``
+    (exponential, truncated) and becomes the driver's ``power_factor`` ((1 - L_median) /
+    (1 - L))^3 (cube law, relative to the median part), visible to NVML as a lower SM clock.
+    ``demand_w``: None, or ``(lo, hi)``: each job's uncapped demand on a median part (W), uniform
+    in the range, replacing the demand fitted to its trace (the trace keeps the curve's shape, its
+    memory-bound fraction).
     ``curves``: ``"zeus"`` = one workload per Zeus power-sensitive trace, read at run time from
     ``../shared/data/zeus-power-traces`` and scaled to the device's limit constraints;
     ``"default"`` = the allocator's shipped H100 default curve (derived from the same traces).
@@ -73,9 +82,12 @@ class ClusterSpec:
     swing_phase_s: float = 0.0
     inlet_update_s: float = 60.0
     speed: tuple[float, float] | None = None
+    driver_speed: bool = True
+    efficiency: tuple[float, float] | None = None
     hot_gpu_fraction: float = 0.0
     hot_resistance_c_per_w: tuple[float, float] = (0.09, 0.12)
     curves: str = "zeus"
+    demand_w: tuple[float, float] | None = None
     jobs: JobMix = field(default_factory=JobMix)
 
     @property
@@ -92,9 +104,9 @@ _TOP_KEYS = ["name", "seed", "duration_s", "step_s", "gpu_model", "gpus_per_node
              "inlet_swing", "inlet_update_s", "gpus", "workload"]
 _RACK_KEYS = ["name", "nodes", "inlet_c"]
 _SWING_KEYS = ["amplitude_c", "period_s", "phase_s"]
-_GPUS_KEYS = ["speed", "hot_fraction", "hot_resistance_c_per_w"]
+_GPUS_KEYS = ["speed", "efficiency", "hot_fraction", "hot_resistance_c_per_w"]
 _SPEED_KEYS = ["mean_loss", "max_loss"]
-_WORK_KEYS = ["curves", "jobs"]
+_WORK_KEYS = ["curves", "demand_w", "jobs"]
 _JOBS_KEYS = ["sizes_gpus", "size_weights", "duration_s", "occupancy"]
 
 
@@ -252,16 +264,27 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     phase = r.number(swing, ("inlet_swing",), "phase_s", 0.0, unit="seconds")
 
     gpus = r.mapping(top.get("gpus", {}), ("gpus",), _GPUS_KEYS, "gpus")
+    def losses(key: str, words: tuple[str, ...]):
+        raw = gpus[key]
+        spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key} (or {' / '.join(words)})")
+        if not spd:
+            return None
+        mean_loss = r.number(spd, ("gpus", key), "mean_loss", 0.08, lo=0, hi=0.5)
+        max_loss = r.number(spd, ("gpus", key), "max_loss", 0.22, lo=0, hi=0.9)
+        if max_loss < mean_loss:
+            r.err(("gpus", key, "max_loss"), f"gpus.{key}.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
+        return (mean_loss, max_loss)
+
     speed = None
+    driver_speed = True
     sp = gpus.get("speed", "physics")
-    if sp != "physics":
-        spd = r.mapping(sp, ("gpus", "speed"), _SPEED_KEYS, "gpus.speed (or the word physics)")
-        if spd:
-            mean_loss = r.number(spd, ("gpus", "speed"), "mean_loss", 0.08, lo=0, hi=0.5)
-            max_loss = r.number(spd, ("gpus", "speed"), "max_loss", 0.22, lo=0, hi=0.9)
-            if max_loss < mean_loss:
-                r.err(("gpus", "speed", "max_loss"), f"gpus.speed.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
-            speed = (mean_loss, max_loss)
+    if sp == "none":
+        driver_speed = False
+    elif sp != "physics":
+        speed = losses("speed", ("physics", "none"))
+    efficiency = None
+    if gpus.get("efficiency", "none") != "none":
+        efficiency = losses("efficiency", ("none",))
     hot_fraction = r.number(gpus, ("gpus",), "hot_fraction", 0.0, lo=0, hi=1)
     hot_r = r.pair(gpus, ("gpus",), "hot_resistance_c_per_w", (0.09, 0.12), lo=0.001, hi=1.0, unit="°C/W")
 
@@ -270,6 +293,9 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     if curves not in ("zeus", "default"):
         r.err(("workload", "curves"), f"workload.curves: {_show(curves)} is invalid; allowed: zeus, default")
         curves = "zeus"
+    demand = None
+    if "demand_w" in work:
+        demand = r.pair(work, ("workload",), "demand_w", (650.0, 700.0), lo=1.0, hi=5000.0, unit="W")
     jd = r.mapping(work.get("jobs", {}), ("workload", "jobs"), _JOBS_KEYS, "workload.jobs")
     jp = ("workload", "jobs")
     mix = JobMix()
@@ -296,8 +322,8 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     return ClusterSpec(
         source=source, name=name, seed=int(seed), duration_s=duration_s, step_s=step_s, gpu_model=model,
         gpus_per_node=int(gpn), racks=tuple(racks), swing_amplitude_c=amp, swing_period_s=period,
-        swing_phase_s=phase, inlet_update_s=inlet_update_s, speed=speed, hot_gpu_fraction=hot_fraction,
-        hot_resistance_c_per_w=hot_r, curves=curves,
+        swing_phase_s=phase, inlet_update_s=inlet_update_s, speed=speed, driver_speed=driver_speed, efficiency=efficiency,
+        hot_gpu_fraction=hot_fraction, hot_resistance_c_per_w=hot_r, curves=curves, demand_w=demand,
         jobs=JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ),
     )
 

@@ -36,7 +36,7 @@ from capctl.sim.topology import Topology, build_topology
 from capctl.sim.workload import make_jobs, profiles_for
 
 _TELE_FIELDS = ("power_avg_w", "enforced_w", "limit_w", "temp_c", "sm_clock_mhz", "reasons", "utilization_pct",
-                "progress", "energy_j", "inlet_c", "thermal_resistance_c_per_w", "tau_s", "speed",
+                "progress", "energy_j", "inlet_c", "thermal_resistance_c_per_w", "tau_s", "speed", "power_factor",
                 "slowdown_temp_c", "demand_w", "flags")
 
 
@@ -52,6 +52,7 @@ class Scenario:
     base_inlet_c: np.ndarray
     hot_gpus: np.ndarray
     speed: np.ndarray | None
+    power_factor: np.ndarray | None = None
 
 
 @dataclass
@@ -112,7 +113,27 @@ def build_scenario(spec, policy) -> Scenario:
         # report a long tail: ~8 % mean, up to 22 %)
         loss = np.minimum(rng.exponential(mean_loss, topo.n_gpus) if mean_loss > 0 else np.zeros(topo.n_gpus), max_loss)
         speed = 1.0 - loss
-    return Scenario(spec, policy, topo, jobs, prof, base, hot, speed)
+    elif not spec.driver_speed:
+        speed = np.ones(topo.n_gpus)
+    power_factor = None
+    if spec.efficiency is not None:
+        power_factor = efficiency_factors(spec.efficiency, topo.n_gpus, np.random.default_rng(spec.seed + 2))
+    return Scenario(spec, policy, topo, jobs, prof, base, hot, speed, power_factor)
+
+
+def efficiency_factors(losses: tuple[float, float], n: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-GPU ``power_factor`` of the simulated driver from clock losses at a binding cap.
+
+    ``losses = (mean_loss, max_loss)``: a GPU's clock loss L at a binding power limit relative to
+    the best part is exponential with mean ``mean_loss``, truncated at ``max_loss`` (Sinha et al.,
+    "Not All GPUs Are Created Equal", SC'22: 8 % average, up to 22 % performance variation, from
+    power management). Cube law (physics.c): the same clock costs a part ``(1 - L)^-3`` times the
+    best part's dynamic power; normalized to the median part (factor 1), so a workload's demand
+    is that of a median part. Returns ``n`` factors (dimensionless).
+    """
+    mean_loss, max_loss = losses
+    loss = np.minimum(rng.exponential(mean_loss, n) if mean_loss > 0 else np.zeros(n), max_loss)
+    return ((1.0 - float(np.median(loss))) / (1.0 - loss)) ** 3
 
 
 def _make_node(scn: Scenario):
@@ -122,6 +143,8 @@ def _make_node(scn: Scenario):
     over = {}
     if scn.speed is not None:
         over["speed"] = scn.speed
+    if scn.power_factor is not None:
+        over["power_factor"] = scn.power_factor
     node = SimNode.create(None, gpus=scn.topo.n_gpus, model=scn.profile.name, inlet_c=inlet_at(scn, 0.0),
                           seed=int(spec.seed), manual_clock=True, **over)
     if scn.hot_gpus.size:
@@ -263,7 +286,7 @@ def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: 
         extra["solve_s"] = round(pol.solve_s, 3)
     if hasattr(pol, "refits"):
         extra["curve_refits"] = pol.refits
-        extra["jobs_curve_learned"] = f"{len(pol.jobs_learned)}/{len(pol.jobs_seen)}"
+        extra.update(pol.learned_summary())
     duration = n_steps * step
     return PolicyRun(
         name=name, throughput=gpu_steps / duration if duration else 0.0,

@@ -17,24 +17,22 @@ What each one may observe is what it would observe on a real cluster:
    :data:`BALANCER_STEP_W` per GPU per :data:`BALANCER_PERIOD_S`, deadband :data:`BALANCER_TOL`.
    Thermally unaware (as GEOPM's balancer is).
 4. ``capctl`` — the coordinator's logic run in-process: the telemetry is mirrored into the
-   coordinator's own :class:`~capctl.coordinator.registry.Registry`; its observation rule
-   (:func:`capctl.coordinator.models.rate_observation`) feeds the allocator's
-   :class:`~capctl.allocator.curves.OnlineCurveFit` (prior
-   :func:`capctl.coordinator.models.prior_curve`) and
-   :class:`~capctl.allocator.thermal.OnlineThermalFit`; then the coordinator's
-   :func:`capctl.coordinator.allocation.build_inputs` and :func:`~capctl.coordinator.allocation.solve`
-   (fast allocator) and its two-phase planner with the deadband (:mod:`capctl.coordinator.planner`).
-   It sees only NVML telemetry — no step rates, no speeds. This class stands in for
-   ``coordinator.models.Models`` (whose refit throttle reads ``time.monotonic()``, so it is not
-   deterministic in-process): rate curves are learned per job (all GPUs of a job pooled into one
-   OnlineCurveFit, the allocator's documented "one job's" use) instead of per GPU, refitted at most
-   every :data:`CAPCTL_REFIT_S` simulated seconds (the coordinator: per GPU, every
-   ``CURVE_REFIT_S``), and one OnlineThermalFit covers all GPUs (the coordinator: one per node; the
-   same per-GPU estimator). Per-GPU fits see the same observations up to noise in this simulator
-   (the clock-based observation does not depend on a GPU's speed).
-5. ``oracle`` — the same allocator given the truth: each job's rate curve fitted to the physics'
-   steady-state curve (:func:`capctl.simgpu.node.steady_state`), every GPU's true speed, and the
-   thermal ceiling from the true R, tau, inlet and temperature.
+   coordinator's own :class:`~capctl.coordinator.registry.Registry` (readings and one model sample
+   per GPU per interval, as ``Registry.on_telemetry`` stores the agents' reports); the
+   coordinator's own :class:`~capctl.coordinator.models.Models` learns per GPU (rate curve:
+   prior-anchored power scale, then the allocator's :class:`~capctl.allocator.curves.OnlineCurveFit`;
+   thermal: one :class:`~capctl.allocator.thermal.OnlineThermalFit` per node), on simulated time
+   (its injectable clocks: the refit throttle reads the simulated clock; the per-interval refit
+   budget is charged :data:`CAPCTL_REFIT_COST_S` per refit; the refit jitter comes from a seeded
+   ``random.Random``); then the coordinator's :func:`capctl.coordinator.allocation.build_inputs`
+   and :func:`~capctl.coordinator.allocation.solve` (fast allocator) and its two-phase planner with
+   the deadband (:mod:`capctl.coordinator.planner`). It sees only NVML telemetry — no step rates,
+   no speeds, no power factors; a GPU's power efficiency shows in its SM clock at the enforced cap.
+5. ``oracle`` — the same allocator given the truth: per GPU, the rate curve of its job's workload
+   fitted to the physics' steady state (:func:`capctl.simgpu.node.steady_state`) and mapped in
+   closed form onto the GPU's true ``power_factor`` (a part with factor k at cap P runs as a
+   nominal part at ``P_static + (P - P_static) / k``), every GPU's true ``speed``, and the thermal
+   ceiling from the true R, tau, inlet and temperature.
 """
 
 from __future__ import annotations
@@ -52,7 +50,9 @@ UTILIZATION_PERIOD_S = 90.0
 BALANCER_PERIOD_S = 10.0
 BALANCER_STEP_W = 10.0
 BALANCER_TOL = 0.01
-CAPCTL_REFIT_S = 60.0
+CAPCTL_REFIT_COST_S = 0.01
+"""Simulated cost of one full curve refit charged to the coordinator's per-interval refit budget
+(``coordinator.models.REFIT_BUDGET_MAX_S``): one ``OnlineCurveFit.params()`` takes 5-16 ms."""
 THERMAL_BITS = 0x20 | 0x40  # NVML SwThermalSlowdown | HwThermalSlowdown
 
 
@@ -268,29 +268,29 @@ class Capctl(_AllocatorPolicy):
     name = "capctl"
 
     def reset(self, ctx: Context) -> None:
-        from capctl.allocator.thermal import OnlineThermalFit
-        from capctl.coordinator.models import prior_curve
+        import random
+
+        from capctl.coordinator.models import Models
         from capctl.coordinator.planner import DomainSpec
 
         super().reset(ctx)
-        p = ctx.profile
-        self.prior = prior_curve(p.nvml_name, p.min_limit_w, p.max_limit_w)
-        # job id -> [OnlineCurveFit, last refit t, caps not yet fitted, caps fitted, current CurveParams]
-        self.fits: dict[str, list] = {}
-        self.thermal_fit = OnlineThermalFit(ctx.topo.n_gpus, nominal_interval_s=float(ctx.policy.interval_s))
         self.keys = ctx.topo.keys()
         self.domain_specs = [
             DomainSpec(d["name"], str(d.get("kind", "")), None if d["limit_w"] is None else float(d["limit_w"]),
                        frozenset(self.keys[g] for g in ctx.topo.domain_members[i]))
             for i, d in enumerate(ctx.topo.domains)
         ]
-        self.refits = 0
         self.index = {key: g for g, key in enumerate(self.keys)}
-        self.node_index = {n: k for k, n in enumerate(ctx.topo.node_names)}
         self.registry = self._make_registry(ctx)
         self._bound_jobs = None
+        self._now = 0.0
+        # the coordinator's own per-GPU models on simulated time: the refit throttle reads the
+        # simulated clock; the per-interval refit budget (the daemon: 0.1 s of perf_counter) is
+        # charged CAPCTL_REFIT_COST_S per refit, so the run is deterministic
+        self.models = Models(clock=lambda: self._now,
+                             budget_clock=lambda: self._now + self.models.refits * CAPCTL_REFIT_COST_S,
+                             rng=random.Random(0))
         self.jobs_seen: set = set()
-        self.jobs_learned: set = set()  # jobs whose fitted curve left the prior
 
     @staticmethod
     def _make_registry(ctx):
@@ -310,61 +310,15 @@ class Capctl(_AllocatorPolicy):
             reg.nodes[name] = node
         return reg
 
-    def _learn(self, obs):
-        from capctl.allocator.curves import OnlineCurveFit
-        from capctl.coordinator.models import rate_observation
-        from capctl.coordinator.registry import Sample
+    def _sync_registry(self, obs: Observation) -> None:
+        """Mirror the telemetry into the coordinator's own Registry as ``on_telemetry`` would:
+        readings and one model sample per GPU (what the agents would report each interval)."""
+        from capctl.coordinator.registry import Binding, Sample
         from capctl.simgpu.node import reason_names
 
         tele = obs.tele
-        maxclk = float(self.ctx.profile.max_sm_clock_mhz)
-        live = {j.job_id for j in obs.jobs}
-        for jid in [j for j in self.fits if j not in live]:
-            del self.fits[jid]
-        names_cache: dict[int, tuple[str, ...]] = {}
-        for k, job in enumerate(obs.jobs):
-            entry = self.fits.get(job.job_id)
-            if entry is None:
-                entry = self.fits[job.job_id] = [OnlineCurveFit(self.prior), -math.inf, set(), set(), self.prior]
-                self.jobs_seen.add(job.job_id)
-            fit, _, bins, seen_bins, _ = entry
-            for g in job.gpus:
-                row = tele[g]
-                bits = int(row["reasons"])
-                names = names_cache.get(bits)
-                if names is None:
-                    names = names_cache[bits] = tuple(n.upper() for n in reason_names(bits))
-                s = Sample(time_s=obs.t_s, power_w=float(row["power_avg_w"]), enforced_w=float(row["enforced_w"]),
-                           temp_c=float(row["temp_c"]), sm_clock_mhz=float(row["sm_clock_mhz"]), reasons=names,
-                           utilization_pct=float(row["utilization_pct"]))
-                rho = rate_observation(s, maxclk)
-                if rho is not None and math.isfinite(s.enforced_w):
-                    fit.add(s.enforced_w, rho)
-                    b = int(round(s.enforced_w))
-                    if b not in seen_bins:
-                        bins.add(b)
-        self.thermal_fit.add(obs.t_s, tele["power_avg_w"].astype(float), tele["temp_c"].astype(float))
-
-    def _curve(self, entry, t_s):
-        fit, last, bins, seen, cur = entry
-        due = (bins and t_s - last >= CAPCTL_REFIT_S) or (t_s - last >= 10 * CAPCTL_REFIT_S)
-        if due:
-            entry[1] = t_s
-            try:
-                entry[4] = fit.params()
-                self.refits += 1
-            except (ValueError, FloatingPointError, np.linalg.LinAlgError):
-                pass  # keep the last fit, as the coordinator's GpuModel does
-            seen |= bins
-            bins.clear()
-        return entry[4]
-
-    def _sync_registry(self, obs: Observation) -> None:
-        """Mirror the telemetry into the coordinator's own Registry (what the agents would report)."""
-        from capctl.coordinator.registry import Binding
-
-        tele = obs.tele
         gpn = self.ctx.topo.gpus_per_node
+        names_cache: dict[int, tuple[str, ...]] = {}
         for k, name in enumerate(self.ctx.topo.node_names):
             node = self.registry.nodes[name]
             node.last_report_mono = obs.t_s
@@ -377,10 +331,18 @@ class Capctl(_AllocatorPolicy):
                 g.temp_c = float(row["temp_c"])
                 g.sm_clock_mhz = int(row["sm_clock_mhz"])
                 g.utilization_pct = float(row["utilization_pct"])
+                bits = int(row["reasons"])
+                names = names_cache.get(bits)
+                if names is None:
+                    names = names_cache[bits] = tuple(n.upper() for n in reason_names(bits))
+                g.new_samples.append(Sample(time_s=obs.t_s, power_w=g.power_w, enforced_w=g.enforced_w,
+                                            temp_c=g.temp_c, sm_clock_mhz=float(row["sm_clock_mhz"]),
+                                            reasons=names, utilization_pct=g.utilization_pct))
         if obs.event or self._bound_jobs is None:
             for node in self.registry.nodes.values():
                 node.bindings.clear()
             for job in obs.jobs:
+                self.jobs_seen.add(job.job_id)
                 for node_idx in np.unique(job.gpus // gpn):
                     name = self.ctx.topo.node_names[int(node_idx)]
                     idx = tuple(int(g - node_idx * gpn) for g in job.gpus if g // gpn == node_idx)
@@ -393,21 +355,12 @@ class Capctl(_AllocatorPolicy):
 
         t = self.ctx.topo
         pol = self.ctx.policy
-        self._learn(obs)
+        self._now = obs.t_s
         self._sync_registry(obs)
-        self._curves = {}
-        for job in obs.jobs:
-            c = self._curve(self.fits[job.job_id], obs.t_s)
-            if c is not self.prior:
-                self.jobs_learned.add(job.job_id)
-            self._curves[job.job_id] = c
-        self._job_of = obs.job_of_gpu
-        self._jobs = obs.jobs
-        r, tau, inlet = self.thermal_fit.params()
-        self._thermal = (r, tau, inlet)
+        self.models.update(self.registry, float(pol.interval_s))
         # the coordinator's own snapshot -> problem -> fast allocator (ack memory = one interval,
         # as Coordinator.ack_memory_s)
-        inputs = allocation.build_inputs(self.registry, self, pol, obs.t_s, float(pol.failsafe.lease_s),
+        inputs = allocation.build_inputs(self.registry, self.models, pol, obs.t_s, float(pol.failsafe.lease_s),
                                          float(pol.interval_s))
         t0 = time.perf_counter()
         out = allocation.solve(inputs)
@@ -428,21 +381,17 @@ class Capctl(_AllocatorPolicy):
             caps[index[key]] = v
         return caps
 
-    # --- the two methods of coordinator.models.Models that allocation.build_inputs calls ------
+    @property
+    def refits(self) -> int:
+        """Full curve refits of the coordinator's models."""
+        return self.models.refits
 
-    def curve(self, key):
-        """Rate curve of GPU ``key`` (its job's pooled fit, else the prior)."""
-        k = int(self._job_of[self.index[key]])
-        if k < 0:
-            return self.prior
-        return self._curves.get(self._jobs[k].job_id, self.prior)
-
-    def thermal(self, node_name: str) -> dict:
-        """GPU index -> (R °C/W, tau s, inlet °C) of ``node_name`` from the online thermal fit."""
-        r, tau, inlet = self._thermal
-        gpn = self.ctx.topo.gpus_per_node
-        k = self.node_index[node_name]
-        return {i: (float(r[k * gpn + i]), float(tau[k * gpn + i]), float(inlet[k * gpn + i])) for i in range(gpn)}
+    def learned_summary(self) -> dict:
+        """How the per-GPU models ended: GPUs on the full fit / on the scaled prior, scale range."""
+        full = sum(1 for m in self.models.gpus.values() if m._full_fit_ready())
+        scales = np.array([m.scale for m in self.models.gpus.values()]) if self.models.gpus else np.ones(1)
+        return {"gpus_full_fit": full, "gpus_prior_scaled": len(self.models.gpus) - full,
+                "power_scale_min": round(float(scales.min()), 3), "power_scale_max": round(float(scales.max()), 3)}
 
 
 class Oracle(_AllocatorPolicy):
@@ -454,21 +403,26 @@ class Oracle(_AllocatorPolicy):
         super().reset(ctx)
         self.curves: dict[str, object] = {}
 
-    def _true_curve(self, profile):
+    def _true_curve(self, job, power_factor):
+        """The job's nominal-part (power_factor 1) curve, fitted to the physics' steady state on the
+        nominal caps its GPUs span: a part with factor k at cap P runs exactly as a nominal part at
+        ``P_static + (P - P_static) / k`` (physics.c), so per-GPU curves follow in closed form."""
         from capctl.allocator.curves import CurveParams, fit_curve
         from capctl.simgpu.node import steady_state
 
-        c = self.curves.get(profile.name)
+        c = self.curves.get(job.job_id)
         if c is None:
             p = self.ctx.profile
-            caps = np.linspace(p.min_limit_w, p.max_limit_w, 26)
-            r, _, _ = steady_state(p.name, np.append(caps, p.max_limit_w), demand_w=profile.demand_w,
-                                   memory_bound_fraction=profile.memory_bound_fraction, speed=1.0,
-                                   thermal=False, quantized=True)
-            rel = r[:-1] / r[-1]
-            f = fit_curve(caps, rel, valid_min_w=p.min_limit_w, loss="linear")
-            c = self.curves[profile.name] = CurveParams(f.a, f.k_w, f.sat_w, p.min_limit_w, f.fit_rmse,
-                                                        f.fit_max_err, "physics steady state")
+            ps = p.idle_w
+            lo = ps + (p.min_limit_w - ps) / float(np.max(power_factor))
+            hi = ps + (p.max_limit_w - ps) / float(np.min(power_factor))
+            caps = np.linspace(lo, max(hi, lo + 10.0), 26)
+            r, _, _ = steady_state(p.name, caps, demand_w=job.profile.demand_w,
+                                   memory_bound_fraction=job.profile.memory_bound_fraction, speed=1.0,
+                                   power_factor=1.0, thermal=False, quantized=True)
+            f = fit_curve(caps, r, valid_min_w=float(lo), loss="linear")
+            c = self.curves[job.job_id] = CurveParams(f.a, f.k_w, f.sat_w, float(lo), f.fit_rmse, f.fit_max_err,
+                                                      "physics steady state")
         return c
 
     def decide(self, obs: Observation):
@@ -478,13 +432,21 @@ class Oracle(_AllocatorPolicy):
         pol = self.ctx.policy
         G = t.n_gpus
         p = self.ctx.profile
+        ps = p.idle_w
         a = np.full(G, 1.0)
         k = np.full(G, 50.0)
         sat = np.full(G, p.max_limit_w)
         vmin = np.full(G, p.min_limit_w)
+        pf_all = obs.tele["power_factor"].astype(float)
         for job in obs.jobs:
-            c = self._true_curve(job.profile)
-            a[job.gpus], k[job.gpus], sat[job.gpus], vmin[job.gpus] = c.a, c.k_w, c.sat_w, c.valid_min_w
+            pf = pf_all[job.gpus]
+            c = self._true_curve(job, pf)
+            a[job.gpus] = c.a
+            k[job.gpus] = c.k_w * pf
+            sat[job.gpus] = ps + pf * (c.sat_w - ps)
+        live = {j.job_id for j in obs.jobs}
+        for jid in [j for j in self.curves if j not in live]:
+            del self.curves[jid]
         tele = obs.tele
         ceil = thermal_ceiling_w(tele["temp_c"].astype(float), tele["inlet_c"].astype(float),
                                  tele["thermal_resistance_c_per_w"].astype(float), tele["tau_s"].astype(float),

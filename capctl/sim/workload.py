@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +184,8 @@ def make_jobs(spec, profiles, rng: np.random.Generator) -> list[Job]:
         size = min(size, cap_nodes)
         dur = float(rng.uniform(*mix.duration_s))
         prof = profiles[int(rng.integers(len(profiles)))]
+        if spec.demand_w is not None:  # the trace keeps the shape (m); the demand is the file's
+            prof = replace(prof, demand_w=float(rng.uniform(*spec.demand_w)))
         queue.append([f"job{k + 1:04d}", size, dur, prof])
 
     free = np.ones(n_nodes, bool)

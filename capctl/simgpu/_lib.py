@@ -16,7 +16,7 @@ import numpy as np
 from capctl.errors import CapctlError, HardwareError, UserInputError
 from capctl.simgpu.build import library_path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """Layout version this module was written for (``CAPSIM_ABI_VERSION`` in csrc/simnvml/simgpu.h)."""
 
 # nvmlReturn_t values (nvml.h) used by the control API.

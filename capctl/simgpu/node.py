@@ -67,6 +67,7 @@ _ORDERED_OVERRIDES = (
     "thermal_resistance_c_per_w",
     "tau_s",
     "speed",
+    "power_factor",
     "memory_bound_fraction",
     "temp_c",
 )
@@ -161,7 +162,9 @@ class SimNode:
             seed: seeds the per-GPU variation (speed, thermal resistance, time constant).
             manual_clock: True = time moves only through :meth:`advance` (deterministic tests).
             overrides: per-GPU values (scalar or one per GPU): ``thermal_resistance_c_per_w``,
-                ``tau_s``, ``speed``, ``memory_bound_fraction``, ``min_limit_w``, ``max_limit_w``,
+                ``tau_s``, ``speed``, ``power_factor`` (dynamic power at a given clock relative to
+                a nominal part, 0.2-5: Sinha et al. SC'22 power-efficiency variation, physics.c),
+                ``memory_bound_fraction``, ``min_limit_w``, ``max_limit_w``,
                 ``default_limit_w``, ``pre_job_limit_w`` (alias ``site_limit_w``, ``limit_w``: the
                 limit in force before any job), ``slowdown_temp_c``, ``shutdown_temp_c``,
                 ``max_operating_temp_c``, ``temp_c``.
@@ -474,7 +477,7 @@ class SimNode:
         min_limit_w, max_limit_w, default_limit_w, oob_limit_w (None when unset), slowdown_temp_c,
         shutdown_temp_c, max_operating_temp_c, reasons (NVML bits), reason_names, energy_j,
         progress (work units), rate (steps per unit time relative to max clock, incl. speed),
-        speed, thermal_resistance_c_per_w, tau_s, inlet_c, demand_w, utilization_pct,
+        speed, power_factor, thermal_resistance_c_per_w, tau_s, inlet_c, demand_w, utilization_pct,
         memory_bound_fraction, lost, thermal_shutdown, throttled, faults (list), set_count,
         model, time_s.
         """
@@ -539,6 +542,7 @@ def steady_state(
     demand_w: float | None = None,
     memory_bound_fraction: float | None = None,
     speed: float | None = None,
+    power_factor: float | None = None,
     inlet_c: float | None = None,
     thermal_resistance_c_per_w: float | None = None,
     thermal: bool = True,
@@ -581,6 +585,7 @@ def steady_state(
         ("demand_w", demand_w),
         ("memory_bound_fraction", memory_bound_fraction),
         ("speed", speed),
+        ("power_factor", power_factor),
         ("inlet_c", inlet_c),
         ("thermal_resistance_c_per_w", thermal_resistance_c_per_w),
     ):

@@ -13,8 +13,19 @@
  *             that does not scale with the SM clock plus a compute part scaling with 1/f
  *             (roofline reasoning; the same split underlies Zeus/Perseus power-vs-time curves).
  *             r is increasing and concave in the cap because f(cap) is concave and r(f) concave.
- *   speed     per-GPU manufacturing variation: same-model GPUs differ ~8% on average, up to 22%
- *             (Sinha et al., "Not All GPUs Are Created Equal", SC'22).
+ *   power_factor  per-GPU power efficiency k_g (manufacturing variation as Sinha et al., "Not All
+ *             GPUs Are Created Equal", SC'22, found it: same-SKU GPUs need different power for the
+ *             same clock, so under a binding power limit they run at different clocks; 8 % average,
+ *             up to 22 % performance variation).  The dynamic part of the power is scaled:
+ *             P_g(f) = P_static + k_g * (D - P_static) * (f / f_max)^3, D being the workload's
+ *             demand on a nominal part (k = 1).  Uncapped (at f_max) a part draws
+ *             P_static + k_g (D - P_static); under a cap its clock is f_max ((cap - P_static) /
+ *             (k_g (D - P_static)))^(1/3): lower for a less efficient part, visible through the
+ *             NVML SM clock (and power at f_max).  A clock loss L at a binding cap means
+ *             k = (1 - L)^-3 (cube law).
+ *   speed     a pure step-rate multiplier (changes neither clock nor power; invisible to NVML).
+ *             The standalone driver's seeded default variation still uses it (see state.c,
+ *             capsim_create); the cluster simulator draws power_factor instead.
  *   thermal   first-order RC: tau dT/dt = T_inlet + R * P - T   (exact exponential solution).
  *   slowdown  at T >= slowdown threshold the SM clock drops to 70% (HW_SLOWDOWN, HW_THERMAL and
  *             SW_THERMAL reason bits) until T <= threshold - 5 C (hysteresis; estimate).
@@ -116,11 +127,12 @@ static op_t operating_point(const capsim_gpu *g, double enforced_w, int throttle
             o.reasons |= R_HW_SLOWDOWN | R_HW_THERMAL | R_SW_THERMAL;
         return o;
     }
-    double dyn = g->demand_w - ps;
+    double dyn = (g->demand_w - ps) * g->power_factor; /* this part's dynamic power at f_max */
     if (dyn < 0.0)
         dyn = 0.0;
+    double demand = ps + dyn;                          /* this part's uncapped draw */
     double f = fmax;
-    if (g->demand_w > enforced_w && dyn > 0.0) {
+    if (demand > enforced_w && dyn > 0.0) {
         double x = (enforced_w - ps) / dyn;
         f = x > 0.0 ? fmax * cbrt(x) : fmin;
         if (quantized)
@@ -330,6 +342,7 @@ void capsim_gpu_init(capsim_gpu *g, int profile, double now_s, double inlet_c, d
                                                                      : p->thermal_resistance_c_per_w;
     g->tau_s = tau_s > 0.0 ? tau_s : p->tau_s;
     g->speed = speed > 0.0 ? speed : 1.0;
+    g->power_factor = 1.0;
     g->slowdown_temp_c = p->slowdown_temp_c;
     g->shutdown_temp_c = p->shutdown_temp_c;
     g->max_operating_temp_c = p->max_operating_temp_c;

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define CAPSIM_MAGIC "CAPSIMv1"      /* 8 bytes, no terminator stored */
-#define CAPSIM_ABI_VERSION 1u         /* bump on any layout change of the header or capsim_gpu */
+#define CAPSIM_ABI_VERSION 2u         /* bump on any layout change of the header or capsim_gpu */
 #define CAPSIM_HEADER_BYTES 512u      /* the GPU array starts at this offset */
 #define CAPSIM_POWER_WINDOW_S 1.0     /* NVML power reading window on Ampere+ (nvml.h, GetPowerUsage) */
 #define CAPSIM_SEGMENTS 8             /* power history segments kept for the moving average */
@@ -77,6 +77,7 @@ typedef struct capsim_gpu {
     double memory_bound_fraction;
     /* per-GPU physical parameters */
     double inlet_c, thermal_resistance_c_per_w, tau_s, speed;
+    double power_factor;        /* dynamic power at a given clock relative to a nominal part (>= 0.2) */
     double slowdown_temp_c, shutdown_temp_c, max_operating_temp_c;
     /* state / outputs */
     double temp_c;              /* die temperature */

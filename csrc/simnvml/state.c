@@ -528,7 +528,7 @@ EXPORT int capsim_set_loads(capsim_node *n, const double *demand_w, const double
 
 /*
  * Set one per-GPU parameter by name (validated).  Names: inlet_c, thermal_resistance_c_per_w,
- * tau_s, speed, memory_bound_fraction, min_limit_w, max_limit_w, default_limit_w, limit_w
+ * tau_s, speed, power_factor, memory_bound_fraction, min_limit_w, max_limit_w, default_limit_w, limit_w
  * (pre-job/site limit: within the constraints), slowdown_temp_c, shutdown_temp_c,
  * max_operating_temp_c, temp_c.
  */
@@ -560,6 +560,8 @@ EXPORT int capsim_set_param(capsim_node *n, unsigned index, const char *name, do
         RANGE(0.01, 3600.0, tau_s)
     } else if (!strcmp(name, "speed")) {
         RANGE(0.05, 2.0, speed)
+    } else if (!strcmp(name, "power_factor")) {
+        RANGE(0.2, 5.0, power_factor)
     } else if (!strcmp(name, "memory_bound_fraction")) {
         RANGE(0.0, 0.99, memory_bound_fraction)
     } else if (!strcmp(name, "temp_c")) {
@@ -696,7 +698,7 @@ static const capsim_field gpu_fields[] = {
     GF(oob_limit_w, "<f8"), GF(foreign_limit_w, "<f8"), GF(foreign_period_s, "<f8"),
     GF(foreign_next_s, "<f8"), GF(demand_w, "<f8"), GF(utilization_pct, "<f8"),
     GF(memory_bound_fraction, "<f8"), GF(inlet_c, "<f8"), GF(thermal_resistance_c_per_w, "<f8"),
-    GF(tau_s, "<f8"), GF(speed, "<f8"), GF(slowdown_temp_c, "<f8"), GF(shutdown_temp_c, "<f8"),
+    GF(tau_s, "<f8"), GF(speed, "<f8"), GF(power_factor, "<f8"), GF(slowdown_temp_c, "<f8"), GF(shutdown_temp_c, "<f8"),
     GF(max_operating_temp_c, "<f8"), GF(temp_c, "<f8"), GF(power_w, "<f8"),
     GF(power_avg_w, "<f8"), GF(sm_clock_mhz, "<f8"), GF(enforced_w, "<f8"), GF(rate, "<f8"),
     GF(energy_j, "<f8"), GF(progress, "<f8"), GF(reasons, "<u8"), GF(set_count, "<u4"),

@@ -140,6 +140,10 @@ BAD_CLUSTERS = [
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nstep_s: -1\n", 4, "step_s"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4\"}\n", 3, "hostlist"),
     ("gpu_model: H100-SXM\nracks: [\n", 3, "malformed YAML"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  efficiency: {mean_loss: 0.3, max_loss: 0.1}\n",
+     5, "gpus.efficiency.max_loss"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [700, 600]\n", 5,
+     "workload.demand_w"),
 ]
 
 
@@ -237,3 +241,68 @@ def test_balancer_moves_watts_from_the_fast_node_to_the_slow_one(scenario):
     assert np.allclose(caps[:8], share + BALANCER_STEP_W)
     assert caps[:16].sum() == pytest.approx(16 * share)  # the job's budget is kept
     assert np.allclose(caps[16:], share)
+
+
+def test_efficiency_factors_follow_sinha_et_al():
+    from capctl.sim.engine import efficiency_factors
+
+    k = efficiency_factors((0.08, 0.22), 20_000, np.random.default_rng(5))
+    assert np.median(k) == pytest.approx(1.0, abs=1e-3)
+    loss = 1.0 - (k.min() / k) ** (1.0 / 3.0)  # clock loss at a binding cap vs the best part
+    assert 0.06 <= loss.mean() <= 0.09 and 0.2 <= loss.max() <= 0.22 + 1e-9
+
+
+def test_shared_scenario_uses_power_efficiency_variation_and_near_tdp_demand():
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    from capctl.sim.cluster import load_cluster
+
+    spec = load_cluster(SHARED_CLUSTER)
+    assert spec.efficiency == (0.08, 0.22) and spec.speed is None and not spec.driver_speed
+    assert spec.demand_w is not None and 600.0 <= spec.demand_w[0] <= spec.demand_w[1] <= 700.0
+
+
+@pytest.fixture(scope="module")
+def efficient_runs(scenario):
+    from capctl.sim.engine import build_scenario, run_policy
+
+    spec = replace(scenario.spec, speed=None, driver_speed=False, efficiency=(0.08, 0.22), demand_w=(640.0, 700.0))
+    scn = build_scenario(spec, scenario.policy)
+    return scn, {n: run_policy(scn, n) for n in ("uniform", "capctl", "oracle")}
+
+
+def test_power_efficiency_variation_is_learned_per_gpu_from_nvml(efficient_runs):
+    scn, runs = efficient_runs
+    assert np.all(scn.speed == 1.0) and scn.power_factor.std() > 0.05
+    # the capctl policy sees only NVML telemetry; its per-GPU models' power scales must rank the
+    # GPUs like the true (hidden) power factors of the busy ones
+    extra = runs["capctl"].extra
+    assert extra["power_scale_max"] > extra["power_scale_min"] * 1.2
+    for name in ("capctl", "oracle"):
+        assert runs[name].throughput > runs["uniform"].throughput
+        assert runs[name].max_overshoot_w <= 1e-6
+
+
+def test_capctl_models_scale_tracks_the_true_power_factor(efficient_runs):
+    from capctl.sim.engine import run_policy
+    from capctl.sim.policies import Capctl
+
+    scn, _ = efficient_runs
+    captured = {}
+    orig = Capctl.learned_summary
+
+    def grab(self):
+        captured["models"] = self.models
+        captured["keys"] = self.keys
+        return orig(self)
+
+    Capctl.learned_summary = grab
+    try:
+        run_policy(scn, "capctl")
+    finally:
+        Capctl.learned_summary = orig
+    models, keys = captured["models"], captured["keys"]
+    busy = [g for g, key in enumerate(keys) if key in models.gpus and models.gpus[key]._scale_wt > 5]
+    assert len(busy) >= 8
+    scale = np.array([models.gpus[keys[g]].scale for g in busy])
+    truth = scn.power_factor[busy]
+    assert np.corrcoef(scale, truth)[0, 1] > 0.8

@@ -304,3 +304,46 @@ def test_set_loads_scalar_applies_to_every_gpu(tmp_path):
         assert [node.read(i)["utilization_pct"] for i in range(4)] == [80.0] * 4
         node.set_loads(300.0, indices=[1, 3])
         assert [node.read(i)["demand_w"] for i in range(4)] == [650.0, 300.0, 650.0, 300.0]
+
+
+def test_power_factor_lowers_the_clock_under_a_cap_and_raises_uncapped_power(simlib):
+    # Sinha et al. SC'22: same-SKU GPUs need different power for the same clock; under one cap the
+    # less efficient part runs a lower SM clock (what NVML shows), uncapped it draws more
+    factors = [1.0, 1.3, 1.8]
+    with SimNode.create(None, gpus=3, manual_clock=True, speed=1.0, power_factor=factors) as node:
+        node.set_loads(np.full(3, 600.0))
+        node.advance(5.0)
+        s = node.state()
+        idle = get("H100-SXM").idle_w
+        uncapped = idle + np.array(factors) * (600.0 - idle)
+        # 700 W limit: the nominal part runs uncapped at max clock, the others hit the limit
+        assert s["sm_clock_mhz"][0] == get("H100-SXM").max_sm_clock_mhz
+        assert s["power_w"][0] == pytest.approx(uncapped[0])
+        assert s["power_w"][1] == pytest.approx(min(uncapped[1], 700.0), abs=20.0)
+        node.set_limits_w(np.full(3, 450.0))
+        node.advance(5.0)
+        s = node.state()
+        clk = s["sm_clock_mhz"]
+        assert clk[0] > clk[1] > clk[2]
+        assert np.all(s["power_w"] <= 450.0 + 1e-9) and np.all(s["power_w"] > 430.0)
+        assert s["rate"][0] > s["rate"][1] > s["rate"][2]
+        # cube law: clock ratio ~ (1 / k)^(1/3) (15 MHz grid)
+        assert clk[2] / clk[0] == pytest.approx((1.0 / 1.8) ** (1.0 / 3.0), abs=0.02)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.floats(0.6, 2.2), cap=st.floats(200.0, 700.0), demand=st.floats(300.0, 700.0))
+def test_power_factor_is_a_rescaling_of_the_dynamic_power(simlib, k, cap, demand):
+    # a part with factor k at cap P runs exactly as a nominal part at P_static + (P - P_static) / k
+    idle = get("H100-SXM").idle_w
+    kw = dict(demand_w=demand, memory_bound_fraction=0.3, speed=1.0, thermal=False, quantized=False)
+    r_k, _, f_k = steady_state("H100-SXM", cap, power_factor=k, **kw)
+    r_1, _, f_1 = steady_state("H100-SXM", idle + (cap - idle) / k, power_factor=1.0, **kw)
+    assert r_k == pytest.approx(r_1, rel=1e-9) and f_k == pytest.approx(f_1, rel=1e-9)
+
+
+def test_power_factor_out_of_range_is_refused(simlib):
+    with SimNode.create(None, gpus=1, manual_clock=True) as node:
+        with pytest.raises(SimInputError, match="power_factor"):
+            node.set_param(0, "power_factor", 9.0)
+        assert node.read(0)["power_factor"] == 1.0
