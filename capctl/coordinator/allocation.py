@@ -37,8 +37,12 @@ GpuKey = tuple[str, int]
 
 FIXED_EPS_W = 1e-3
 
+UNCONTROLLABLE_STATES = frozenset({"SET_FAILED", "ERROR", "LOST", "FOREIGN_WRITER"})
+"""Agent cap states of a GPU whose limit capctl cannot set now: it is fixed at its accounted
+cap (spent), like a stale node's GPUs, so a refused decrease is never counted as freed watts."""
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(slots=True)
 class GpuInput:
     """One GPU of the problem (W, degC)."""
 
@@ -198,7 +202,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
             g = gpumap[idx]
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
-            fixed = stale or not g.have_reading or g.max_cap_w <= 0
+            fixed = stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
@@ -215,10 +219,9 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
                     idle = min(max(idle_policy, lo), hi)
                 else:  # null: back to the pre-job limit still to be restored, else kept where it is
                     idle = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
-            gpus.append(GpuInput(
-                key=key, domain=dom, min_cap_w=lo, max_cap_w=hi, fixed=fixed,
-                accounted_w=accounted, observed_w=g.enforced_w if g.have_reading else accounted, job=job_of.get(idx),
-                curve=curve_of(key), thermal_ceiling_w=math.inf, idle_cap_w=idle,
+            gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
+                key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
+                g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
             ))
     if c_pos:
         for pos, value in zip(c_pos, ceilings_w(c_vals, policy.interval_s, policy.thermal.margin_c)):

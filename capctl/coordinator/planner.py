@@ -23,6 +23,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+import numpy as np
+
 GpuKey = tuple[str, int]
 
 DEADBAND_W = 2.0
@@ -207,3 +209,132 @@ def safe_caps(
 def domain_sums(values: Mapping[GpuKey, float], domains: Iterable[DomainSpec]) -> dict[str, float]:
     """Sum of ``values`` (W) over each domain's GPUs, by domain name."""
     return {d.name: sum(values.get(k, 0.0) for k in d.members) for d in domains}
+
+
+# ---------------------------------------------------------------------------------------------
+# The same rules on arrays (the coordinator's reconcile loop: thousands of GPUs every interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanArrays:
+    """:class:`GpuPlanInput` fields of G GPUs as arrays of shape [G] (W; ``live`` bool), with
+    ``keys[i]`` the ``(node, index)`` of GPU i."""
+
+    keys: list
+    desired_w: np.ndarray
+    observed_w: np.ndarray
+    accounted_w: np.ndarray
+    min_cap_w: np.ndarray
+    max_cap_w: np.ndarray
+    live: np.ndarray
+    prev_safe_w: np.ndarray
+
+
+def domain_index(domains: Iterable[DomainSpec], keys: list) -> list[tuple[float, np.ndarray]]:
+    """``(limit_w, positions of its GPUs in keys)`` for every domain with a limit, in order."""
+    pos = {k: i for i, k in enumerate(keys)}
+    out = []
+    for d in domains:
+        if d.limit_w is None:
+            continue
+        idx = np.fromiter((pos[k] for k in d.members if k in pos), dtype=np.int64)
+        idx.sort()
+        out.append((float(d.limit_w), idx))
+    return out
+
+
+def _clamp_arrays(value, lo, hi):
+    return np.where(hi > 0, np.minimum(np.maximum(value, lo), hi), np.maximum(value, lo))
+
+
+def _floor_mw(value):
+    return np.trunc(value * 1000.0) / 1000.0
+
+
+def plan_decreases_arrays(p: PlanArrays, deadband_w: float = DEADBAND_W) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`plan_decreases` on arrays: ``(positions, new caps W)``."""
+    want = _clamp_arrays(p.desired_w, p.min_cap_w, p.max_cap_w)
+    sel = np.nonzero(p.live & (want < p.accounted_w - deadband_w))[0]
+    return sel, want[sel]
+
+
+def plan_increases_arrays(
+    p: PlanArrays,
+    doms: list[tuple[float, np.ndarray]],
+    deadband_w: float = DEADBAND_W,
+    margin_w: float = HEADROOM_MARGIN_W,
+    passes: int = 4,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`plan_increases` on arrays (``doms`` from :func:`domain_index`): ``(positions, caps W)``.
+
+    Same rules and guarantee (``sum(accounted) + sum(grants) <= limit_w`` in every domain); sums
+    are taken in another order, so values may differ from the list version by rounding (< 1 mW).
+    """
+    acc = p.accounted_w
+    headroom = np.array([max(0.0, lim - margin_w - float(acc[idx].sum())) for lim, idx in doms])
+    target = _clamp_arrays(p.desired_w, p.min_cap_w, p.max_cap_w)
+    cand = p.live & ~(target <= p.observed_w + deadband_w)
+    resend = cand & (target <= acc)
+    wanting = cand & ~resend
+    want = np.where(wanting, target - acc, 0.0)
+    grant = np.zeros_like(want)
+    for _ in range(passes):
+        rest = want - grant
+        open_ = wanting & (rest > 1e-9)
+        for k, (_lim, idx) in enumerate(doms):
+            if not headroom[k] > 1e-9:
+                open_[idx] = False
+        if not open_.any():
+            break
+        rest = np.where(open_, rest, 0.0)
+        scale_g = np.ones_like(rest)
+        for k, (_lim, idx) in enumerate(doms):
+            demand = float(rest[idx].sum())
+            scale = 1.0 if demand <= headroom[k] else headroom[k] / demand
+            if scale < 1.0:
+                scale_g[idx] = np.minimum(scale_g[idx], scale)
+        add = np.where(open_ & (rest * scale_g > 0), rest * scale_g, 0.0)
+        grant += add
+        for k, (_lim, idx) in enumerate(doms):
+            headroom[k] = max(0.0, headroom[k] - float(add[idx].sum()))
+        if float(add.sum()) <= 1e-6:
+            break
+    caps = _floor_mw(_clamp_arrays(acc + grant, p.min_cap_w, p.max_cap_w))
+    granted = wanting & (caps > p.observed_w + deadband_w)
+    out = np.where(resend, target, caps)
+    sel = np.nonzero(resend | granted)[0]
+    return sel, out[sel]
+
+
+def safe_caps_arrays(
+    targets_w: np.ndarray,
+    p: PlanArrays,
+    doms: list[tuple[float, np.ndarray]],
+    policy_safe_cap_w: float | None,
+    passes: int = 8,
+) -> np.ndarray:
+    """:func:`safe_caps` on arrays (``targets_w`` aligned with ``p``): the failsafe caps [G] (W)."""
+    t = targets_w
+    s = t if policy_safe_cap_w is None or policy_safe_cap_w <= 0 else np.minimum(t, policy_safe_cap_w)
+    hi = np.where(t >= p.min_cap_w, np.minimum(p.max_cap_w, t), p.max_cap_w)
+    live_safe = _clamp_arrays(s, p.min_cap_w, hi)
+    held = np.where(p.prev_safe_w > 0, p.prev_safe_w, p.accounted_w)
+    safe = np.where(p.live, live_safe, held)
+    floor = p.min_cap_w
+    movable_all = p.live
+    for _ in range(passes):
+        changed = False
+        for lim, idx in doms:
+            total = float(safe[idx].sum())
+            if total <= lim + 1e-9:
+                continue
+            mov = idx[movable_all[idx]]
+            room = float((safe[mov] - floor[mov]).sum())
+            if room <= 1e-9:
+                continue
+            ratio = max(0.0, 1.0 - (total - lim) / room)
+            safe[mov] = _floor_mw(floor[mov] + (safe[mov] - floor[mov]) * ratio)
+            changed = True
+        if not changed:
+            break
+    return safe

@@ -10,8 +10,11 @@ Two servers share one :class:`~capctl.coordinator.loop.Coordinator`:
   root-only on a head node where the daemon runs as root): the full Admin service, health and
   reflection. File permissions are the admin identity (:class:`TrustAll`).
 
-mTLS client certificates with an admin role (a later issue) plug in as another
-:class:`AdminAuthorizer` reading ``context.auth_context()``.
+With ``--tls-ca/--tls-cert/--tls-key`` the listen server requires client certificates of the
+cluster CA (mTLS, :mod:`capctl.security.tls`): an agent's certificate must carry the role
+``agent`` and name its node (CN or DNS SAN); admin RPCs accept a certificate with the role
+``admin`` (:mod:`capctl.security.authz`, docs/security.md). Input bounds come from
+:mod:`capctl.security.limits`.
 
 Bounds: messages up to :data:`MAX_MESSAGE_BYTES`; an agent must say hello within
 :data:`HELLO_TIMEOUT_S`; at most :data:`MAX_GPUS_PER_NODE` GPUs and :data:`MAX_JOBS_PER_NODE` jobs
@@ -31,6 +34,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from capctl.security import limits
+from capctl.security.identity import agent_identity_problem, peer_identity
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
 
@@ -55,6 +60,7 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
+    ("grpc.max_metadata_size", 16 * 1024),
 ]
 
 
@@ -164,12 +170,16 @@ class AgentSession:
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):
     """``capctl.v1.AgentLink``: one bidirectional stream per node agent (docs/protocol.md)."""
 
-    def __init__(self, coord) -> None:
+    def __init__(self, coord, require_agent_identity: bool = False) -> None:
         self.coord = coord
+        self.require_agent_identity = require_agent_identity
 
     @staticmethod
     def validate_hello(hello: pb.AgentHello) -> str:
         """Return "" if the hello is acceptable, else what is wrong (one line)."""
+        problem = limits.validate_hello(hello)  # bounds of capctl.security.limits first
+        if problem:
+            return problem
         if not hello.node or len(hello.node) > MAX_NAME_LEN or any(c.isspace() for c in hello.node):
             return f"AgentHello.node {hello.node[:64]!r}: need a host name of 1..{MAX_NAME_LEN} characters"
         if len(hello.gpus) > MAX_GPUS_PER_NODE:
@@ -210,6 +220,13 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             return
+        if self.require_agent_identity:
+            who = peer_identity(context)
+            problem = agent_identity_problem(who, hello.node)
+            if problem:
+                log.warning("AgentLink from %s refused for node %r: %s", context.peer(), hello.node[:64], problem)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"AgentHello.node {hello.node[:64]!r}: {problem}")
+                return
         session = AgentSession(hello.node, context.peer())
         coord.attach(hello, session)
         tasks: list[asyncio.Task] = []
@@ -245,16 +262,25 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 return
             kind = msg.WhichOneof("body")
             if kind == "telemetry":
-                if msg.telemetry.node and msg.telemetry.node != session.node:
-                    log.warning("telemetry for %r on the stream of %r ignored", msg.telemetry.node, session.node)
+                tele = msg.telemetry
+                if tele.node and tele.node != session.node:
+                    log.warning("telemetry for %r on the stream of %r ignored", tele.node, session.node)
                     continue
-                if len(msg.telemetry.gpus) > MAX_GPUS_PER_NODE:
+                if limits.validate_telemetry(tele, session.node):
                     continue
-                if coord.registry.on_telemetry(session.node, msg.telemetry):
+                if coord.registry.on_telemetry(session.node, tele):
                     coord.wake()  # a node's first readings: allocate it now
             elif kind == "ack":
+                problem = limits.validate_ack(msg.ack)
+                if problem:
+                    log.warning("agent %s: CapAck %d ignored: %s", session.node, msg.ack.seq, problem)
+                    continue
                 coord.on_ack(session, msg.ack)
             elif kind == "job_started":
+                problem = limits.validate_binding(msg.job_started.binding, session.node, "JobStarted.binding")
+                if problem:
+                    log.warning("agent %s: JobStarted ignored: %s", session.node, problem)
+                    continue
                 coord.registry.on_job_started(session.node, msg.job_started.binding)
                 coord.wake()
             elif kind == "job_ended":
@@ -312,10 +338,14 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.authorizer = authorizer
 
     async def _require_admin(self, context, what: str) -> None:
-        if not self.authorizer.allowed(context):
+        decide = getattr(self.authorizer, "decide", None)
+        how = decide(context) if decide is not None else ("admin" if self.authorizer.allowed(context) else None)
+        if how is None:
+            log.warning("%s refused for %s (%s)", what, context.peer(), peer_identity(context).describe())
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED, f"{what}: permission denied: {self.authorizer.describe()}"
             )
+        log.info("%s by %s (%s)", what, context.peer() or "?", how)  # audit line; never a secret
 
     async def Status(self, request, context):  # noqa: N802
         return self.coord.status_reply()
@@ -335,14 +365,16 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def SetBudget(self, request, context):  # noqa: N802
         await self._require_admin(context, "budget set")
         budget = request.budget_w
-        if not math.isfinite(budget) or budget <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_w {budget}: need a positive number of watts")
+        problem = limits.validate_budget(budget)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return await self.coord.set_budget(budget)
 
     async def ReloadPolicy(self, request, context):  # noqa: N802
         await self._require_admin(context, "policy reload")
-        if len(request.path) > 4096:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path longer than 4096 characters")
+        problem = limits.validate_policy_path(request.path)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return await self.coord.reload_policy(request.path)
 
 
@@ -350,8 +382,12 @@ class AdminServicer(pb_grpc.AdminServicer):
 # Servers
 
 
-def build_server(coord, address: str, authorizer: AdminAuthorizer, agent_link: bool) -> tuple[grpc.aio.Server, int]:
+def build_server(coord, address: str, authorizer: AdminAuthorizer, agent_link: bool,
+                 credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int]:
     """Create (not start) an aio server on ``address`` with Admin, health, reflection (and AgentLink).
+
+    With ``credentials`` (:func:`capctl.security.tls.server_credentials`) the port requires mTLS and
+    AgentLink checks that each agent's certificate names its node.
 
     Returns ``(server, bound_port)``; ``bound_port`` is 0 for unix sockets.
     Raises:
@@ -361,7 +397,7 @@ def build_server(coord, address: str, authorizer: AdminAuthorizer, agent_link: b
     names = [pb.DESCRIPTOR.services_by_name["Admin"].full_name]
     pb_grpc.add_AdminServicer_to_server(AdminServicer(coord, authorizer), server)
     if agent_link:
-        pb_grpc.add_AgentLinkServicer_to_server(AgentLinkServicer(coord), server)
+        pb_grpc.add_AgentLinkServicer_to_server(AgentLinkServicer(coord, credentials is not None), server)
         names.append(pb.DESCRIPTOR.services_by_name["AgentLink"].full_name)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -369,7 +405,8 @@ def build_server(coord, address: str, authorizer: AdminAuthorizer, agent_link: b
     names.append(reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
     except RuntimeError as exc:
         raise RuntimeError(f"cannot listen on {address}: {exc}") from None
     if port == 0 and not address.startswith("unix"):

@@ -1,0 +1,81 @@
+"""The array planner (what the reconcile loop runs) against the reference list planner.
+
+``planner.*_arrays`` must follow the rules of ``plan_decreases`` / ``plan_increases`` /
+``safe_caps`` (tests/coordinator/test_planner.py): same GPUs, same caps up to the rounding of sums
+taken in another order (< 1 mW), and the same domain guarantees.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from capctl.coordinator.planner import (
+    DomainSpec,
+    GpuPlanInput,
+    PlanArrays,
+    domain_index,
+    plan_decreases,
+    plan_decreases_arrays,
+    plan_increases,
+    plan_increases_arrays,
+    safe_caps,
+    safe_caps_arrays,
+)
+
+
+def _case(rnd: random.Random, nodes: int = 4, per_node: int = 4):
+    gpus = []
+    for n in range(nodes):
+        for i in range(per_node):
+            obs = rnd.uniform(200, 700)
+            acc = min(700.0, obs + (rnd.uniform(0, 150) if rnd.random() < 0.3 else 0.0))
+            gpus.append(GpuPlanInput((f"n{n}", i), rnd.uniform(150, 750), obs, acc, 200.0, 700.0,
+                                     rnd.random() > 0.15, rnd.choice([0.0, rnd.uniform(200, 500)])))
+    keys = [g.key for g in gpus]
+    used = sum(g.accounted_w for g in gpus)
+    doms = [DomainSpec("cluster", "cluster", used + rnd.uniform(-600, 900), frozenset(keys)),
+            DomainSpec("rack", "rack", rnd.uniform(2000, 5000), frozenset(k for k in keys if k[0] in ("n0", "n1"))),
+            DomainSpec("node:n2", "node", None, frozenset(k for k in keys if k[0] == "n2")),
+            DomainSpec("n3", "node", rnd.uniform(1200, 2800), frozenset(k for k in keys if k[0] == "n3"))]
+    rnd.shuffle(gpus)
+    arrays = PlanArrays(
+        keys=[g.key for g in gpus],
+        desired_w=np.array([g.desired_w for g in gpus]), observed_w=np.array([g.observed_w for g in gpus]),
+        accounted_w=np.array([g.accounted_w for g in gpus]), min_cap_w=np.array([g.min_cap_w for g in gpus]),
+        max_cap_w=np.array([g.max_cap_w for g in gpus]), live=np.array([g.live for g in gpus]),
+        prev_safe_w=np.array([g.prev_safe_w for g in gpus]),
+    )
+    return gpus, doms, arrays
+
+
+def _as_dict(arrays, sel, caps):
+    return {arrays.keys[i]: c for i, c in zip(sel.tolist(), caps.tolist())}
+
+
+def test_array_planner_matches_reference_randomized():
+    rnd = random.Random(11)
+    for _ in range(400):
+        gpus, doms, arrays = _case(rnd)
+        index = domain_index(doms, arrays.keys)
+        assert len(index) == 3  # the domain without a limit is only accounting
+
+        assert _as_dict(arrays, *plan_decreases_arrays(arrays)) == plan_decreases(gpus)
+
+        ref = plan_increases(gpus, doms)
+        got = _as_dict(arrays, *plan_increases_arrays(arrays, index))
+        assert set(got) == set(ref)
+        assert all(abs(got[k] - ref[k]) <= 1e-3 for k in ref)
+        for d in doms:
+            if d.limit_w is None:
+                continue
+            before = sum(g.accounted_w for g in gpus if g.key in d.members)
+            after = sum(max(got.get(g.key, g.accounted_w), g.accounted_w) for g in gpus if g.key in d.members)
+            assert after <= max(d.limit_w, before) + 1e-6
+
+        targets = {g.key: min(g.desired_w, g.accounted_w) for g in gpus}
+        for policy_safe in (None, 300.0):
+            ref_safe = safe_caps(targets, gpus, doms, policy_safe)
+            got_safe = safe_caps_arrays(np.minimum(arrays.desired_w, arrays.accounted_w), arrays, index, policy_safe)
+            assert all(abs(got_safe[i] - ref_safe[k]) <= 1e-3 for i, k in enumerate(arrays.keys))
