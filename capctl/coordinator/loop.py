@@ -804,6 +804,13 @@ def _deficit_from_message(text: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def _binding_ceiling_w(ceiling_w: float, max_cap_w: float) -> float:
+    """A GPU's thermal ceiling for display (W): 0 when unknown or at/above the device maximum."""
+    if not math.isfinite(ceiling_w) or (max_cap_w > 0 and ceiling_w >= max_cap_w):
+        return 0.0
+    return float(ceiling_w)
+
+
 def explain_text(job, reply, gpus, status) -> str:
     """Human explanation of one job's allocation (used by ``capctl explain``)."""
     lines = [
@@ -826,7 +833,7 @@ def explain_text(job, reply, gpus, status) -> str:
             lines.append(
                 f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, enforced {g.enforced_w:.0f} W, "
                 f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
-                f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if g.thermal_ceiling_w else
+                f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if _binding_ceiling_w(g.thermal_ceiling_w, g.max_cap_w) else
                 f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, {g.temp_c:.1f} °C."
             )
     if reply.prices:
