@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="capctl",
         description="capctl: power-capping coordinator for Slurm GPU clusters (watts, degrees C).",
     )
+    from capctl.cli.rpc import add_connection_arguments
+
+    add_connection_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from capctl.cli.rpc import configure
+
+        configure(args)
         return int(args.func(args) or 0)
     except CapctlError as err:
         print(f"capctl: {err}", file=sys.stderr)

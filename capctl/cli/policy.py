@@ -40,6 +40,9 @@ def register(subparsers) -> None:
     reload.add_argument("file", metavar="FILE", nargs="?", help="policy file on the coordinator host (default: its current file)")
     reload.add_argument("--coordinator", metavar="ADDR", help="coordinator address (unix:/path or host:port)")
     reload.add_argument("--json", action="store_true", help="print the reply as JSON")
+    from capctl.cli.rpc import add_connection_arguments
+
+    add_connection_arguments(reload, suppress=True)
     reload.set_defaults(func=run_reload)
 
 

@@ -2,6 +2,12 @@
 
 Address resolution: ``--coordinator ADDR`` flag, else ``$CAPCTL_COORDINATOR``, else
 :data:`DEFAULT_COORDINATOR`. Addresses are gRPC targets: ``unix:/path`` or ``host:port``.
+
+Security (docs/security.md): for a ``host:port`` target, ``--tls-ca/--tls-cert/--tls-key``
+(or ``$CAPCTL_TLS_CA/CERT/KEY``) make the channel mTLS with that certificate (an admin needs one
+with the role ``admin``); ``--admin-token-file FILE`` (or ``$CAPCTL_ADMIN_TOKEN_FILE``, a
+root-only file) sends the coordinator's admin token with every call, only over TLS, a unix socket
+or loopback. Unix-socket targets always use a plain channel (their file mode is the identity).
 """
 
 from __future__ import annotations
@@ -19,6 +25,96 @@ DEFAULT_COORDINATOR = "unix:/run/capctl/coordinator.sock"
 
 DEFAULT_TIMEOUT_S = 5.0
 """Deadline of one admin RPC in seconds."""
+
+_CONNECTION: dict = {"tls": None, "token_file": None}
+"""TLS config and token file from the command line (:func:`configure`); the environment otherwise."""
+
+
+def add_connection_arguments(parser, *, suppress: bool = False) -> None:
+    """Add ``--tls-ca/--tls-cert/--tls-key/--tls-server-name`` and ``--admin-token-file``.
+
+    ``suppress``: for subcommand parsers, so that a flag given before the subcommand is kept.
+    """
+    import argparse
+
+    from capctl.security.tls import add_tls_arguments
+
+    if suppress:
+        g = parser.add_argument_group("TLS / admin identity (also accepted before the subcommand)")
+        for flag, help_ in (("--tls-ca", "cluster CA certificate (PEM)"), ("--tls-cert", "client certificate (PEM)"),
+                            ("--tls-key", "its private key (PEM)"), ("--tls-server-name", "name to verify"),
+                            ("--admin-token-file", "root-only file with the coordinator's admin token")):
+            g.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME", default=argparse.SUPPRESS, help=help_)
+        return
+    add_tls_arguments(parser, what="host:port coordinator addresses")
+    parser.add_argument("--admin-token-file", metavar="FILE", default=None,
+                        help="root-only file with the coordinator's admin token (default $CAPCTL_ADMIN_TOKEN_FILE)")
+
+
+def configure(args) -> None:
+    """Take TLS and token settings from parsed arguments (falling back to the environment).
+
+    Raises:
+        UserInputError: only some of the TLS flags given.
+    """
+    from capctl.security.tls import tls_from_args
+
+    _CONNECTION["tls"] = tls_from_args(args, use_env=True)
+    _CONNECTION["token_file"] = getattr(args, "admin_token_file", None) or os.environ.get("CAPCTL_ADMIN_TOKEN_FILE") or None
+
+
+def _is_local(target: str) -> bool:
+    from capctl.security.tls import is_unix_target
+
+    if is_unix_target(target):
+        return True
+    host = target.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` metadata to every unary call."""
+
+    def __init__(self, metadata) -> None:
+        self._metadata = tuple(metadata)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        md = tuple(client_call_details.metadata or ()) + self._metadata
+        details = client_call_details._replace(metadata=md) if hasattr(client_call_details, "_replace") else \
+            _CallDetails(client_call_details.method, client_call_details.timeout, md,
+                         client_call_details.credentials, getattr(client_call_details, "wait_for_ready", None),
+                         getattr(client_call_details, "compression", None))
+        return continuation(details, request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def _channel(target: str, credentials):
+    """The channel to ``target``: TLS per :func:`configure` for host:port, the token if configured."""
+    from capctl.security import tls as tlsmod
+
+    tls_config = _CONNECTION["tls"]
+    options: list = []
+    if credentials is None and tls_config is not None and not tlsmod.is_unix_target(target):
+        credentials = tlsmod.channel_credentials(tls_config)
+        options = tlsmod.channel_options(tls_config)
+    channel = (grpc.secure_channel(target, credentials, options=options) if credentials
+               else grpc.insecure_channel(target))
+    token_file = _CONNECTION["token_file"]
+    if token_file:
+        from capctl.security.authz import bearer_metadata, load_token_file
+
+        if credentials is None and not _is_local(target):
+            channel.close()
+            raise UserInputError(f"--admin-token-file: refusing to send the admin token in clear text to {target}; "
+                                 "use TLS (--tls-ca/--tls-cert/--tls-key) or the coordinator's unix socket")
+        token = load_token_file(token_file)
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(bearer_metadata(token)))
+    return channel
 
 
 def coordinator_address(flag: str | None = None) -> str:
@@ -51,7 +147,7 @@ def admin_stub(address: str | None = None, credentials: grpc.ChannelCredentials 
     from capctl.v1 import capctl_pb2_grpc
 
     target = coordinator_address(address)
-    channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+    channel = _channel(target, credentials)
     try:
         yield capctl_pb2_grpc.AdminStub(channel)
     except grpc.RpcError as err:

@@ -397,6 +397,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="coordinator address: unix:/path or host:port (default $CAPCTL_COORDINATOR or "
                         "unix:/run/capctl/coordinator.sock)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (see docs/cli.md)")
+    from capctl.cli.rpc import add_connection_arguments
+
+    add_connection_arguments(p, suppress=True)
 
 
 def register(subparsers) -> None:

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--metrics-port", type=int, metavar="PORT",
                    help=f"Prometheus port on {DEFAULT_METRICS_HOST} (default {DEFAULT_METRICS_PORT}; 0 = any; -1 = off)")
     m.add_argument("--metrics-listen", metavar="HOST:PORT", help="Prometheus address (loopback recommended; 'none' = off)")
+    p.add_argument("--status-socket", metavar="PATH",
+                   help="unix socket serving read-only status (mode 0660, group coordinator.status_group of the policy)")
+    from capctl.security.tls import add_tls_arguments
+
+    add_tls_arguments(p, what="--listen (agents and the CLI then need certificates of that CA)", server=True)
     p.add_argument("--ready-file", metavar="PATH",
                    help="write a JSON file with the bound addresses once serving (for scripts and tests)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -109,6 +114,28 @@ def _prepare_admin_socket(path: str) -> None:
     raise UserInputError(f"--admin-socket {path}: another process is serving on it (another coordinator?)")
 
 
+def _local_address(listen: str) -> bool:
+    """True for a unix socket or a loopback address (where plaintext gRPC is acceptable)."""
+    if listen.startswith("unix"):
+        return True
+    host = listen.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _group_id(field: str, name: str | None) -> int | None:
+    """gid of the policy's group ``name``; None when unset or unknown (then logged: the socket
+    stays root-only, the safe side)."""
+    if not name:
+        return None
+    import grp
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        log.error("policy %s: group %r does not exist (getent group %s); its socket stays root-only", field, name, name)
+        return None
+
+
 async def serve(args) -> int:
     """Run the coordinator until SIGTERM/SIGINT. Returns the exit status."""
     from capctl.coordinator import server as srv
@@ -133,21 +160,24 @@ async def serve(args) -> int:
                         store_error=store_error, metrics=metrics)
     metrics.attach(coord)
 
+    from capctl.security import authz
+    from capctl.security import tls as tlsmod
+
     admin_socket = None if args.admin_socket in ("", "none") else args.admin_socket
-    tcp_auth: srv.AdminAuthorizer = srv.DenyAll(admin_socket)
-    if args.admin_token_file:
-        try:
-            with open(args.admin_token_file, encoding="utf-8") as f:
-                token = f.read(4096).strip()
-        except OSError as exc:
-            raise UserInputError(f"--admin-token-file {args.admin_token_file}: {exc.strerror}") from None
-        if not token:
-            raise UserInputError(f"--admin-token-file {args.admin_token_file}: empty token")
-        tcp_auth = srv.TokenAuthorizer(token, tcp_auth)
+    status_socket = args.status_socket if args.status_socket not in (None, "", "none") else None
+    tls_config = tlsmod.tls_from_args(args)
+    credentials = tlsmod.server_credentials(tls_config) if tls_config is not None else None
+    token = authz.load_token_file(args.admin_token_file) if args.admin_token_file else None
+    tcp_auth = authz.listener_authorizer(tls=credentials is not None, token=token, admin_socket=admin_socket)
+    if credentials is None and not _local_address(args.listen):
+        log.warning("--listen %s is a network address without TLS: anyone who can reach it may register as an "
+                    "agent; give --tls-ca/--tls-cert/--tls-key (docs/security.md)", args.listen)
+    admin_gid = _group_id("coordinator.admin_group", policy.coordinator.admin_group)
+    status_gid = _group_id("coordinator.status_group", policy.coordinator.status_group)
 
     servers = []
     try:
-        listen_server, port = srv.build_server(coord, args.listen, tcp_auth, agent_link=True)
+        listen_server, port = srv.build_server(coord, args.listen, tcp_auth, agent_link=True, credentials=credentials)
     except RuntimeError as exc:
         raise UserInputError(f"--listen: {exc}") from None
     servers.append(listen_server)
@@ -159,16 +189,40 @@ async def serve(args) -> int:
         _prepare_admin_socket(admin_socket)
         old = os.umask(0o177)
         try:
-            admin_server, _ = srv.build_server(coord, "unix:" + admin_socket, srv.TrustAll(), agent_link=False)
+            admin_server, _ = srv.build_server(coord, "unix:" + admin_socket,
+                                               authz.TrustedTransport(f"the admin socket unix:{admin_socket}"),
+                                               agent_link=False)
         except RuntimeError as exc:
             raise UserInputError(f"--admin-socket: {exc}") from None
         finally:
             os.umask(old)
         servers.append(admin_server)
+    if status_socket:
+        _prepare_admin_socket(status_socket)
+        old = os.umask(0o177)
+        try:
+            status_server, _ = srv.build_server(
+                coord, "unix:" + status_socket,
+                authz.NoOne(f"the admin socket (unix:{admin_socket})" if admin_socket else "the admin socket"),
+                agent_link=False)
+        except RuntimeError as exc:
+            raise UserInputError(f"--status-socket: {exc}") from None
+        finally:
+            os.umask(old)
+        servers.append(status_server)
     for s in servers:
         await s.start()
     if admin_socket:
         os.chmod(admin_socket, 0o600)
+        if admin_gid is not None:  # policy coordinator.admin_group: its members are admins too
+            os.chown(admin_socket, -1, admin_gid)
+            os.chmod(admin_socket, 0o660)
+    if status_socket:
+        if status_gid is not None:  # policy coordinator.status_group: read-only status
+            os.chown(status_socket, -1, status_gid)
+            os.chmod(status_socket, 0o660)
+        else:
+            os.chmod(status_socket, 0o600)
     metrics_port = None
     if metrics_addr is not None:
         try:
@@ -219,11 +273,12 @@ async def serve(args) -> int:
     await asyncio.gather(*(s.stop(srv.GRACE_S) for s in servers), return_exceptions=True)
     metrics.close()
     store.close()
-    if admin_socket:
-        try:
-            os.unlink(admin_socket)
-        except OSError:
-            pass
+    for path in (admin_socket, status_socket):
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     if args.ready_file:
         try:
             os.unlink(args.ready_file)
@@ -239,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    from capctl.security import redact
+
+    redact.install()  # no secrets in logs (bearer tokens, keys)
     try:
         return asyncio.run(serve(args))
     except CapctlError as err:

@@ -1,0 +1,85 @@
+"""Input bounds: validators accept real-looking messages and name the field of a bad one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from capctl.security import limits
+from capctl.v1 import capctl_pb2 as pb
+
+
+def _gpu(i, **kw):
+    base = dict(index=i, uuid=f"GPU-{i:08d}", name="NVIDIA H100 80GB HBM3", min_cap_w=200, max_cap_w=700,
+                default_cap_w=700, slowdown_temp_c=87, shutdown_temp_c=92, pci_bus_id=f"00000000:{i + 16:02x}:00.0")
+    base.update(kw)
+    return pb.GpuInfo(**base)
+
+
+def _hello(**kw):
+    base = dict(protocol_version="capctl.v1", node="gpu-a01", agent_version="0.1.0", driver_version="550.54",
+                gpus=[_gpu(i) for i in range(8)],
+                jobs=[pb.JobBinding(job_id="1234_5", node="gpu-a01", gpu_indices=[0, 1], user="ann", partition="p")])
+    base.update(kw)
+    return pb.AgentHello(**base)
+
+
+def test_good_messages_pass():
+    assert limits.validate_hello(_hello()) == ""
+    tel = pb.NodeTelemetry(node="gpu-a01", gpus=[pb.GpuTelemetry(index=i, cap_state="OK", job_id="1,2",
+                                                                  clocks_event_reasons=["SW_POWER_CAP"])
+                                                 for i in range(8)])
+    assert limits.validate_telemetry(tel, "gpu-a01") == ""
+    assert limits.validate_ack(pb.CapAck(seq=3, gpus=list(tel.gpus), error="GPU 3: lost\nretrying")) == ""
+    assert limits.validate_job_start(pb.JobStartRequest(job_id="42+1", gpu_ids=["0", "1"], user="u")) == ""
+    assert limits.validate_budget(25_000.0) == ""
+    assert limits.validate_policy_path("/etc/capctl/policy.yaml") == ""
+
+
+@pytest.mark.parametrize("change, expect", [
+    (dict(node=""), "AgentHello.node ''"),
+    (dict(node="a b"), "AgentHello.node 'a b'"),
+    (dict(node="../etc"), "AgentHello.node"),
+    (dict(node="n" * 254), "1..253 characters"),
+    (dict(gpus=[_gpu(i) for i in range(65)]), "65 GPUs, at most 64"),
+    (dict(gpus=[_gpu(0), _gpu(0)]), "index 0 twice"),
+    (dict(gpus=[_gpu(70)]), "index 70, at most 63"),
+    (dict(gpus=[_gpu(0, min_cap_w=math.nan)]), "gpus[0]: limit constraints"),
+    (dict(gpus=[_gpu(0, min_cap_w=800)]), "need 0 <= min_cap_w <= max_cap_w"),
+    (dict(gpus=[_gpu(0, max_cap_w=1e12)]), "max_cap_w=1000000000000.0"),
+    (dict(gpus=[_gpu(0, uuid="x" * 500)]), "uuid: 500 characters, at most 128"),
+    (dict(jobs=[pb.JobBinding(job_id="j", node="gpu-a01")] * 257), "257 jobs, at most 256"),
+    (dict(jobs=[pb.JobBinding(job_id="1; rm -rf /", node="gpu-a01")]), "job_id '1; rm -rf /'"),
+    (dict(jobs=[pb.JobBinding(job_id="7", node="other")]), "must name it"),
+    (dict(jobs=[pb.JobBinding(job_id="7", gpu_indices=list(range(65)))]), "65 GPUs"),
+    (dict(jobs=[pb.JobBinding(job_id="7", user="a\x1b[31m")]), "control characters"),
+    (dict(protocol_version="v" * 1000), "protocol_version: 1000 characters"),
+])
+def test_bad_hello_names_the_field(change, expect):
+    problem = limits.validate_hello(_hello(**change))
+    assert expect in problem
+    assert len(problem) < 400  # one line, values truncated
+
+
+def test_bad_telemetry_ack_and_requests():
+    assert "on the stream of 'n1'" in limits.validate_telemetry(pb.NodeTelemetry(node="n2"), "n1")
+    many = pb.NodeTelemetry(gpus=[pb.GpuTelemetry(index=0)] * 65)
+    assert "65 GPUs" in limits.validate_telemetry(many)
+    reasons = pb.NodeTelemetry(gpus=[pb.GpuTelemetry(index=0, clocks_event_reasons=["X"] * 33)])
+    assert "clocks_event_reasons: 33" in limits.validate_telemetry(reasons)
+    long_err = pb.CapAck(gpus=[pb.GpuTelemetry(index=1, error="e" * 2000)])
+    assert "CapAck.gpus[1].error: 2000 characters" in limits.validate_ack(long_err)
+    assert "at most 64 allowed" in limits.validate_job_start(pb.JobStartRequest(job_id="1", gpu_ids=["0"] * 65))
+    assert "job_id ''" in limits.validate_job_start(pb.JobStartRequest(job_id=" "))
+    for bad in (0.0, -5.0, math.inf, math.nan, 2e9):
+        assert "budget_w" in limits.validate_budget(bad)
+    assert "at most 4096" in limits.validate_policy_path("/" * 5000)
+    assert "NUL" in limits.validate_policy_path("/etc/x\x00y")
+
+
+def test_clip_and_options():
+    assert limits.clip("x" * 5000) == "x" * 1021 + "..."
+    assert limits.clip("short") == "short"
+    opts = dict(limits.server_options())
+    assert opts["grpc.max_receive_message_length"] == limits.MAX_MESSAGE_BYTES == 4 << 20
