@@ -239,6 +239,7 @@ class NodeObs:
     connected_mono: float = -1e18
     next_seq: int = 1  # next plan seq to this node (per coordinator incarnation)
     seen_s: float = 0.0  # Unix time of the last message from its agent (or from the node ledger)
+    seen_mono: float = 0.0  # the same on the registry's monotonic clock (immune to wall-clock jumps)
 
     @property
     def connected(self) -> bool:
@@ -298,6 +299,7 @@ class Registry:
         node.connected_mono = now
         node.last_report_mono = now
         node.seen_s = time.time()
+        node.seen_mono = now
         self.events.append(f"hello {hello.node}: {len(node.gpus)} GPUs, {len(node.bindings)} jobs")
         return node
 
@@ -321,6 +323,7 @@ class Registry:
         node.last_report_mono = now
         node.last_telemetry_mono = now
         node.seen_s = time.time()
+        node.seen_mono = now
         node.last_telemetry_seq = msg.seq
         gpus = node.gpus
         energy_seen = self._energy_seen
@@ -430,7 +433,8 @@ class Registry:
         for name, entry in ledger.items():
             if name in self.nodes or now - entry.get("seen_s", 0.0) > forget_s:
                 continue
-            node = NodeObs(name=name, seen_s=entry.get("seen_s", 0.0))
+            age_s = max(0.0, now - entry.get("seen_s", 0.0))
+            node = NodeObs(name=name, seen_s=entry.get("seen_s", 0.0), seen_mono=self.clock() - age_s)
             for idx, (acc, lo, hi, safe) in entry["gpus"].items():
                 node.gpus[idx] = GpuObs(node=name, index=idx, min_cap_w=lo, max_cap_w=hi, have_reading=True,
                                         cap_w=acc, enforced_w=acc, safe_cap_w=safe, cap_state="UNCONFIRMED")
@@ -440,8 +444,8 @@ class Registry:
 
     def forget_silent(self, forget_s: float) -> list[str]:
         """Drop disconnected nodes not heard of for ``forget_s`` seconds; returns their names."""
-        now = time.time()
-        gone = [n for n, node in self.nodes.items() if node.session is None and now - node.seen_s > forget_s]
+        now = self.clock()  # monotonic: a wall-clock jump never forgets a node early
+        gone = [n for n, node in self.nodes.items() if node.session is None and now - node.seen_mono > forget_s]
         for name in gone:
             del self.nodes[name]
             self.events.append(f"forgot {name}: silent for more than {forget_s:.0f} s")
