@@ -6,6 +6,7 @@ summary's JSON keys.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -42,7 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--duration", type=float, default=75.0, metavar="S",
                    help="length of the show in seconds (default 75; 10..3600)")
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes of 8 H100-class GPUs (default 4)")
-    p.add_argument("--json", action="store_true", help="print only the summary, as one JSON object")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the summary, as one JSON object")
     p.add_argument("--no-live", action="store_true", help="no live status view (progress lines on stderr)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, state) afterwards")
     p.set_defaults(func=cmd_demo)

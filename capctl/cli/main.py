@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     from capctl.cli.rpc import add_connection_arguments
 
     add_connection_arguments(parser)
+    # common options, accepted before the subcommand too (subcommands declare them with default=SUPPRESS)
+    parser.add_argument("--coordinator", metavar="ADDR", default=None,
+                        help="coordinator address: unix:/path or host:port (default $CAPCTL_COORDINATOR or "
+                             "unix:/run/capctl/coordinator.sock)")
+    parser.add_argument("--json", action="store_true", default=False, help="JSON output (see docs/cli.md)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:

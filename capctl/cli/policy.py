@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
     validate = sub.add_parser("validate", help="check a policy file; exit 0 if valid, else print file:line:col errors and exit 1")
     validate.add_argument("file", metavar="FILE", help="policy YAML file")
-    validate.add_argument("--json", action="store_true", help="print one JSON object (file, ok, errors, warnings)")
+    validate.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object (file, ok, errors, warnings)")
     validate.add_argument(
         "--device-min-cap",
         metavar="MODEL=WATTS",
@@ -38,8 +38,9 @@ def register(subparsers) -> None:
 
     reload = sub.add_parser("reload", help="make the coordinator load a policy (keeps the last good one on error)")
     reload.add_argument("file", metavar="FILE", nargs="?", help="policy file on the coordinator host (default: its current file)")
-    reload.add_argument("--coordinator", metavar="ADDR", help="coordinator address (unix:/path or host:port)")
-    reload.add_argument("--json", action="store_true", help="print the reply as JSON")
+    reload.add_argument("--coordinator", metavar="ADDR", default=argparse.SUPPRESS,
+                        help="coordinator address (unix:/path or host:port); also accepted before the subcommand")
+    reload.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the reply as JSON")
     from capctl.cli.rpc import add_connection_arguments
 
     add_connection_arguments(reload, suppress=True)

@@ -118,8 +118,20 @@ def _channel(target: str, credentials):
 
 
 def coordinator_address(flag: str | None = None) -> str:
-    """Return the coordinator address: ``flag``, ``$CAPCTL_COORDINATOR`` or the default."""
-    return flag or os.environ.get("CAPCTL_COORDINATOR") or DEFAULT_COORDINATOR
+    """Return the coordinator address: ``flag``, ``$CAPCTL_COORDINATOR`` or the default.
+
+    Raises:
+        UserInputError: the address is malformed (port outside 1..65535, ``unix:`` without a path ...),
+            naming where it came from.
+    """
+    from capctl.addresses import check_address
+
+    if flag is not None:
+        return check_address(flag, "--coordinator")
+    env = os.environ.get("CAPCTL_COORDINATOR")
+    if env:
+        return check_address(env, "$CAPCTL_COORDINATOR")
+    return DEFAULT_COORDINATOR
 
 
 def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:

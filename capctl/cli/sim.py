@@ -31,9 +31,33 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, metavar="N", help="seed (default: the cluster file's)")
     p.add_argument("--policies", metavar="LIST",
                    help="comma-separated subset of uniform,utilization,balancer,capctl,oracle (default all)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
     p.set_defaults(func=run)
+
+
+def _check_plot_dir(path: str) -> None:
+    """``--plot DIR`` must be a writable directory (created if missing; parents too).
+
+    Raises:
+        UserInputError: DIR is a file, cannot be created, or is not writable; or matplotlib is missing.
+    """
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    allowed = "give a directory for the PNG files (created if missing)"
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserInputError(f"--plot {path}: exists and is not a directory; {allowed}")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(f"--plot {path}: cannot create it ({(exc.strerror or str(exc)).lower()}); {allowed}") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserInputError(f"--plot {path}: not writable; {allowed}")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UserInputError("--plot needs matplotlib: pip install 'capctl[plot]'")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--duration {args.duration:g} is invalid; allowed: seconds > 0 and <= {30 * 86400}")
     if args.seed is not None and args.seed < 0:
         raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0")
+    if args.plot:
+        _check_plot_dir(args.plot)  # before simulating: a bad --plot must not lose the results
     policy = load_policy(args.policy)
     spec = load_cluster(args.cluster)
     if args.duration is not None:
@@ -64,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     scn = build_scenario(spec, policy)
     runs = {n: run_policy(scn, n) for n in names}
     wall = time.perf_counter() - t0
-    files = plot(scn, runs, args.plot) if args.plot else []
+    try:
+        files = plot(scn, runs, args.plot) if args.plot else []
+    except OSError as exc:
+        raise UserInputError(f"--plot {args.plot}: cannot write the plots: {(exc.strerror or str(exc)).lower()}") from None
     if args.json:
         obj = to_json(scn, runs, wall)
         if files:

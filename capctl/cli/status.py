@@ -286,22 +286,43 @@ def fetch_status(address: str | None, method: str = "Status") -> dict:
     return status_dict(reply)
 
 
+WATCH_MIN_INTERVAL_S = 0.2
+"""Lower bound of ``--watch-interval-s`` (each refresh is three RPCs' worth of rendering)."""
+
+
 def cmd_status(args) -> int:
+    if args.hottest < 0:
+        raise UserInputError(f"--hottest {args.hottest}: give a count >= 0 (0: none)")
     if not args.watch:
         d = fetch_status(args.coordinator)
         _emit(d) if args.json else print(render_status(d, hottest=args.hottest))
         return 0
-    if args.watch_interval_s <= 0 or not math.isfinite(args.watch_interval_s):
-        raise UserInputError(f"--watch-interval-s {args.watch_interval_s}: give seconds > 0")
+    if not math.isfinite(args.watch_interval_s) or not WATCH_MIN_INTERVAL_S <= args.watch_interval_s <= 3600:
+        raise UserInputError(f"--watch-interval-s {args.watch_interval_s:g}: allowed {WATCH_MIN_INTERVAL_S:g}..3600 seconds")
+    state = {"reached": False}  # did the last refresh reach the coordinator? (Ctrl-C exit status)
+    try:
+        _watch(args, state)
+    except KeyboardInterrupt:
+        # the usual way out of --watch: 0 when the coordinator answered the last refresh,
+        # 130 (interrupted) while it was unreachable
+        return 0 if state["reached"] else 130
+    return 0
+
+
+def _watch(args, state: dict) -> None:
+    """The ``--watch`` loop (until Ctrl-C or ``--count`` refreshes); ``state["reached"]`` tells
+    whether the last refresh reached the coordinator."""
     shown = 0
     tty = sys.stdout.isatty()
     while args.count is None or shown < args.count:
         try:
             d = fetch_status(args.coordinator)
             text = json.dumps(d) if args.json else render_status(d, hottest=args.hottest)
+            state["reached"] = True
         except CapctlError as err:
             if args.count is not None and shown == 0:
                 raise
+            state["reached"] = False
             text = f"capctl: {err} (retrying)"
         if args.json:
             print(text, flush=True)
@@ -313,11 +334,7 @@ def cmd_status(args) -> int:
         shown += 1
         if args.count is not None and shown >= args.count:
             break
-        try:
-            time.sleep(args.watch_interval_s)
-        except KeyboardInterrupt:
-            return 0
-    return 0
+        time.sleep(args.watch_interval_s)
 
 
 def cmd_nodes(args) -> int:
@@ -368,6 +385,11 @@ def parse_watts(text: str) -> float:
         raise UserInputError(f"WATTS {text!r}: give a number of watts, e.g. 17920 or 17.9kW") from None
     if not math.isfinite(value) or value <= 0:
         raise UserInputError(f"WATTS {text!r}: give a finite number of watts > 0")
+    from capctl.security.limits import MAX_BUDGET_W
+
+    if value > MAX_BUDGET_W:
+        raise UserInputError(f"WATTS {text!r}: {fmt_w(value)} W is above the largest budget allowed, "
+                             f"{fmt_w(MAX_BUDGET_W)} W")
     return value
 
 
@@ -383,20 +405,47 @@ def cmd_budget_set(args) -> int:
     if args.json:
         _emit(d)
     elif reply.ok:
-        print(f"budget set to {reply.budget_w:.0f} W" + (f": {reply.message}" if reply.message else ""))
+        print(budget_set_line(reply))
     if not reply.ok:
-        msg = reply.message or "refused"
-        if reply.deficit_w > 0 and "deficit" not in msg:
-            msg += f" (deficit {reply.deficit_w:.0f} W)"
-        raise UserInputError(f"budget {watts:.0f} W refused: {msg}; budget in force {reply.budget_w:.0f} W")
+        raise UserInputError(budget_refused_line(watts, reply))
     return 0
 
 
+def fmt_w(watts: float) -> str:
+    """Watts for a message: plain digits, no exponent (``20000``, ``1000000000000``, ``612.5``)."""
+    if not math.isfinite(watts):
+        return str(watts)
+    return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
+
+
+def budget_set_line(reply) -> str:
+    """One line for an accepted ``budget set``: the coordinator's message when it says it all."""
+    msg = (reply.message or "").strip()
+    if msg.lower().startswith("budget set to"):
+        return msg
+    return f"budget set to {fmt_w(reply.budget_w)} W" + (f"; {msg}" if msg else "")
+
+
+def budget_refused_line(watts: float, reply) -> str:
+    """One line for a refused ``budget set`` (no "refused: refused:", no repeated budget in force)."""
+    msg = (reply.message or "").strip()
+    while msg.lower().startswith("refused:"):
+        msg = msg[len("refused:"):].strip()
+    line = f"budget {fmt_w(watts)} W refused" + (f": {msg}" if msg else "")
+    if reply.deficit_w > 0 and "deficit" not in msg:
+        line += f" (deficit {fmt_w(reply.deficit_w)} W)"
+    if "budget stays" not in msg and "in force" not in msg:
+        line += f"; budget in force {fmt_w(reply.budget_w)} W"
+    return line
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--coordinator", metavar="ADDR", default=None,
+    # default=SUPPRESS: the value given before the subcommand (top-level parser) is kept
+    p.add_argument("--coordinator", metavar="ADDR", default=argparse.SUPPRESS,
                    help="coordinator address: unix:/path or host:port (default $CAPCTL_COORDINATOR or "
-                        "unix:/run/capctl/coordinator.sock)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout (see docs/cli.md)")
+                        "unix:/run/capctl/coordinator.sock); also accepted before the subcommand")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="one JSON object on stdout (see docs/cli.md)")
     from capctl.cli.rpc import add_connection_arguments
 
     add_connection_arguments(p, suppress=True)

@@ -10,8 +10,10 @@ Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for a user error (unre
 policy, address in use, unusable admin socket path) printed as one ``capctl-coordinator: ...``
 message (the policy's ``file:line:col`` errors follow, one a line), 2 for bad flags (argparse).
 
-A corrupt or unwritable state database does not stop the daemon: it logs the error, raises an
-alert (``capctl status``) and runs on in-memory state. See docs/coordinator.md.
+An unusable ``--state-dir`` at startup (not a directory, cannot be created, not writable) is a user
+error (exit 1). A corrupt state database, or one that breaks later, does not stop the daemon: it logs
+the error, raises an alert (``capctl status``) and runs on its last good, in-memory state. See
+docs/coordinator.md.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def _metrics_addr(args) -> tuple[str, int] | None:
         host, sep, port = args.metrics_listen.rpartition(":")
         if not sep or not port.isdigit():
             raise UserInputError(f"--metrics-listen {args.metrics_listen!r}: expected HOST:PORT (e.g. 127.0.0.1:9464) or 'none'")
+        if int(port) > 65535:
+            raise UserInputError(f"--metrics-listen {args.metrics_listen!r}: port {int(port)} out of range; allowed 0..65535")
         return host.strip("[]") or DEFAULT_METRICS_HOST, int(port)
     port = DEFAULT_METRICS_PORT if args.metrics_port is None else args.metrics_port
     if port < 0:
@@ -114,6 +118,62 @@ def _prepare_admin_socket(path: str) -> None:
     raise UserInputError(f"--admin-socket {path}: another process is serving on it (another coordinator?)")
 
 
+def _precheck_listen(address: str, flag: str = "--listen") -> None:
+    """Try the address with a plain socket before gRPC does, for a clear reason instead of gRPC's
+    "Failed to bind" (and its E... add_port.cc log line).
+
+    Raises:
+        UserInputError: ``cannot listen on ADDR: <reason>`` (address already in use, no such directory,
+            not a socket, cannot assign requested address, unknown host).
+    """
+    def fail(reason: str):
+        raise UserInputError(f"{flag}: cannot listen on {address}: {reason}")
+
+    if address.startswith("unix-abstract:"):
+        return
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            fail(f"no such directory {parent}")
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            fail(exc.strerror or str(exc))
+        if not stat.S_ISSOCK(st.st_mode):
+            fail(f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # stale socket file: gRPC replaces it
+        finally:
+            probe.close()
+        fail("address already in use (another process is serving on it)")
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(f"unknown host {host!r} ({getattr(exc, 'strerror', None) or exc})")
+    errors = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                s.bind(sockaddr)
+                return  # bindable (gRPC binds the first address that works)
+            except OSError as exc:
+                errors.append((exc.strerror or str(exc)).lower())
+    if errors:
+        fail(errors[0])
+
+
 def _local_address(listen: str) -> bool:
     """True for a unix socket or a loopback address (where plaintext gRPC is acceptable)."""
     if listen.startswith("unix"):
@@ -136,6 +196,37 @@ def _group_id(field: str, name: str | None) -> int | None:
         return None
 
 
+def _check_state_dir(path: str) -> None:
+    """At startup the state directory must be usable (created 0700 if missing, a writable directory).
+
+    Raises:
+        UserInputError: it cannot be created, is not a directory, or is not writable. (A database that
+        breaks later, or a corrupt one, is reported as an alert instead: the daemon keeps running.)
+    """
+    allowed = "give a writable directory (created 0700 if missing)"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        raise UserInputError(f"--state-dir {path}: exists and is not a directory; {allowed}") from None
+    except OSError as exc:
+        raise UserInputError(f"--state-dir {path}: cannot create it ({exc.strerror}); {allowed}") from None
+    if not os.path.isdir(path):
+        raise UserInputError(f"--state-dir {path}: not a directory; {allowed}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserInputError(f"--state-dir {path}: not writable; {allowed}")
+
+
+def _check_addresses(args) -> None:
+    """Validate --listen, --admin-socket and --status-socket before binding anything."""
+    from capctl.addresses import check_address, check_socket_path
+
+    check_address(args.listen, "--listen", allow_port_zero=True)
+    if args.admin_socket not in ("", "none"):
+        args.admin_socket = check_socket_path(args.admin_socket, "--admin-socket")
+    if args.status_socket not in (None, "", "none"):
+        args.status_socket = check_socket_path(args.status_socket, "--status-socket")
+
+
 async def serve(args) -> int:
     """Run the coordinator until SIGTERM/SIGINT. Returns the exit status."""
     from capctl.coordinator import server as srv
@@ -144,10 +235,13 @@ async def serve(args) -> int:
     from capctl.coordinator.store import Store, StoreError
     from capctl.policy import load_policy
 
+    _check_addresses(args)
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
     for w in policy.warnings:
         log.warning("%s", w)
     metrics_addr = _metrics_addr(args)
+    _check_state_dir(args.state_dir)
+    _precheck_listen(args.listen)
     store = Store(args.state_dir)
     store_error = ""
     try:

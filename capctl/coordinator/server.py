@@ -69,9 +69,36 @@ def major_version(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
+def allocatable_under_limits_w(root) -> float | None:
+    """Most watts the domain limits below the root let the allocator hand out, or None if unbounded.
+
+    A child domain contributes its ``limit_w`` bounded by what its own children allow; a domain with
+    nodes listed directly and no limit of its own is unbounded (None), as is a root listing nodes.
+
+    Args:
+        root: the policy's root :class:`capctl.policy.model.Domain` (watts).
+    """
+    def room(d) -> float | None:
+        below: float | None
+        if d.nodes:
+            below = None
+        elif d.children:
+            parts = [room(c) for c in d.children]
+            below = None if any(p is None for p in parts) else sum(parts)
+        else:
+            below = None  # a leaf (e.g. kind: node): bounded by its own limit only
+        if d.limit_w is None:
+            return below
+        return d.limit_w if below is None else min(d.limit_w, below)
+
+    if root.nodes or not root.children:
+        return None
+    parts = [room(c) for c in root.children]
+    return None if any(p is None for p in parts) else float(sum(parts))
+
+
 # ---------------------------------------------------------------------------------------------
 # Admin identity
-
 
 class AdminAuthorizer:
     """Decides whether a caller may use admin RPCs (SetBudget, ReloadPolicy). Hook for mTLS."""
@@ -368,7 +395,13 @@ class AdminServicer(pb_grpc.AdminServicer):
         problem = limits.validate_budget(budget)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        return await self.coord.set_budget(budget)
+        reply = await self.coord.set_budget(budget)
+        if reply.ok:
+            room_w = allocatable_under_limits_w(self.coord.policy.domains)
+            if room_w is not None and budget > room_w + 1e-6:
+                reply.message += (f"; WARNING: only {room_w:.0f} W can be allocated under the domain limits below "
+                                  f"the root (the rest of the budget stays unused)")
+        return reply
 
     async def ReloadPolicy(self, request, context):  # noqa: N802
         await self._require_admin(context, "policy reload")

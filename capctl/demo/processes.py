@@ -20,6 +20,51 @@ from capctl.errors import CapctlError, UnreachableError
 
 AGENT_MAIN = "import sys; from capctl.nodeagent.daemon import main; sys.exit(main())"
 COORDINATOR_MAIN = "import sys; from capctl.coordinator.daemon import main; sys.exit(main())"
+AGENT_MODULE = "capctl.nodeagent.daemon"
+"""Module of ``capctl-agent`` (see :func:`daemon_argv`: named processes, not ``python -c``)."""
+COORDINATOR_MODULE = "capctl.coordinator.daemon"
+
+
+
+def daemon_argv(script: str, module: str) -> list[str]:
+    """Command line starting a daemon so that ``pgrep -f capctl-agent`` (``ps``) finds it.
+
+    The console script next to the interpreter (``.venv/bin/capctl-agent``), run by this interpreter
+    (same environment, same code); ``python -m MODULE`` where it is not installed.
+    """
+    candidate = Path(sys.executable).parent / script
+    if candidate.is_file():
+        return [sys.executable, str(candidate)]
+    return [sys.executable, "-m", module]
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: signal sent to this process when the thread that forked it dies (Linux)."""
+
+
+def _die_with_parent(parent_pid: int, signum: int = signal.SIGTERM):
+    """A ``preexec_fn`` that makes the child get ``signum`` when its parent dies (even by SIGKILL).
+
+    Linux only (prctl(2) ``PR_SET_PDEATHSIG``); elsewhere returns None (children are stopped by
+    :meth:`Proc.stop` only). SIGTERM: the daemons stop cleanly (sockets removed, state saved). If the
+    parent already died between fork and prctl, the child sends itself the signal.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signum)
+
+    return preexec
 
 
 def free_port() -> int:
@@ -64,8 +109,11 @@ class Proc:
         self.log_path = Path(log_path)
         self.env = env
         self._log = open(self.log_path, "ab")
+        # own session (a Ctrl-C on the terminal reaches only us; we stop them in order), but they die
+        # with us: PR_SET_PDEATHSIG, so a SIGKILLed demo or test leaves no orphaned daemons behind
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent(os.getpid()))
 
     @property
     def pid(self) -> int:
@@ -184,7 +232,7 @@ def start_agent(workdir: Path, node: str, coordinator: str, *, sim_env: dict[str
     workdir.mkdir(parents=True, exist_ok=True)
     socket_path = workdir / f"agent-{node}.sock"
     state_dir = workdir / f"agent-{node}-state"
-    argv = [sys.executable, "-c", AGENT_MAIN, "--node", node, "--coordinator", coordinator, "--socket",
+    argv = [*daemon_argv("capctl-agent", AGENT_MODULE), "--node", node, "--coordinator", coordinator, "--socket",
             str(socket_path), "--state-dir", str(state_dir), "--nvml-library", nvml_library, "--log-level", log_level]
     if policy is not None:
         argv += ["--policy", str(policy)]
@@ -210,7 +258,7 @@ def start_coordinator(workdir: Path, policy: str | Path, *, listen: str | None =
     listen = listen or f"unix:{workdir / (name + '.sock')}"
     admin_socket = workdir / f"{name}-admin.sock"
     state_dir = workdir / f"{name}-state"
-    argv = [sys.executable, "-c", COORDINATOR_MAIN, "--policy", str(policy), "--listen", listen,
+    argv = [*daemon_argv("capctl-coordinator", COORDINATOR_MODULE), "--policy", str(policy), "--listen", listen,
             "--state-dir", str(state_dir), "--admin-socket", str(admin_socket)]
     argv += ["--metrics-port", str(metrics_port)]  # 0: any free loopback port, -1: off
     if dry_run:

@@ -38,6 +38,7 @@ had been running), so both phases reach a thermal steady state within a one-minu
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 import shutil
@@ -128,6 +129,36 @@ def demo_policy_yaml(node_names: list[str], uniform_cap_w: float, interval_s: fl
         text = re.sub(r"(?ms)^  children:\n.*?(?=^agent:)", "  children:\n" + children + "\n", text)
     return text
 
+WORKDIR_PREFIX = "capctl-demo-"
+OWNER_FILE = "demo.pid"
+"""pid of the demo that owns a temporary directory (absent with ``--keep``)."""
+
+
+def remove_stale_workdirs() -> list[str]:
+    """Remove temporary directories of demos that were killed (SIGKILL: no cleanup of their own).
+
+    Only ``capctl-demo-*`` directories of this user holding a ``demo.pid`` whose process is gone;
+    its daemons died with it (``PR_SET_PDEATHSIG``, :mod:`capctl.demo.processes`). Returns the paths removed.
+    """
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
+                continue
+            pid = int((d / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running (or the pid was reused: keep it, the safe side)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
 
 class Demo:
     """One demo run. Use :meth:`run` (returns the summary dict); always stops what it started."""
@@ -203,7 +234,10 @@ class Demo:
             from capctl.simgpu.node import SimNode
         except ImportError as exc:
             raise CapctlError(f"simulated GPUs unavailable ({exc}); run 'make build'") from None
-        self.workdir = Path(tempfile.mkdtemp(prefix="capctl-demo-"))
+        remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        if not self.keep:  # --keep: never removed by a later run
+            (self.workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
         limits = (200.0, 700.0)
         cap = math.floor(self.budget_w / self.n_gpus * 1000.0) / 1000.0
         self.uniform_cap_w = min(max(cap, limits[0]), limits[1])

@@ -814,6 +814,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--reconnect-max-s {args.reconnect_max_s}: allowed 0.2..300 seconds")
     if not args.node.strip() or "/" in args.node:
         raise UserInputError(f"--node {args.node!r}: give the Slurm node name")
+    from capctl.addresses import check_address, check_socket_path
+
+    check_address(args.coordinator, "--coordinator")
     tls_config = None
     if getattr(args, "tls_ca", None) or getattr(args, "tls_cert", None) or getattr(args, "tls_key", None):
         from capctl.security.tls import tls_from_args
@@ -828,12 +831,19 @@ def run(args: argparse.Namespace) -> int:
 
     group = args.socket_group or (policy.agent.socket_group if policy is not None else None)
     socket_gid = resolve_group(group)
-    if args.socket:
+    if args.socket is not None:
         socket_path = args.socket.replace("%n", args.node)
     elif policy is not None:
         socket_path = policy.socket_path(args.node)
     else:
         raise UserInputError("--socket: give the AgentLocal socket path (or a --policy with agent.socket_path)")
+    socket_path = check_socket_path(socket_path, "--socket")
+    from capctl.nodeagent.local import socket_in_use
+
+    if os.path.exists(socket_path):
+        live, detail = socket_in_use(socket_path)
+        if live:  # checked before touching any GPU; LocalServer.start checks again when binding
+            raise UserInputError(f"--socket: another agent is serving on {socket_path} ({detail}); stop it first")
 
     state_dir = Path(args.state_dir)
     try:

@@ -139,16 +139,44 @@ class _DeniedService:
         )
 
 
+def socket_in_use(path: str, timeout_s: float = 1.0) -> tuple[bool, str]:
+    """Whether a process is serving on the unix socket ``path`` (by connecting to it).
+
+    Returns:
+        ``(True, "pid N")`` when a connection is accepted (the pid from ``SO_PEERCRED``, the listener's
+        credentials per socket(7); ``"pid unknown"`` if unavailable), ``(True, reason)`` when it cannot be
+        checked (e.g. permission denied: treated as in use), ``(False, reason)`` when nobody listens
+        (connection refused: a stale socket file left by a killed process).
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        return False, exc.strerror or str(exc)
+    except OSError as exc:
+        return True, f"cannot check: {exc.strerror or exc}"
+    try:
+        try:
+            return True, f"pid {peer_cred(s).pid}"
+        except OSError:
+            return True, "pid unknown"
+    finally:
+        s.close()
+
+
 class LocalServer:
     """Serve an ``AgentLocalServicer`` on a unix socket with a real ``SO_PEERCRED`` check.
 
     Args:
-        socket_path: public socket path (created; an existing socket file is replaced).
+        socket_path: public socket path (created; a stale socket file is replaced, a live one, where
+            another process answers, is refused).
         servicer: a ``capctl_pb2_grpc.AgentLocalServicer`` implementation.
         allowed_gid: gid allowed besides root and the agent's own user (``None``: root-only).
 
     Raises:
-        UserInputError: the socket's directory does not exist or the path is not a socket.
+        UserInputError: the socket's directory does not exist, the path is not a socket, or another
+            process is serving on it.
     """
 
     def __init__(self, socket_path: str, servicer, allowed_gid: int | None = None) -> None:
@@ -162,6 +190,7 @@ class LocalServer:
         self._servers: list[grpc.Server] = []
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we bound
         self.refused = 0  # connections refused by the SO_PEERCRED check (for tests and logs)
 
     def start(self) -> None:
@@ -176,7 +205,11 @@ class LocalServer:
         if p.exists() or p.is_symlink():
             if not p.is_socket():
                 raise UserInputError(f"--socket {self.socket_path}: exists and is not a socket; refusing to replace it")
-            p.unlink()
+            live, detail = socket_in_use(self.socket_path)
+            if live:
+                raise UserInputError(f"--socket: another agent is serving on {self.socket_path}"
+                                     f" ({detail}); stop it first")
+            p.unlink()  # stale: nobody answers
         self._private_dir = tempfile.mkdtemp(prefix="capctl-agent-")  # mode 0700
         self._allowed_path = os.path.join(self._private_dir, "allowed.sock")
         self._denied_path = os.path.join(self._private_dir, "denied.sock")
@@ -198,6 +231,8 @@ class LocalServer:
             listener.bind(self.socket_path)
         finally:
             os.umask(old_umask)
+        st = os.stat(self.socket_path)
+        self._socket_id = (st.st_dev, st.st_ino)
         if self.allowed_gid is not None:
             os.chown(self.socket_path, -1, self.allowed_gid)
             os.chmod(self.socket_path, 0o660)
@@ -278,7 +313,9 @@ class LocalServer:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         try:
-            if Path(self.socket_path).is_socket():
+            st = os.stat(self.socket_path)
+            # unlink only our own socket file: another process may have replaced it since
+            if self._socket_id == (st.st_dev, st.st_ino):
                 os.unlink(self.socket_path)
         except OSError:
             pass

@@ -168,8 +168,8 @@ _REMEDIES: dict[int, tuple[type[NvmlError], str]] = {
     ),
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
         NvmlLibraryError,
-        "libnvidia-ml.so.1 was not found: install the NVIDIA driver, or configure "
-        "library='simulated' for the simulated driver",
+        "libnvidia-ml.so.1 was not found: install the NVIDIA driver, or start the agent with "
+        "--nvml-library simulated for the simulated driver",
     ),
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: (
         NvmlLibraryError,
@@ -415,7 +415,7 @@ class NvmlBackend:
     def __init__(self, library: str = "system", *, allow_simulated: bool = False):
         if library not in ("system", "simulated") and not os.path.isabs(str(library)):
             raise UserInputError(
-                f"nvml library: {library!r} is not allowed; use 'system', 'simulated' or an "
+                f"--nvml-library {library!r} is not allowed; use 'system', 'simulated' or an "
                 "absolute path to a libnvidia-ml.so.1"
             )
         self.library = str(library)
@@ -455,8 +455,7 @@ class NvmlBackend:
         if expected is not None and not os.path.isfile(expected):
             hint = " (run 'make build')" if self.library == "simulated" else ""
             raise NvmlLibraryError(
-                f"NVML library {expected} does not exist{hint}; fix the agent's 'nvml_library' "
-                "setting"
+                f"NVML library {expected} does not exist{hint}; fix the agent's --nvml-library"
             )
         current = pynvml.nvmlLib
         if current is None:
@@ -465,12 +464,11 @@ class NvmlBackend:
             except OSError as err:
                 if expected is None:
                     raise NvmlLibraryError(
-                        f"cannot load {SONAME} ({err}): install the NVIDIA driver, or configure "
-                        "library='simulated' to use the simulated driver"
+                        f"cannot load {SONAME} ({err}): install the NVIDIA driver, or start the agent "
+                        "with --nvml-library simulated to use the simulated driver"
                     ) from None
                 raise NvmlLibraryError(
-                    f"cannot load NVML library {expected}: {err}; check the agent's "
-                    "'nvml_library' setting"
+                    f"cannot load NVML library {expected}: {err}; check the agent's --nvml-library"
                 ) from None
         else:
             lib = current
@@ -478,7 +476,7 @@ class NvmlBackend:
         if loaded is None:
             raise NvmlLibraryError(
                 f"the loaded NVML library ({getattr(lib, '_name', '?')}) has no nvmlInitWithFlags "
-                "symbol: it is not NVML; check the agent's 'nvml_library' setting and LD_LIBRARY_PATH"
+                "symbol: it is not NVML; check the agent's --nvml-library and LD_LIBRARY_PATH"
             )
         self._verify(loaded, expected, preloaded=current is not None)
         return loaded
@@ -489,14 +487,15 @@ class NvmlBackend:
             raise NvmlLibraryError(
                 f"configured NVML library {expected} but {loaded} is loaded{earlier}; a process "
                 "can use only one NVML library: check LD_LIBRARY_PATH / LD_PRELOAD and the "
-                "agent's 'nvml_library' setting"
+                "agent's --nvml-library"
             )
         simulated = _is_simulated_file(loaded)
         if simulated and not self.allow_simulated:
             raise NvmlLibraryError(
-                f"refusing the simulated NVML driver {loaded}{earlier}: the agent is configured "
-                f"for library={self.library!r}; remove it from LD_LIBRARY_PATH / LD_PRELOAD, or "
-                "set library='simulated' when a simulated node is intended"
+                f"refusing the simulated NVML driver {loaded}{earlier}: the agent was started with "
+                f"--nvml-library {self.library}; remove it from LD_LIBRARY_PATH / LD_PRELOAD, or use "
+                "--nvml-library simulated (or an absolute path with --allow-simulated) when a simulated "
+                "node is intended"
             )
         self.simulated = simulated
 
@@ -516,6 +515,18 @@ class NvmlBackend:
             try:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as err:
+                if self.simulated and getattr(err, "value", None) == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+                    node = os.environ.get("CAPCTL_SIMGPU_NODE")
+                    if not node:
+                        where = "CAPCTL_SIMGPU_NODE is not set"
+                    elif not os.path.exists(node):
+                        where = f"CAPCTL_SIMGPU_NODE points at a missing file, {node}"
+                    else:
+                        where = f"CAPCTL_SIMGPU_NODE points at {node}, which is not a usable simulated node"
+                    raise NvmlLibraryError(
+                        f"nvmlInit of the simulated driver {loaded} failed: {where}; create a simulated "
+                        "node with 'capctl-simgpu init DIR' and set CAPCTL_SIMGPU_NODE to its state file"
+                    ) from None
                 raise _translate(err, f"nvmlInit of {loaded}", None) from None
             try:
                 # pynvml resolves the bare soname; it must be the very file verified above.

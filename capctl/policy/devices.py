@@ -6,7 +6,10 @@ lets ``capctl policy validate`` catch a policy minimum below what a device accep
 
 Source of the figures: the "Min Power Limit" / "Max Power Limit" that ``nvidia-smi -q -d POWER``
 (NVML limit constraints) reports for these boards at their default configuration, which match the
-board TDPs in NVIDIA's datasheets (H100 SXM5 700 W, A100 SXM4 400 W, V100 SXM2 300 W, A40 300 W).
+board TDPs in NVIDIA's datasheets (H100 SXM5 700 W, H200 SXM 700 W, A100 SXM4 400 W, V100 SXM2 300 W,
+A40 300 W). The same figures are in the simulated driver's device table (``csrc/simnvml/physics.c``,
+read through :mod:`capctl.simgpu.profiles`); this module keeps its own copy so that ``capctl.policy``
+does not load the simulator, and ``tests/policy``/``tests/sim`` check that the two agree.
 Site-specific values can be passed as ``device_min_cap_w`` / ``device_max_cap_w`` mappings.
 """
 
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 
 KNOWN_DEVICE_LIMITS_W: Mapping[str, tuple[float, float]] = {
     "H100-SXM": (200.0, 700.0),
+    "H200": (200.0, 700.0),
     "A100-SXM4": (100.0, 400.0),
     "V100-SXM2": (150.0, 300.0),
     "A40": (100.0, 300.0),

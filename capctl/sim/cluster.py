@@ -331,10 +331,19 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
 def load_cluster(path) -> ClusterSpec:
     """Read and validate a cluster file. Raises :class:`ClusterError` (unreadable file included)."""
     p = Path(path)
+    expected = "expected a cluster YAML file (see examples/clusters/)"
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except FileNotFoundError:
-        raise ClusterError(f"{p}: cluster file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterError(f"{p}: cannot read the cluster file: {exc}") from None
+        raise ClusterError(f"{p}: cluster file not found; {expected}") from None
+    except IsADirectoryError:
+        raise ClusterError(f"{p}: is a directory; {expected}") from None
+    except OSError as exc:
+        raise ClusterError(f"{p}: cannot read the cluster file: {(exc.strerror or str(exc)).lower()}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:  # same wording as the policy validator
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ClusterError(f"{p}:{line}:{col}: not UTF-8 text (byte 0x{raw[err.start]:02x}); {expected}") from None
     return parse_cluster(text, str(p))

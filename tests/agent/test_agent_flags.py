@@ -60,3 +60,26 @@ def test_simulated_driver_refused_unless_configured(tmp_path):
     assert out.returncode == 5, out.stderr
     assert "simulated" in _one_clean_line(out)
     node.close()
+
+
+def test_nvml_messages_name_the_flags(tmp_path):
+    """NVML errors name --nvml-library / --allow-simulated (not a config key), and a missing simulated
+    state file says so instead of suggesting 'modprobe nvidia'."""
+    base = ["--node", "n1", "--coordinator", "unix:/nonexistent.sock", "--socket", str(tmp_path / "a.sock"),
+            "--state-dir", str(tmp_path / "state")]
+    missing = tmp_path / "nope.state"
+    out = run_agent(base + ["--nvml-library", "simulated"], env={"CAPCTL_SIMGPU_NODE": str(missing)})
+    assert out.returncode == 5, out.stderr
+    line = _one_clean_line(out)
+    assert f"CAPCTL_SIMGPU_NODE points at a missing file, {missing}" in line
+    assert "capctl-simgpu init" in line and "modprobe" not in line
+    node = sim_node(tmp_path / "sim", 1)
+    try:
+        out = run_agent(base + ["--nvml-library", str(simulated_library().resolve())], env=node.env())
+        line = _one_clean_line(out)
+        assert out.returncode == 5 and "--allow-simulated" in line and "--nvml-library simulated" in line
+        assert "library=" not in line and "nvml_library" not in line
+    finally:
+        node.close()
+    out = run_agent(base + ["--nvml-library", "lib/libnvidia-ml.so.1"])
+    assert out.returncode == 1 and _one_clean_line(out).startswith("capctl-agent: --nvml-library 'lib/libnvidia-ml.so.1'")

@@ -225,3 +225,53 @@ def test_corrupt_agent_state_file_keeps_bindings_from_cap_manager(tmp_path):
     finally:
         b.stop()
         node.close()
+
+
+def test_second_agent_on_same_socket_is_refused_and_first_keeps_serving(tmp_path):
+    """A second agent on a live --socket must not hijack it (nor delete it on exit); a stale socket
+    file left by a killed agent is replaced."""
+    node = sim_node(tmp_path / "sim", 2)
+    first = start_agent(tmp_path, "n1", f"unix:{tmp_path}/none.sock", sim_env=node.env(), interval_s=0.3)
+    try:
+        first.wait_ready(20)
+        inode = os.stat(first.socket_path).st_ino
+        second = start_agent(tmp_path, "n1", f"unix:{tmp_path}/none.sock", sim_env=node.env(), interval_s=0.3)
+        assert second.popen.wait(30) == 1
+        second.stop()
+        log = second.log_path.read_text()
+        assert "Traceback" not in log
+        line = [x for x in log.splitlines() if x.startswith("capctl-agent:")]
+        assert line == [f"capctl-agent: --socket: another agent is serving on {first.socket_path} "
+                        f"(pid {first.pid}); stop it first"], log
+        # the first agent's socket is untouched and still answers
+        assert os.stat(first.socket_path).st_ino == inode
+        assert first.status().ready
+        first.kill()  # SIGKILL: leaves a stale socket file behind
+        assert stat.S_ISSOCK(os.stat(first.socket_path).st_mode)
+        third = start_agent(tmp_path, "n1", f"unix:{tmp_path}/none.sock", sim_env=node.env(), interval_s=0.3)
+        try:
+            assert third.wait_ready(20).ready  # the stale file was replaced
+        finally:
+            third.stop()
+        assert not os.path.exists(third.socket_path)  # ours: removed on stop
+    finally:
+        first.stop()
+        node.close()
+
+
+def test_local_server_stop_leaves_a_replaced_socket_alone(tmp_path):
+    """stop() unlinks the socket only if it is still the file it bound (same inode)."""
+    from capctl.nodeagent.local import LocalServer
+    from capctl.v1 import capctl_pb2_grpc
+
+    path = str(tmp_path / "s.sock")
+    server = LocalServer(path, capctl_pb2_grpc.AgentLocalServicer())
+    server.start()
+    try:
+        os.unlink(path)
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(path)  # someone else's socket now lives at the path
+    finally:
+        server.stop()
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
+    other.close()

@@ -158,7 +158,7 @@ def test_budget_set_ok_refused_denied(admin, capsys):
 
 def test_watch_refreshes(admin, capsys):
     fake, address = admin
-    code, out, _ = run(capsys, "status", "--watch", "--watch-interval-s", "0.05", "--count", "3", "--coordinator",
+    code, out, _ = run(capsys, "status", "--watch", "--watch-interval-s", "0.2", "--count", "3", "--coordinator",
                        address)
     assert code == 0 and out.count("capctl status") == 3 and fake.calls.count("Status") == 3
 

@@ -81,3 +81,40 @@ def test_demo_ctrl_c_stops_everything(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
+    """SIGKILL gives the demo no chance to clean up: its agents and coordinator die with it
+    (PR_SET_PDEATHSIG), named so that pgrep -f capctl-agent finds them; the workdir it left is
+    removed by the next demo (remove_stale_workdirs)."""
+    require_simulated_gpus()
+    from capctl.demo.run import remove_stale_workdirs
+
+    proc = subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "60", "--no-live"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "workdir" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        m = re.search(r"workdir (\S+)", line)
+        assert m, line
+        workdir = m.group(1)
+        alive = _children_alive(workdir)
+        agents = [x for x in alive if "capctl-agent" in x]
+        assert len(agents) == 4, alive
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while _children_alive(workdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _children_alive(workdir) == []
+        assert os.path.isdir(workdir)  # nobody could remove it ...
+        assert workdir in remove_stale_workdirs()  # ... until the next demo starts
+        assert not os.path.exists(workdir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

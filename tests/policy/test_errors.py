@@ -141,7 +141,7 @@ def test_unknown_gpu_model_is_a_warning() -> None:
     warnings = warnings_of("version: 1\nbudget_w: 9000\ndomains: {name: c, gpu_model: Z9, nodes: a1}\n")
     assert warnings == [
         "p.yaml:3:31: warning: domains.gpu_model: unknown GPU model 'Z9': device-limit checks skipped "
-        "(known: H100-SXM, A100-SXM4, V100-SXM2, A40)"
+        "(known: H100-SXM, H200, A100-SXM4, V100-SXM2, A40)"
     ]
 
 

@@ -306,3 +306,27 @@ def test_capctl_models_scale_tracks_the_true_power_factor(efficient_runs):
     scale = np.array([models.gpus[keys[g]].scale for g in busy])
     truth = scn.power_factor[busy]
     assert np.corrcoef(scale, truth)[0, 1] > 0.8
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file"])
+def test_cli_bad_plot_dir_is_refused_before_simulating(tmp_path, capsys, kind):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    target = afile if kind == "file" else afile / "plots"
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), "--duration", "60",
+               "--policies", "uniform", "--plot", str(target)])
+    out = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in out.err and out.out == ""
+    expect = "exists and is not a directory" if kind == "file" else "cannot create it (not a directory)"
+    assert out.err == f"capctl: --plot {target}: {expect}; give a directory for the PNG files (created if missing)\n"
+
+
+def test_cluster_file_read_errors_are_worded(tmp_path, capsys):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"gpu_model: H100-SXM\nname: M\xfcnchen\n")
+    for path, expect in ((bad, f"{bad}:2:8: not UTF-8 text (byte 0xfc); expected a cluster YAML file"),
+                         (tmp_path, f"{tmp_path}: is a directory; expected a cluster YAML file"),
+                         (tmp_path / "missing.yaml", f"{tmp_path / 'missing.yaml'}: cluster file not found")):
+        rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+        err = capsys.readouterr().err
+        assert rc == 1 and expect in err and "codec" not in err and "Errno" not in err, err

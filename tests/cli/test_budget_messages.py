@@ -1,0 +1,94 @@
+"""``capctl budget set`` prints one clean line (no repeated "budget set to", no "refused: refused:",
+watts without exponents) and warns when the budget exceeds what the domain limits can hand out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from capctl.cli.status import budget_refused_line, budget_set_line, fmt_w
+from capctl.coordinator.server import allocatable_under_limits_w
+from capctl.policy import load_policy
+from tests.support.processes import require_coordinator, start_coordinator
+
+REPO = Path(__file__).resolve().parents[2]
+
+POLICY = """\
+version: 1
+budget_w: 8000
+interval_s: 0.5
+objective: proportional
+thermal: {margin_c: 5}
+start_cap_w: 300
+failsafe: {lease_s: 3, safe_cap_w: null}
+prolog: {on_unreachable: fail-open, timeout_s: 5}
+domains:
+  name: cluster
+  kind: cluster
+  limit_w: 30000
+  gpu_model: H100-SXM
+  gpus_per_node: 4
+  children:
+    - {name: pdu-a, kind: pdu, limit_w: 4500, nodes: "n1"}
+    - {name: pdu-b, kind: pdu, limit_w: 4500, nodes: "n2"}
+"""
+
+
+def test_message_wording_units():
+    assert fmt_w(1e12) == "1000000000000" and fmt_w(20000.0) == "20000" and fmt_w(612.5) == "612.5"
+    ok = SimpleNamespace(ok=True, budget_w=20000.0, deficit_w=0.0,
+                         message="budget set to 20000 W (was 8000 W); saved in /x/coordinator.db")
+    assert budget_set_line(ok) == "budget set to 20000 W (was 8000 W); saved in /x/coordinator.db"
+    assert budget_set_line(SimpleNamespace(ok=True, budget_w=5e5, deficit_w=0, message="")) == "budget set to 500000 W"
+    refused = SimpleNamespace(ok=False, budget_w=8000.0, deficit_w=300.0,
+                              message="refused: 500 W is below the 800 W the cluster needs at least; deficit 300 W; "
+                                      "budget stays 8000 W")
+    line = budget_refused_line(500.0, refused)
+    assert line == ("budget 500 W refused: 500 W is below the 800 W the cluster needs at least; deficit 300 W; "
+                    "budget stays 8000 W")
+    line = budget_refused_line(1e12, SimpleNamespace(ok=False, budget_w=8000.0, deficit_w=0.0,
+                                                     message="refused: above the root domain limit"))
+    assert line == "budget 1000000000000 W refused: above the root domain limit; budget in force 8000 W"
+
+
+def test_allocatable_under_limits(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(POLICY)
+    assert allocatable_under_limits_w(load_policy(str(p)).domains) == 9000.0
+    lab = load_policy(str(REPO / "examples" / "policies" / "lab-4node.yaml"))
+    assert allocatable_under_limits_w(lab.domains) == 4400.0  # four node domains of 1,100 W
+
+
+@pytest.mark.integration
+def test_budget_above_domain_limits_warns_in_one_line(tmp_path):
+    require_coordinator()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    coord = start_coordinator(tmp_path, policy)
+    try:
+        coord.wait_serving()
+
+        def cli(*args):
+            return subprocess.run([sys.executable, "-m", "capctl.cli.main", "budget", "set", *args,
+                                   "--coordinator", coord.admin_address], capture_output=True, text=True, timeout=60)
+
+        r = cli("20kW")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.strip().splitlines()
+        assert len(lines) == 1 and lines[0].count("budget set to") == 1, r.stdout
+        assert lines[0].startswith("budget set to 20000 W (was 8000 W)")
+        assert "WARNING: only 9000 W can be allocated under the domain limits" in lines[0]
+        r = cli("5000")  # within the domain limits: no warning
+        assert r.returncode == 0 and "WARNING" not in r.stdout and "budget set to 5000 W (was 20000 W)" in r.stdout
+        r = cli("1e12")  # checked before sending: one unit style in the line
+        assert r.returncode == 1 and r.stderr == ("capctl: WATTS '1e12': 1000000000000 W is above the largest budget "
+                                                  "allowed, 1000000000 W\n")
+        r = cli("40000")  # above the root limit_w: refused by the coordinator, said once
+        assert r.returncode == 1 and "refused: refused" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.startswith("capctl: budget 40000 W refused: "), r.stderr
+    finally:
+        coord.stop()

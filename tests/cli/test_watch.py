@@ -1,0 +1,62 @@
+"""``capctl status --watch``: Ctrl-C exits 130 while the coordinator is unreachable (0 after a good
+refresh); the refresh period and --hottest are bounded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.test_cli_fake_admin import admin  # noqa: F401 — fixture
+
+
+def _watch(address):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "status", "--watch", "--watch-interval-s", "2",
+                             "--coordinator", address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _interrupt_after_output(proc, marker):
+    try:
+        deadline = time.monotonic() + 30
+        line = ""
+        while marker not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+        assert marker in line, line
+        time.sleep(0.5)  # Ctrl-C while it waits for the next refresh
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(20)
+        return code, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_while_unreachable_exits_130(tmp_path):
+    code, err = _interrupt_after_output(_watch(f"unix:{tmp_path}/none.sock"), "(retrying)")
+    assert code == 130 and "Traceback" not in err
+
+
+def test_ctrl_c_after_good_refresh_exits_0(admin):  # noqa: F811
+    _, address = admin
+    code, err = _interrupt_after_output(_watch(address), "refreshing every 2 s")
+    assert code == 0 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--watch", "--watch-interval-s", "0.001"], "--watch-interval-s 0.001: allowed 0.2..3600 seconds"),
+    (["--watch", "--watch-interval-s", "nan"], "--watch-interval-s nan: allowed 0.2..3600 seconds"),
+    (["--hottest", "-3"], "--hottest -3: give a count >= 0 (0: none)"),
+])
+def test_bad_watch_values(tmp_path, args, expect):
+    r = subprocess.run([sys.executable, "-m", "capctl.cli.main", "status", *args, "--coordinator",
+                        f"unix:{tmp_path}/none.sock"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr == f"capctl: {expect}\n"
