@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .curves import RATE_MIN
 from .curves import rate as curve_rate
+from .curves import rate_unclamped as raw_rate
 from .problem import AllocationProblem, AllocationResult, domain_depth
 
 # reasons an upper bound binds
@@ -20,8 +22,9 @@ HI_DEVICE_MAX, HI_THERMAL, HI_SLEW, HI_MIN = 0, 1, 2, 3
 _HI_NAMES = {HI_DEVICE_MAX: "device_max", HI_THERMAL: "thermal", HI_SLEW: "slew", HI_MIN: "device_min"}
 #: watts kept free under each binding domain limit before milliwatt rounding
 LIMIT_MARGIN_W = 0.002
-#: lowest relative rate the allocator plans with (the curve is extrapolated below its fit range)
-RATE_FLOOR = 0.05
+#: lowest relative rate the allocator plans with (the curve is extrapolated below its fit range;
+#: reported rates are clamped to the same floor, curves.RATE_MIN)
+RATE_FLOOR = RATE_MIN
 
 
 @dataclass
@@ -90,14 +93,17 @@ def prepare(pb: AllocationProblem) -> Prep:
     alerts: list[str] = []
     name = (lambda g: pb.gpu_names[g] if g < len(pb.gpu_names) else f"#{g}")
     mn, mx, ceil = pb.min_cap_w, pb.max_cap_w, pb.thermal_ceiling_w
+    # a ceiling at or above the device maximum is no constraint; one below the minimum (the model
+    # may give any real number, negative when the GPU is far too hot) holds the minimum
     hi = np.minimum(mx, ceil)
     hi_reason = np.where(ceil < mx, HI_THERMAL, HI_DEVICE_MAX)
     low_ceiling = hi < mn
     for g in np.nonzero(low_ceiling)[0][:20]:
-        alerts.append(f"gpu {name(g)}: thermal ceiling {ceil[g]:.1f} W below its minimum cap "
-                      f"{mn[g]:.1f} W; holding the minimum")
+        alerts.append(f"gpu {name(g)} is too hot to keep below slowdown−margin even at its minimum cap "
+                      f"({mn[g]:.0f} W): held at its minimum")
     if low_ceiling.sum() > 20:
-        alerts.append(f"{int(low_ceiling.sum()) - 20} more GPUs with a thermal ceiling below the minimum cap")
+        alerts.append(f"{int(low_ceiling.sum()) - 20} more GPUs too hot to keep below slowdown−margin even at "
+                      "their minimum cap: held at their minimum")
     hi = np.maximum(hi, mn)
     in_job = pb.job_of_gpu >= 0
     lo = np.maximum(mn, np.minimum(pb.curve_min_w, hi))
@@ -114,6 +120,14 @@ def prepare(pb: AllocationProblem) -> Prep:
     idle_cap = np.clip(pb.idle_cap_w, mn, hi)
     lo = np.where(in_job, lo, idle_cap)
     hi = np.where(in_job, hi, idle_cap)
+
+    # whole milliwatts from here on: finalize rounds caps to mW, and a bound that is not a whole mW
+    # would be rounded up at a GPU's lower bound and overrun a limit the solver planned to within
+    # LIMIT_MARGIN_W (the cause of most rounding repairs)
+    hi = _mw_floor(hi)
+    mn = np.minimum(_mw_ceil(mn), hi)
+    floor_cap = _mw_ceil(floor_cap)
+    lo = np.minimum(_mw_ceil(lo), hi)
 
     pair_dom, pair_gpu = ancestors(pb)
     depth = domain_depth(pb.domain_parent)
@@ -157,8 +171,9 @@ def prepare(pb: AllocationProblem) -> Prep:
     slow_speed, _ = _seg_min(pb.speed[jg], job, J)
     sigma = np.ones(G)
     sigma[jg] = pb.speed[jg] / slow_speed[job]
-    rho_lo = curve_rate(lo[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
-    rho_hi = curve_rate(hi[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
+    # the unclamped family here: the solver's cost max(lo, phi(s)) must stay continuous
+    rho_lo = raw_rate(lo[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
+    rho_hi = raw_rate(hi[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
     s_max, arg = _seg_min(sigma[jg] * rho_hi, job, J)
     s_max_gpu = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
     s_max = np.minimum(s_max, 1.0)
@@ -189,6 +204,24 @@ def prepare(pb: AllocationProblem) -> Prep:
                 candidates, alerts)
 
 
+def _mw_ceil(x):
+    """Smallest whole milliwatt >= x [W] (inf stays inf)."""
+    x = np.asarray(x, float)
+    with np.errstate(invalid="ignore"):
+        v = np.ceil(x * 1000.0 - 1e-6) / 1000.0
+        v = np.where(v < x, v + 0.001, v)
+    return np.where(np.isfinite(x), v, x)
+
+
+def _mw_floor(x):
+    """Largest whole milliwatt <= x [W] (inf stays inf)."""
+    x = np.asarray(x, float)
+    with np.errstate(invalid="ignore"):
+        v = np.floor(x * 1000.0 + 1e-6) / 1000.0
+        v = np.where(v > x, v - 0.001, v)
+    return np.where(np.isfinite(x), v, x)
+
+
 def cap_at_rate(pb, gpus, sigma, s):
     """phi_g(s): smallest cap [W] at which GPU g (in a job of rate s) keeps pace. Arrays over gpus."""
     r = np.minimum(s / sigma, 1.0)
@@ -198,8 +231,9 @@ def cap_at_rate(pb, gpus, sigma, s):
 def job_objective(pb, s):
     w = pb.job_weight
     if pb.objective == "proportional":
-        with np.errstate(divide="ignore"):
-            return float(np.sum(w * np.log(s)))
+        # rates are >= the curve floor (curves.RATE_MIN) by construction; never take the log of
+        # a non-positive number even if a caller passes one
+        return float(np.sum(w * np.log(np.maximum(np.asarray(s, float), 1e-12))))
     return float(np.sum(w * s))
 
 
@@ -215,15 +249,16 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
     if jg.size:
         cap[jg] = np.clip(cap_at_rate(pb, jg, prep.sigma[jg], s[pb.job_of_gpu[jg]]), lo[jg], hi[jg])
     # ---- milliwatt rounding, exact: integers, floor, then repair any domain over its limit
-    lo_mw = np.ceil(lo * 1000.0)
+    lo_mw = np.ceil(lo * 1000.0 - 1e-6)  # lo, hi are whole mW (prepare): no spurious round-up
     lo_mw += (lo_mw / 1000.0 < lo)
-    hi_mw = np.floor(hi * 1000.0)
+    hi_mw = np.floor(hi * 1000.0 + 1e-6)
     hi_mw -= (hi_mw / 1000.0 > hi)
     lo_mw = np.minimum(lo_mw, hi_mw)
     cap_mw = np.clip(np.floor(cap * 1000.0), lo_mw, hi_mw)
     lim_mw = np.where(np.isfinite(prep.limit), np.floor(np.nan_to_num(prep.limit, posinf=0) * 1000.0) - 1, np.inf)
     load_mw = np.bincount(prep.pair_dom, cap_mw[prep.pair_gpu], minlength=D)
     over = np.nonzero((load_mw > lim_mw) & ~prep.in_deficit)[0]
+    cut_gpu = np.zeros(G, bool)  # GPUs the repair lowered (their job's rate is below s)
     if over.size:
         order = np.argsort(-prep.depth[over], kind="stable")
         members = {}
@@ -249,6 +284,7 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
                 take = np.where(np.cumsum(take) - take < extra, take, 0)
                 cut[idx] += take
             cap_mw[gs] -= cut
+            cut_gpu[gs[cut > 0]] = True
         if len(members):
             alerts.append(f"rounding repair lowered caps under {len(members)} domain(s)")
     cap_w = cap_mw / 1000.0
@@ -261,8 +297,22 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
     job_rate = np.where(prep.has_gpu, np.minimum(job_rate, 1.0), 1.0)
     slowest = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
 
-    # ---- binding reasons
-    price = np.where(prep.in_deficit, np.nan, np.nan_to_num(price))
+    # ---- prices: complementary slackness. A domain with slack at the rounded caps has price 0
+    # (a solver stopped early may leave a positive multiplier on a slack domain).
+    price = np.nan_to_num(np.asarray(price, float))
+    lim = prep.limit
+    n_under = np.bincount(prep.pair_dom, minlength=D)  # milliwatt flooring loses < 1 mW per GPU
+    slack_tol = 1.0 + 1e-3 * n_under + 1e-6 * np.where(np.isfinite(lim), np.abs(np.nan_to_num(lim, posinf=0.0)), 0.0)
+    slack = np.isfinite(lim) & (load_w < lim - slack_tol)
+    price = np.where(slack | ~np.isfinite(lim), 0.0, price)
+    price = np.where(prep.in_deficit, np.nan, price)
+
+    # ---- binding reasons, from the rates the rounded caps give (a repair may have cut a job
+    # below the solver's rate: then what binds is the domain that was repaired, not its s_max)
+    s_eff = np.asarray(s, float).copy()
+    if cut_gpu.any():
+        cut_jobs = np.unique(pb.job_of_gpu[cut_gpu & prep.in_job])
+        s_eff[cut_jobs] = np.minimum(s_eff[cut_jobs], job_rate[cut_jobs])
     binding = [""] * J
     # strongest priced domain per job: argmax over (domain, gpu) pairs of price * marginal watts
     best_dom = np.full(J, -1, np.int64)
@@ -279,13 +329,14 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
         if not prep.has_gpu[j]:
             binding[j] = "no_gpus"
             continue
-        if s[j] >= 1.0 - tol:
+        if s_eff[j] >= 1.0 - tol:
             binding[j] = "saturated"
             continue
         gl = prep.s_max_gpu[j]
         if prep.held_by[gl] >= 0:
             binding[j] = f"deficit:{pb.domain_name(int(prep.held_by[gl]))}"
-        elif s[j] >= prep.s_max[j] - tol * max(1.0, prep.s_max[j]):
+        elif s_eff[j] >= prep.s_max[j] - tol * max(1.0, prep.s_max[j]):
+            # the job runs at the most its limiting GPU allows: that GPU's upper bound binds
             binding[j] = _HI_NAMES[int(prep.hi_reason[gl])]
         elif best_dom[j] >= 0:
             binding[j] = f"domain:{pb.domain_name(int(best_dom[j]))}"

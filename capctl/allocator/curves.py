@@ -40,6 +40,8 @@ __all__ = [
     "CurveParams",
     "DEFAULT_CURVES",
     "rate",
+    "rate_unclamped",
+    "RATE_MIN",
     "cap_for_rate",
     "fit_curve",
     "OnlineCurveFit",
@@ -80,11 +82,27 @@ class CurveParams:
                            self.fit_rmse, self.fit_max_err, source)
 
 
-def rate(cap_w, a, k_w, sat_w):
-    """Relative step rate rho(P) of the curve family; arrays broadcast. Returns float array [-]."""
+RATE_MIN = 0.05
+"""Floor of the predicted relative rate [-]. The exponential family extrapolates below zero at
+low caps (``rho -> -inf`` as ``P -> -inf``; with a power scale > 1 already at the device minimum),
+which no GPU does: a capped GPU still runs at its minimum clocks. :func:`rate` is clamped to
+``[RATE_MIN, 1]``; the model is valid (fitted, concave) from ``cap_for_rate(RATE_MIN)`` up, and
+the allocator never plans below that cap unless a domain limit or a thermal ceiling forces it
+(then it reports ``RATE_MIN``: "at most this slow", not a prediction)."""
+
+
+def rate_unclamped(cap_w, a, k_w, sat_w):
+    """The family itself, without the :data:`RATE_MIN` floor (may be <= 0 at low caps): for
+    fitting and for the allocator's internal, continuous cost functions. Broadcasts."""
     cap_w = np.asarray(cap_w, dtype=float)
     x = (np.asarray(sat_w, float) - cap_w) / np.asarray(k_w, float)
     return np.where(x > 0, 1.0 - np.asarray(a, float) * np.expm1(np.maximum(x, 0.0)), 1.0)
+
+
+def rate(cap_w, a, k_w, sat_w):
+    """Relative step rate rho(P) of the curve family, clamped to [:data:`RATE_MIN`, 1]; arrays
+    broadcast. Returns float array [-], always > 0 (safe under a log)."""
+    return np.maximum(rate_unclamped(cap_w, a, k_w, sat_w), RATE_MIN)
 
 
 def cap_for_rate(rate_rel, a, k_w, sat_w):

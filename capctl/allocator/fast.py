@@ -16,7 +16,8 @@ Method (details and the proof sketch in docs/allocation.md):
   gradient = B - load, Hessian = M diag(1/h) M^T. Projected Newton with an Armijo line search
   (Bertsekas 1982, "Projected Newton methods for optimization problems with simple constraints")
   with Levenberg-Marquardt damping (redundant domain constraints make the Hessian singular) and
-  Armijo backtracking, until the KKT conditions hold to ~1e-10 relative; strong duality (Slater) makes the primal
+  Armijo backtracking (rows whose jobs all sit at a bound or a kink get the curvature the jobs
+  would have if free, and an accepted full step there is extended while the dual decreases), until the KKT conditions hold to ~1e-10 relative; strong duality (Slater) makes the primal
   optimal. Rounding to milliwatts with an exact integer repair gives feasibility.
 """
 
@@ -59,8 +60,8 @@ class _Jobs:
         self.sig = sig
         self.lo = prep.lo[jg]
         self.hi = prep.hi[jg]
-        from .curves import rate
-        self.t = sig * rate(self.lo, a, self.k, self.sat)  # rate above which g needs > lo
+        from .curves import rate_unclamped
+        self.t = sig * rate_unclamped(self.lo, a, self.k, self.sat)  # rate above which g needs > lo
         self.w = pb.job_weight[var_jobs]
         self.s_lo = prep.s_lo[var_jobs]
         self.s_max = prep.s_max[var_jobs]
@@ -105,6 +106,7 @@ class _Jobs:
         at_lo = (F_lo <= 0) & ~at_hi
         open_ = ~(at_hi | at_lo)
         s = np.where(at_hi, hi, lo)
+        kinked = np.zeros(self.nv, bool)  # optimum exactly at a kink: locally price-insensitive
         jobs = np.arange(self.nv)
         lo_i = np.searchsorted(self.kink_key, jobs * self._M + lo, side="right") - 1
         hi_i = np.searchsorted(self.kink_key, jobs * self._M + hi, side="left")
@@ -127,6 +129,7 @@ class _Jobs:
                 hi_i = np.where(down, cand, hi_i)
                 hi = np.where(down, tm, hi)
                 s = np.where(at_kink, tm, s)
+                kinked |= at_kink
                 open_ &= ~at_kink
         for _ in range(64):
             srch = open_ & (hi_i - lo_i > 1)
@@ -144,6 +147,7 @@ class _Jobs:
             hi_i = np.where(down, mid, hi_i)
             hi = np.where(down, tm, hi)
             s = np.where(at_kink, tm, s)
+            kinked |= at_kink
             open_ &= ~at_kink
         s = np.where(open_, 0.5 * (lo + hi) if s0 is None else np.clip(s0, lo, hi), s)
         s = np.where(open_ & ((s <= lo) | (s >= hi)), 0.5 * (lo + hi), s)
@@ -163,8 +167,9 @@ class _Jobs:
             s = np.where(open_ & ~done, nxt, s)
             open_ &= ~done
         _, dF = self._F(s, pi_g)
-        interior = ~(at_hi | at_lo) & (s < self.s_max) & (s > self.s_lo)
+        interior = ~(at_hi | at_lo | kinked) & (s < self.s_max) & (s > self.s_lo)
         h = np.where(interior, -dF, 0.0)  # jobs at a bound do not respond to prices locally
+        self.h_bound = -dF  # their curvature if they were free (surrogate Hessian, see solve)
         return s, h
 
     def caps(self, s):
@@ -218,10 +223,14 @@ def solve(problem: AllocationProblem, *, max_iter: int = 200, tol_rel: float = 1
             pi = np.bincount(pg, lam[pc], minlength=jobs.gpus.size)
             sv, h = jobs.rates(pi, s0)
             caps, dphi = jobs.caps(sv)
+            # marginal watts of jobs at their upper bound, from the left (dphi is 0 there when a
+            # GPU's kink sits exactly at s_max): used only by the surrogate Hessian
+            _, dphi_b = jobs.caps(np.maximum(sv * (1.0 - 1e-9), jobs.s_lo))
+            dphi_b = np.where(dphi > 0, dphi, dphi_b)
             load = np.bincount(pc, caps[pg], minlength=m)
             grad = budget - load
             dual = float(U(sv).sum() + lam @ grad)
-            return sv, h, dphi, grad, dual
+            return sv, (h, jobs.h_bound.copy(), dphi_b), dphi, grad, dual
 
         lam = np.zeros(m)
         sv, h, dphi, grad, dual = evaluate(lam, None)
@@ -243,7 +252,8 @@ def solve(problem: AllocationProblem, *, max_iter: int = 200, tol_rel: float = 1
                 break
             free = (lam > 0) | (grad < 0)
             fidx = np.nonzero(free)[0]
-            inv_h = np.where(h > 0, 1.0 / np.where(h > 0, h, 1.0), 0.0)
+            h_i, h_b, dphi_b = h
+            inv_h = np.where(h_i > 0, 1.0 / np.where(h_i > 0, h_i, 1.0), 0.0)
             Mv = dphi[pg] * inv_h[jobs.job[pg]]
             rows = pc
             M = sp.csr_matrix((dphi[pg], (rows, jobs.job[pg])), shape=(m, jobs.nv))
@@ -251,6 +261,20 @@ def solve(problem: AllocationProblem, *, max_iter: int = 200, tol_rel: float = 1
             del Mv
             H = (Mw @ M.T)[fidx][:, fidx]
             diag = H.diagonal()
+            # A free price whose jobs all sit at a bound has a zero row: the dual is linear there
+            # (a domain over its limit with every job at s_max, e.g. at the start) and the
+            # damped step would be scaled by an arbitrary floor. Give such rows the curvature the
+            # jobs would have if they were free (their response once the price moves them off the
+            # bound); the line search keeps the step safe.
+            empty = ~(diag > 0)
+            surrogate = bool(empty.any())
+            if surrogate:
+                inv_b = np.where(h_b > 0, 1.0 / np.where(h_b > 0, h_b, 1.0), 0.0)
+                diag_b = np.bincount(pc, dphi_b[pg] ** 2 * inv_b[jobs.job[pg]], minlength=m)[fidx]
+                add = np.where(empty, diag_b, 0.0)
+                if np.any(add > 0):
+                    H = H + sp.diags(add)
+                    diag = H.diagonal()
             reg_floor = diag.max() if diag.size and diag.max() > 0 else 1.0
             gF = grad[fidx]
             try:
@@ -292,6 +316,16 @@ def solve(problem: AllocationProblem, *, max_iter: int = 200, tol_rel: float = 1
                 if damp >= 1e12:
                     break
                 continue
+            if surrogate and step == 1.0:
+                # the surrogate rows assume the jobs respond at once; where they sit at a kink or
+                # bound over a range of prices the dual is linear there and the step too short:
+                # extend it while the dual keeps decreasing (a few evaluations, only then)
+                for _ex in range(30):
+                    lam_x = np.maximum(lam + 4.0 * (lam_new - lam), 0.0)
+                    ev = evaluate(lam_x, sv2)
+                    if not ev[4] < dual2:
+                        break
+                    lam_new, (sv2, h2, dphi2, grad2, dual2) = lam_x, ev
             damp = max(damp * 0.1, 1e-9)
             lam, sv, h, dphi, grad, dual = lam_new, sv2, h2, dphi2, grad2, dual2
         kkt = np.where(lam > 0, np.abs(grad), np.maximum(-grad, 0.0))

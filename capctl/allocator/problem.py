@@ -250,12 +250,15 @@ class AllocationResult:
     cap_w[G]: caps [W], whole milliwatts; every domain's sum <= its limit and each cap in
       [min_cap_w, min(max_cap_w, thermal_ceiling_w)] — except a ceiling below the minimum (cap =
       minimum, alert) and domains in deficit (their GPUs held at minimum, feasible=False).
-    job_rate[J]: predicted step rate relative to the job's uncapped rate (<= 1).
-    job_binding[J]: why the job is not faster: "saturated" (runs uncapped), "domain:<name>",
-      "thermal", "device_max", "slew", "device_min", "deficit:<name>", "no_gpus".
+    job_rate[J]: predicted step rate relative to the job's uncapped rate, in [curves.RATE_MIN, 1]
+      (the curve is clamped at RATE_MIN below its valid range: never zero or negative).
+    job_binding[J]: why the job is not faster, at the rounded caps: "saturated" (runs uncapped),
+      "domain:<name>" (the job's priced domain with the highest price), "thermal" / "device_max" /
+      "slew" / "device_min" (the job runs at the most its limiting GPU's upper bound allows),
+      "deficit:<name>", "no_gpus".
     slowest_gpu[J]: GPU index setting the job's pace (-1 if the job has no GPU).
-    domain_price[D]: marginal objective per watt of the domain limit (Lagrange multiplier; 0 when
-      not binding; NaN for a domain in deficit).
+    domain_price[D]: marginal objective per watt of the domain limit (Lagrange multiplier; 0 on a
+      domain with slack at the rounded caps — complementary slackness; NaN for a domain in deficit).
     domain_load_w[D]: sum of caps under each domain [W].
     domain_deficit_w[D]: sum of minimum caps minus limit where positive, else 0 [W].
     objective_value: sum_j w_j log(job_rate_j) or sum_j w_j job_rate_j at the rounded caps.

@@ -58,6 +58,10 @@ LEDGER_PERIOD_S = 30.0
 NODE_FORGET_S = 86400.0
 """A node whose agent has not been heard of for this long (s) is forgotten: no longer counted.
 Its agent, if alive, fell back to its safe caps long ago (lease)."""
+REPLACED_WINDOW_S = 60.0
+REPLACED_MAX = 3
+"""More than ``REPLACED_MAX`` replacements of a node's open stream within ``REPLACED_WINDOW_S``
+seconds raise the "two agents claim node X?" alert (an agent restart replaces it once)."""
 GC_THRESHOLDS = (20000, 10, 10)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2
@@ -112,6 +116,7 @@ class Coordinator:
         self.solve_s: collections.deque = collections.deque(maxlen=4096)
         self.tick_count = 0
         self._start_clock = self.registry.clock()  # start of the startup hold (see _unreported_policy_nodes)
+        self._warned: set = set()  # keys of the watch alerts already logged (see _watch_alerts)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -374,7 +379,7 @@ class Coordinator:
         self.models.forget_missing(reg)
         now = reg.clock()
         inputs = allocation.build_inputs(reg, self.models, policy, now, self.lease_s, self.ack_memory_s())
-        alerts: list[str] = []
+        alerts: list[str] = self._watch_alerts(now)
         try:
             out = await asyncio.to_thread(allocation.solve, inputs)
         except (ValueError, ArithmeticError) as exc:
@@ -501,6 +506,35 @@ class Coordinator:
                     alerts.append(f"domain {name}: minimum caps exceed its limit by {deficit:.0f} W")
         self.tick_count += 1
         self._publish(inputs, out, desired, alerts, time.monotonic() - t0, plans_sent)
+
+    def _watch_alerts(self, now: float) -> list[str]:
+        """Alerts about the cluster's configuration, shown every interval while they hold and
+        logged at WARNING once (again only after they cleared and came back):
+
+        * a node whose agent registered but that the policy's domain tree does not list: it is
+          placed under the root (``Policy.domain_path``), so it counts against the cluster budget
+          only, outside every PDU/rack limit it may really be under;
+        * a node whose open stream was replaced by a new hello more than
+          :data:`REPLACED_MAX` times in :data:`REPLACED_WINDOW_S` seconds: two agents (two hosts,
+          or a copied ``--node``) claiming the same node take its stream in turns.
+        """
+        reg = self.registry
+        listed = set(self.policy.domains.all_nodes())
+        found: dict = {}
+        for name in sorted(reg.nodes):
+            if name not in listed and reg.nodes[name].gpus:
+                found[("unlisted", name)] = (
+                    f"node {name} is not in the policy: counted only against the cluster budget, outside every "
+                    "PDU/rack limit — fix the policy or the agent's --node")
+        for name, n in sorted(reg.replacements(REPLACED_WINDOW_S, now).items()):
+            if n > REPLACED_MAX:
+                found[("replaced", name)] = (f"two agents claim node {name}? its stream was replaced {n} times in "
+                                             f"{REPLACED_WINDOW_S:.0f} s")
+        for key, text in found.items():
+            if key not in self._warned:
+                log.warning("%s", text)
+        self._warned = set(found)
+        return list(found.values())
 
     def _unreported_policy_nodes(self) -> list[str]:
         """Nodes the policy lists whose agents have sent no telemetry (and no ledger entry counts)."""
@@ -726,7 +760,7 @@ def build_view(snap: _Snapshot) -> View:
                 node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
                 power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
                 clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
-                thermal_ceiling_w=finite(ceil_of.get(key, math.inf), 0.0), cap_state=cap_state or ("" if have_reading else "NO_READING"),
+                thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=cap_state or ("" if have_reading else "NO_READING"),
                 max_sm_clock_mhz=max_sm_clock,
             )
             busy = util >= 20.0 and max_sm_clock > 0
@@ -802,6 +836,18 @@ def _deficit_from_message(text: str) -> float:
 
     m = re.search(r"deficit ([0-9.eE+-]+) W", text)
     return float(m.group(1)) if m else 0.0
+
+
+def _shown_ceiling_w(ceiling_w: float, min_cap_w: float, max_cap_w: float) -> float:
+    """A GPU's thermal ceiling as status shows it (W), clipped to the device's limit range: 0 when
+    unknown; the device maximum when at or above it (no constraint: the RC model can give
+    thousands of watts for a cool GPU); the minimum cap when below it (the GPU is held at its
+    minimum: the model can give a negative ceiling for a GPU far too hot)."""
+    if not math.isfinite(ceiling_w):
+        return 0.0
+    if max_cap_w > 0:
+        ceiling_w = min(ceiling_w, max_cap_w)
+    return float(max(ceiling_w, min_cap_w))
 
 
 def _binding_ceiling_w(ceiling_w: float, max_cap_w: float) -> float:

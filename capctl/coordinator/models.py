@@ -16,7 +16,9 @@ Rate observations (one per telemetry sample of a busy GPU; source: NVML clocks e
 * idle GPUs (utilization below :data:`BUSY_UTILIZATION_PCT`) give no observation.
 
 Thermal observations: ``(timestamp, power_w, temp_c)`` of every sample (power is NVML's ~1 s
-average, close enough to the average over the interval for intervals of seconds).
+average, close enough to the average over the interval for intervals of seconds), only at times
+when every GPU of the node has a valid sample with a temperature (the registry keeps samples
+without a valid reading out altogether: zeros are never learned from).
 
 The curve prior is the allocator's default for the device's model (:data:`DEFAULT_CURVES`,
 matched in the NVML product name); unknown products get the A40 curve mapped affinely onto the
@@ -132,8 +134,8 @@ class GpuModel:
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
         rho = rate_observation(sample, max_sm_clock_mhz)
-        if rho is None or not math.isfinite(sample.enforced_w):
-            return
+        if rho is None or not (math.isfinite(sample.enforced_w) and sample.enforced_w > 0):
+            return  # no reading (zeros) is no observation
         self.curve_fit.add(sample.enforced_w, rho)
         b = int(round(sample.enforced_w))
         if b not in self._caps and sample.enforced_w >= self.prior.valid_min_w:
@@ -270,10 +272,15 @@ class Models:
                     self.gpus[key] = m
                 for s in samples.get(key, ()):
                     m.add(s, g.max_sm_clock_mhz)
-            # thermal: samples arrive together per telemetry message; align by position
-            n = min((len(s) for s in per_gpu), default=0)
-            for k in range(n):
-                nt.add(per_gpu[0][k].time_s, [s[k].power_w for s in per_gpu], [s[k].temp_c for s in per_gpu])
+            # thermal: the samples of one telemetry message share its arrival time; a time is
+            # used only when every GPU of the node has a valid sample then (a GPU without a
+            # reading, or without a temperature, gives none: the fit never learns from zeros)
+            if per_gpu and all(per_gpu):
+                by_time = [{s.time_s: s for s in samples_i if s.temp_c > 0 and math.isfinite(s.temp_c)}
+                           for samples_i in per_gpu]
+                common = sorted(set(by_time[0]).intersection(*by_time[1:]))
+                for t in common:
+                    nt.add(t, [m[t].power_w for m in by_time], [m[t].temp_c for m in by_time])
 
     def curve(self, key: tuple[str, int]) -> CurveParams | None:
         """Current rate curve of a GPU (None if unknown)."""

@@ -260,6 +260,8 @@ class Registry:
         self.job_energy_j: dict[str, float] = collections.defaultdict(float)
         self._energy_seen: dict[tuple[str, int], float] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=256)
+        # node -> monotonic times at which a hello replaced a still-open stream of that node
+        self.replaced_mono: dict[str, collections.deque] = {}
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -291,6 +293,11 @@ class Registry:
             g.pre_job_cap_w = info.pre_job_cap_w
             g.pending.clear()  # plans of an older stream will never be acked
             node.gpus[info.index] = g
+        if node.session is not None and node.session is not session:
+            # a new stream while the old one is still open: an agent restart, or two agents
+            # claiming the same node (each hello then replaces the other's stream)
+            times = self.replaced_mono.setdefault(hello.node, collections.deque(maxlen=64))
+            times.append(now)
         node.bindings = {}
         for b in hello.jobs:
             binding = Binding.from_proto(b, node=hello.node)
@@ -332,7 +339,11 @@ class Registry:
             g = gpus.get(index)
             if g is None:
                 continue
-            self._reading(g, t)
+            if not self._reading(g, t):
+                # no valid reading (an agent that just started, NVML not answering yet: zeros):
+                # nothing of this sample is a fact; the GPU keeps its last readings (or stays
+                # without one: fixed at its accounted cap) and no model learns from it
+                continue
             power_w = t.power_w
             temp_c = t.temp_c
             sm_clock = t.sm_clock_mhz
@@ -377,8 +388,9 @@ class Registry:
             g = node.gpus.get(t.index)
             if g is None:
                 continue
+            if not self._reading(g, t):
+                continue  # not read back: the cap sent keeps counting (below)
             seen.add(t.index)
-            self._reading(g, t)
             g.last_ack_w = t.enforced_w
             g.last_ack_mono = now
         for idx, g in node.gpus.items():
@@ -387,13 +399,18 @@ class Registry:
                 g.last_ack_w = max(g.enforced_w, sent)
                 g.last_ack_mono = now
 
-    def _reading(self, g: GpuObs, t) -> None:
-        unreadable = t.cap_state in ("LOST", "ERROR") and not t.enforced_w > 0
-        if unreadable:
-            # a GPU that cannot be read keeps counting at its last known caps (never as 0 W freed)
-            g.cap_state = t.cap_state
+    def _reading(self, g: GpuObs, t) -> bool:
+        """Apply one read-back (telemetry or ack) to ``g``; False when it holds no valid reading.
+
+        A read-back without a positive enforced limit is not a reading: NVML never enforces 0 W,
+        so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
+        first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
+        and a GPU that never had a reading stays fixed at its accounted cap."""
+        if not t.enforced_w > 0:
+            if t.cap_state:
+                g.cap_state = t.cap_state
             g.error = t.error or g.error
-            return
+            return False
         g.have_reading = True
         g.cap_w = t.cap_w
         g.enforced_w = t.enforced_w
@@ -402,6 +419,7 @@ class Registry:
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error
+        return True
 
     def on_job_started(self, node_name: str, binding_msg) -> None:
         """Bind a job to GPUs of ``node_name`` (idempotent)."""
@@ -452,6 +470,21 @@ class Registry:
         return gone
 
     # -- queries ------------------------------------------------------------------------------
+    def replacements(self, window_s: float, now_mono: float | None = None) -> dict[str, int]:
+        """Node -> how many times its open stream was replaced by a new hello within the last
+        ``window_s`` seconds (nodes with none are left out; older entries are dropped)."""
+        now = self.clock() if now_mono is None else now_mono
+        out = {}
+        for name in list(self.replaced_mono):
+            times = self.replaced_mono[name]
+            while times and now - times[0] > window_s:
+                times.popleft()
+            if times:
+                out[name] = len(times)
+            else:
+                del self.replaced_mono[name]
+        return out
+
     @staticmethod
     def job_of(node: NodeObs, index: int) -> str:
         """The job bound to GPU ``index`` of ``node`` ("" when idle)."""

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from capctl.allocator.curves import (DEFAULT_CURVES, CurveParams, OnlineCurveFit, cap_for_rate, fit_curve,
-                                     fit_zeus_model, load_zeus_traces, rate, zeus_data_dir)
+                                     RATE_MIN, fit_zeus_model, load_zeus_traces, rate, rate_unclamped,
+                                     zeus_data_dir)
 from tests.conftest import require
 
 
@@ -47,7 +48,7 @@ def test_a40_curve_is_not_concave_at_the_bottom_so_fit_range_starts_above_100w()
 def test_family_is_concave_increasing_and_inverse_is_exact():
     c = DEFAULT_CURVES["H100"]
     p = np.linspace(200, 700, 501)
-    r = c.rate(p)
+    r = rate_unclamped(p, c.a, c.k_w, c.sat_w)
     assert np.all(np.diff(r) >= -1e-12)
     assert np.all(np.diff(r, 2) <= 1e-12)
     q = cap_for_rate(r[r < 1], c.a, c.k_w, c.sat_w)
@@ -70,6 +71,24 @@ def test_online_fit_converges_to_true_curve_with_noise_and_outliers():
     got = fit.params()
     err = np.max(np.abs(got.rate(caps) - true.rate(caps)))
     assert err < 0.03 < err0
-    assert np.all(np.diff(got.rate(caps), 2) <= 1e-12)  # still concave
+    # still concave (the family; the clamped curve is flat at RATE_MIN below its valid range)
+    assert np.all(np.diff(rate_unclamped(caps, got.a, got.k_w, got.sat_w), 2) <= 1e-12)
+    assert got.rate(caps).min() >= RATE_MIN
     with pytest.raises(ValueError):
         fit.add(float("nan"), 1.0)
+
+
+def test_rate_is_clamped_to_its_floor_below_the_valid_range():
+    """The exponential family extrapolates below zero at low caps (default H100 curve scaled in
+    power by 1.5, as the online model does for a power-hungry GPU: rho(200 W) ~ -0.5); the
+    clamped curve never goes below RATE_MIN and equals the family above cap_for_rate(RATE_MIN)."""
+    c = DEFAULT_CURVES["H100"]
+    k, sat = c.k_w * 1.5, c.sat_w * 1.5
+    p = np.linspace(200, 700, 501)
+    raw = rate_unclamped(p, c.a, k, sat)
+    assert raw.min() < 0  # the bug: an extrapolated negative rate
+    r = rate(p, c.a, k, sat)
+    assert r.min() == RATE_MIN and np.all(np.diff(r) >= -1e-12)
+    p_min = float(cap_for_rate(RATE_MIN, c.a, k, sat))
+    above = p >= p_min
+    assert np.allclose(r[above], raw[above]) and np.all(r[~above] == RATE_MIN)

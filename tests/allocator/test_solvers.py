@@ -100,7 +100,9 @@ def test_ceiling_below_minimum_gets_minimum_and_alert():
     pb = small_cluster(jobs=["a"] * 8 + ["b"] * 8, cluster_w=4000.0, ceilings=ceil)
     r = solve(pb)
     assert r.cap_w[3] == 100.0
-    assert any("n0g3" in a and "thermal ceiling" in a for a in r.alerts)
+    # worded as what happens, never as a (possibly negative) ceiling "below" the minimum
+    assert any("n0g3" in a and "too hot" in a and "minimum cap (100 W): held at its minimum" in a for a in r.alerts)
+    assert not any("ceiling" in a for a in r.alerts)
     assert r.job_binding[0] == "thermal"
     assert r.slowest_gpu[0] == 3
     # job-mates keep pace with the throttled GPU instead of burning watts

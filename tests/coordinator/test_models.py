@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from capctl.allocator.curves import rate_unclamped  # the family itself: synthetic truth below RATE_MIN too
 from capctl.coordinator import models as M
 from capctl.coordinator.registry import GpuObs, NodeObs, Registry, Sample
 
@@ -83,7 +84,7 @@ def _feed(reg, models, scales, steps):
     for t in range(steps):
         for i, g in reg.nodes["n1"].gpus.items():
             cap = 300.0 + 40.0 * (t % 8)
-            g.new_samples.append(_sample(float(t), cap, float(prior.rate(cap / scales[i]))))
+            g.new_samples.append(_sample(float(t), cap, float(rate_unclamped(cap / scales[i], prior.a, prior.k_w, prior.sat_w))))
         models.update(reg, 5.0)
         out.append([models.curve(("n1", i)) for i in reg.nodes["n1"].gpus])
     return out

@@ -1,0 +1,115 @@
+"""Binding reasons, prices and convergence on small, fully explained instances (issue: wrong or
+stale BINDING, prices on slack domains, the fast path stopping on a trivial 2-PDU problem)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capctl.allocator.curves import DEFAULT_CURVES, RATE_MIN
+from capctl.allocator.fast import solve
+from capctl.allocator.problem import AllocationProblem
+
+from .helpers import assert_exactly_feasible
+
+H100 = DEFAULT_CURVES["H100"]
+
+
+def two_pdus(budget_w, *, scale=1.2, held=(), held_w=700.0, ceilings=None, jobs=("j",) * 16):
+    """2 nodes x 8 H100 (200-700 W), each node on its own PDU (4500 W), under a cluster budget.
+    ``scale``: the online model's per-GPU power scale (1.2: saturation 740 W, above the device
+    maximum, so the rate at 700 W is below 1). ``held``: GPU indices fixed at ``held_w``
+    (min = max = accounted, as the coordinator builds GPUs without a reading)."""
+    doms = [{"name": "cluster", "parent": None, "limit_w": budget_w, "kind": "cluster"},
+            {"name": "pdu-a", "parent": "cluster", "limit_w": 4500.0, "kind": "pdu"},
+            {"name": "pdu-b", "parent": "cluster", "limit_w": 4500.0, "kind": "pdu"},
+            {"name": "node:n1", "parent": "pdu-a", "limit_w": None, "kind": "node"},
+            {"name": "node:n2", "parent": "pdu-b", "limit_w": None, "kind": "node"}]
+    curve = {"a": H100.a, "k_w": H100.k_w * scale, "sat_w": H100.sat_w * scale, "valid_min_w": 200.0}
+    gpus = []
+    for g in range(16):
+        fixed = g in held
+        gpus.append({"name": f"n{1 + g // 8}/{g % 8}", "domain": f"node:n{1 + g // 8}",
+                     "min_cap_w": held_w if fixed else 200.0, "max_cap_w": held_w if fixed else 700.0,
+                     "curve": curve, "job": jobs[g],
+                     "thermal_ceiling_w": None if ceilings is None else ceilings[g]})
+    names = sorted({j for j in jobs if j})
+    return AllocationProblem.build(gpus=gpus, jobs={n: 1.0 for n in names}, domains=doms)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.2, 1.5])
+def test_pdus_at_their_limit_bind_and_the_fast_path_converges(scale):
+    pb = two_pdus(20000.0, scale=scale)
+    r = solve(pb)
+    assert_exactly_feasible(pb, r)
+    assert not any("stopped after" in a for a in r.alerts), r.alerts
+    assert not any("rounding repair" in a for a in r.alerts), r.alerts
+    assert r.iterations < 40
+    assert np.allclose(r.cap_w, 562.5, atol=0.01)
+    assert r.job_binding == ["domain:pdu-a"] or r.job_binding == ["domain:pdu-b"]
+    d = list(pb.domain_names)
+    assert r.domain_price[d.index("pdu-a")] > 0 and r.domain_price[d.index("pdu-b")] > 0
+    assert r.domain_price[d.index("cluster")] == 0.0  # 11 kW of slack
+
+
+@pytest.mark.parametrize("held", [(), (0,)])
+def test_cluster_bound_gives_slack_pdus_zero_price(held):
+    """Budget 7000 W: the cluster binds, each PDU keeps ~1000 W of slack -> price 0 there
+    (complementary slackness), binding "domain:cluster", also with a GPU held at its accounted
+    cap (an agent that reconnected and has not reported yet)."""
+    pb = two_pdus(7000.0, held=held)
+    r = solve(pb)
+    assert_exactly_feasible(pb, r)
+    assert not any("stopped after" in a or "rounding repair" in a for a in r.alerts), r.alerts
+    d = list(pb.domain_names)
+    assert r.domain_load_w[d.index("cluster")] > 7000.0 - 0.1
+    for pdu in ("pdu-a", "pdu-b"):
+        assert r.domain_load_w[d.index(pdu)] < 4500.0 - 500.0
+        assert r.domain_price[d.index(pdu)] == 0.0
+    assert r.domain_price[d.index("cluster")] > 0
+    assert r.job_binding == ["domain:cluster"]
+
+
+def test_two_jobs_each_bound_by_its_own_pdu():
+    pb = two_pdus(20000.0, jobs=("a",) * 8 + ("b",) * 8)
+    r = solve(pb)
+    assert r.job_binding == ["domain:pdu-a", "domain:pdu-b"]
+    assert not r.alerts
+
+
+def test_device_max_only_where_the_device_maximum_binds():
+    def unlimited(scale):
+        pb = two_pdus(1e6, scale=scale)
+        return AllocationProblem(**{**pb.__dict__, "domain_limit_w": np.array([1e6] + [np.inf] * 4)})
+
+    # plenty of power; the curve saturates above 700 W (scale 1.2): the device maximum binds
+    r = solve(unlimited(1.2))
+    assert np.allclose(r.cap_w, 700.0) and r.job_binding == ["device_max"]
+    # saturation below the maximum: the curve, not the device, limits the job
+    r = solve(unlimited(1.0))
+    assert r.job_binding == ["saturated"] and np.all(r.cap_w < 700.0)
+
+
+def test_negative_ceiling_is_worded_as_too_hot_and_huge_ceiling_is_no_constraint():
+    ceil = [None] * 16
+    ceil[3] = -590.1   # far too hot: the RC model's ceiling is negative
+    ceil[5] = 8554.0   # cold: far above the device maximum, not a constraint
+    pb = two_pdus(20000.0, ceilings=ceil, jobs=("a",) * 8 + ("b",) * 8)
+    r = solve(pb)
+    assert r.cap_w[3] == 200.0
+    alert = [a for a in r.alerts if "n1/3" in a]
+    assert alert == ["gpu n1/3 is too hot to keep below slowdown−margin even at its minimum cap (200 W): "
+                     "held at its minimum"]
+    assert not any("-590" in a or "8554" in a for a in r.alerts)
+    assert r.job_binding[0] == "thermal"
+    assert r.job_binding[1] == "domain:pdu-b"
+
+
+def test_rates_never_negative_and_objective_finite_at_minimum_caps():
+    """A power-hungry GPU (scale 2) whose curve extrapolates far below zero at 200 W, held at its
+    minimum by a deficit-free but tight PDU: the reported rate is clamped at RATE_MIN, never < 0,
+    and the log objective is finite."""
+    pb = two_pdus(20000.0, scale=2.0, ceilings=[150.0] + [None] * 15, jobs=("a",) * 8 + ("b",) * 8)
+    r = solve(pb)
+    assert np.all(r.job_rate >= RATE_MIN) and np.isfinite(r.objective_value)
+    assert r.job_rate[0] == RATE_MIN

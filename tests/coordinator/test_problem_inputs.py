@@ -1,0 +1,166 @@
+"""The coordinator's observed state -> problem: GPUs without a valid reading, thermal learning,
+configuration alerts (node outside the policy, a node's stream replaced again and again).
+
+In-process: the real Coordinator, Registry and Models with protobuf messages; the agent sessions
+are stand-ins that drop every plan (no gRPC needed for these rules)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import numpy as np
+
+from capctl.allocator.thermal import THERMAL_PRIOR
+from capctl.coordinator import allocation
+from capctl.coordinator.loop import REPLACED_MAX, Coordinator
+from capctl.coordinator.models import Models
+from capctl.coordinator.registry import Registry
+from capctl.policy.validate import parse_policy
+
+from capctl.v1 import capctl_pb2 as pb
+
+POLICY = """
+version: 1
+budget_w: 20000
+interval_s: 2
+objective: proportional
+thermal: {margin_c: 5}
+slew_w: null
+idle_cap_w: 200
+min_cap_w: null
+failsafe: {lease_s: 10, safe_cap_w: null}
+weights: {default: 1.0}
+domains:
+  name: cluster
+  kind: cluster
+  gpu_model: H100-SXM
+  gpus_per_node: 2
+  children:
+    - {name: pdu-a, kind: pdu, limit_w: 4500, nodes: "node1"}
+    - {name: pdu-b, kind: pdu, limit_w: 4500, nodes: "node2"}
+"""
+
+
+class Session:
+    """Stand-in for server.AgentSession: plans are dropped (send -> False)."""
+
+    def __init__(self, peer="127.0.0.1:1"):
+        self.peer = peer
+        self.waiters: dict = {}
+        self.sent: dict = {}
+        self.closed = ""
+
+    def send(self, msg) -> bool:
+        return False
+
+    def close(self, why: str = "") -> None:
+        self.closed = why
+
+
+def hello(node, n_gpus=2, jobs=()):
+    return pb.AgentHello(
+        protocol_version="capctl.v1", node=node, simulated=True,
+        gpus=[pb.GpuInfo(index=i, uuid=f"GPU-{node}-{i}", name="NVIDIA H100 80GB HBM3", min_cap_w=200.0,
+                         max_cap_w=700.0, default_cap_w=700.0, slowdown_temp_c=87.0, shutdown_temp_c=92.0,
+                         max_sm_clock_mhz=1980) for i in range(n_gpus)],
+        jobs=[pb.JobBinding(job_id=j, node=node, gpu_indices=list(range(n_gpus))) for j in jobs])
+
+
+def telemetry(node, seq, rows):
+    """rows: (enforced_w, power_w, temp_c) per GPU; (0, 0, 0) = the zeroed sample of an agent
+    that could not read its GPU yet."""
+    return pb.NodeTelemetry(node=node, seq=seq, gpus=[
+        pb.GpuTelemetry(index=i, power_w=p, cap_w=e, enforced_w=e, temp_c=t, sm_clock_mhz=1800 if e else 0,
+                        clocks_event_reasons=["SW_POWER_CAP"] if e else [], utilization_pct=100.0 if e else 0.0)
+        for i, (e, p, t) in enumerate(rows)])
+
+
+def test_zeroed_telemetry_is_no_reading_gpu_fixed_and_no_model_learns_from_it():
+    now = [0.0]
+    reg = Registry(clock=lambda: now[0])
+    models = Models(clock=lambda: now[0], budget_clock=lambda: now[0])
+    policy = parse_policy(POLICY)
+    for n in ("node1", "node2"):
+        reg.on_hello(hello(n, jobs=("j1",)), Session())
+    temps = 40.0
+    for k in range(40):
+        now[0] = 2.0 * k
+        temps += 0.5
+        # node1 GPU 0 keeps sending zeros (e.g. NVML not answering yet); the others real readings
+        reg.on_telemetry("node1", telemetry("node1", k, [(0.0, 0.0, 0.0), (450.0, 440.0, temps)]))
+        reg.on_telemetry("node2", telemetry("node2", k, [(450.0, 440.0 + k, temps), (450.0, 430.0 + k, temps)]))
+        models.update(reg, 2.0)
+    g0 = reg.nodes["node1"].gpus[0]
+    assert not g0.have_reading and g0.accounted_w(now[0], 2.0) == 700.0
+    assert g0.temp_c == 0.0 and g0.enforced_w == 0.0  # nothing recorded from the zeroed samples
+    assert reg.nodes["node1"].gpus[1].have_reading
+    inputs = allocation.build_inputs(reg, models, policy, now[0], 10.0, 2.0)
+    by_key = {g.key: g for g in inputs.gpus}
+    fixed = by_key[("node1", 0)]
+    assert fixed.fixed and fixed.min_cap_w == fixed.max_cap_w == 700.0  # held at its accounted cap
+    assert not by_key[("node1", 1)].fixed and not by_key[("node2", 0)].fixed
+    # no model learned from the zeros: node1's thermal fit never got a sample (one GPU has none),
+    # node2's did; GPU 0's curve model saw no observation
+    r1, tau1, inlet1 = models.thermal("node1")[1]
+    prior = (THERMAL_PRIOR["r_c_per_w"][0], THERMAL_PRIOR["tau_s"][0], THERMAL_PRIOR["inlet_c"][0])
+    assert np.allclose((r1, tau1, inlet1), prior, rtol=1e-9)
+    assert models.nodes["node1"].last_t == -math.inf and models.nodes["node2"].last_t > 0
+    assert models.thermal("node2")[0] != models.thermal("node1")[1]
+    assert models.gpus[("node1", 0)].curve_fit.n_samples == 0
+    assert models.gpus[("node1", 1)].curve_fit.n_samples > 0
+    # a zeroed ack read-back is no reading either: the cap sent keeps counting
+    g1 = reg.nodes["node1"].gpus[1]
+    g1.pending[7] = 600.0
+    reg.on_ack("node1", pb.CapAck(seq=7, ok=True, gpus=[pb.GpuTelemetry(index=1)]), {1: 600.0})
+    assert g1.enforced_w == 450.0 and g1.accounted_w(now[0], 2.0) == 600.0
+
+
+def _coordinator():
+    return Coordinator(parse_policy(POLICY), "<test>")
+
+
+def test_node_outside_the_policy_and_replaced_streams_alert_once(caplog):
+    coord = _coordinator()
+    reg = coord.registry
+    for n in ("node1", "node2", "node9"):
+        reg.on_hello(hello(n, jobs=(f"job-{n}",)), Session())
+        reg.on_telemetry(n, telemetry(n, 1, [(400.0, 390.0, 50.0), (400.0, 390.0, 50.0)]))
+    unlisted = ("node node9 is not in the policy: counted only against the cluster budget, outside every "
+                "PDU/rack limit — fix the policy or the agent's --node")
+    with caplog.at_level(logging.WARNING, logger="capctl.coordinator.loop"):
+        for _ in range(3):
+            asyncio.run(coord.tick())
+            alerts = list(coord.view.resolve().status.alerts)
+            assert unlisted in alerts
+            assert not any("replaced" in a for a in alerts)
+        # node1's stream replaced REPLACED_MAX + 1 times within a minute: two agents claim it
+        for k in range(REPLACED_MAX + 1):
+            reg.on_hello(hello("node1", jobs=("job-node1",)), Session(peer=f"127.0.0.{2 + k % 2}:1"))
+        for _ in range(2):
+            asyncio.run(coord.tick())
+            alerts = list(coord.view.resolve().status.alerts)
+            assert f"two agents claim node node1? its stream was replaced {REPLACED_MAX + 1} times in 60 s" in alerts
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings.count(unlisted) == 1
+    assert sum("two agents claim node node1" in w for w in warnings) == 1
+
+
+def test_one_restart_is_not_a_replaced_stream_alert():
+    coord = _coordinator()
+    reg = coord.registry
+    reg.on_hello(hello("node1"), Session())
+    for k in range(REPLACED_MAX):
+        reg.on_hello(hello("node1"), Session())
+    assert reg.replacements(60.0) == {"node1": REPLACED_MAX}
+    assert not any("claim" in a for a in coord._watch_alerts(reg.clock()))
+
+
+def test_status_shows_ceilings_only_where_they_constrain():
+    from capctl.coordinator.loop import _shown_ceiling_w
+
+    assert _shown_ceiling_w(8554.0, 200.0, 700.0) == 700.0    # cool GPU: the device maximum, not "8554 W"
+    assert _shown_ceiling_w(math.inf, 200.0, 700.0) == 0.0
+    assert _shown_ceiling_w(-590.1, 200.0, 700.0) == 200.0    # too hot: held at its minimum
+    assert _shown_ceiling_w(650.0, 200.0, 700.0) == 650.0
