@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require
+from tests.support.waiting import wait_for  # noqa: F401 (re-exported to the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,13 +141,3 @@ def importlib_ok() -> bool:
     return True
 
 
-def wait_for(cond, timeout_s: float, what: str, period_s: float = 0.05):
-    """Poll ``cond()`` until truthy (returns its value) or fail after ``timeout_s`` naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(period_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")

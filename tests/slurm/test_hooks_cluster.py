@@ -15,21 +15,14 @@ from pathlib import Path
 import hostlist
 import pytest
 
+from tests.support.waiting import wait_for
+
 pytestmark = pytest.mark.slurm
 
 HOOK_BOUND_S = 2.0
 """Each hook run must end within this many seconds, whatever happens (issue: <= 2 s)."""
 
 
-def wait_for(cond, timeout_s: float = 20.0, what: str = "condition", poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
 
 
 def held_job(cluster, *args: str) -> str:
