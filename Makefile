@@ -10,7 +10,7 @@ SIM_SRC := $(wildcard csrc/simnvml/*.c csrc/simnvml/*.h)
 PROTOS := $(wildcard protos/capctl/v1/*.proto)
 PROTO_STAMP := capctl/v1/.generated
 
-.PHONY: all setup build test test-fast demo bench clean slurm-deps slurm-up slurm-down
+.PHONY: all setup build test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
 
 all: build
 
@@ -50,8 +50,16 @@ test-fast: build
 demo: build
 	$(VENV)/bin/capctl demo
 
+# Benchmarks (docs/benchmarks.md). bench-loop and bench-soak start 100-1,000 agents on loopback.
 bench: build
 	$(PY) bench/solver_scale.py
+	$(PY) bench/sim_compare.py
+
+bench-loop: build
+	$(PY) bench/control_loop.py
+
+bench-soak: build
+	$(PY) bench/soak.py
 
 slurm-up: build slurm-deps
 	$(PY) -m tests.slurmcluster up
