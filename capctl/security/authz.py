@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from capctl.errors import UserInputError
+from capctl.security.files import read_regular_file
 from capctl.security.identity import ROLE_ADMIN, ROLE_URI_PREFIX, peer_identity
 
 MAX_TOKEN_BYTES = 4096
@@ -79,15 +80,9 @@ def load_token_file(path: str | os.PathLike, flag: str = "--admin-token-file", *
         UserInputError: naming ``flag``, the path and what to fix — never the file's content.
     """
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise UserInputError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UserInputError(f"{flag} {path}: not a regular file")
-        allowed_owners = set(owner_uids) if owner_uids is not None else {0, os.geteuid()}
+    allowed_owners = set(owner_uids) if owner_uids is not None else {0, os.geteuid()}
+
+    def check(st: os.stat_result) -> None:
         if st.st_uid not in allowed_owners:
             raise UserInputError(f"{flag} {path}: owned by uid {st.st_uid}; the token file must belong to root "
                                  f"(chown root:root {path})")
@@ -95,9 +90,8 @@ def load_token_file(path: str | os.PathLike, flag: str = "--admin-token-file", *
         if mode & 0o077:
             raise UserInputError(f"{flag} {path}: mode {mode:04o} lets other users read or change the token; "
                                  f"run: chmod 600 {path}")
-        raw = os.read(fd, MAX_TOKEN_BYTES + 1)
-    finally:
-        os.close(fd)
+
+    raw = read_regular_file(flag, path, MAX_TOKEN_BYTES, check)
     if len(raw) > MAX_TOKEN_BYTES:
         raise UserInputError(f"{flag} {path}: longer than {MAX_TOKEN_BYTES} bytes")
     text = raw.decode("ascii", "replace").strip()

@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 
 from capctl.errors import UserInputError
+from capctl.security.files import read_regular_file
 
 MAX_PEM_BYTES = 1 << 20
 """Largest PEM file read (1 MiB): a CA bundle of a few hundred certificates fits easily."""
@@ -86,22 +87,14 @@ class TlsConfig:
 
 
 def _read_pem(flag: str, path: Path, secret: bool = False) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise UserInputError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UserInputError(f"{flag} {path}: not a regular file")
+    def check(st: os.stat_result) -> None:
         if secret and st.st_mode & stat.S_IROTH:
             raise UserInputError(f"{flag} {path}: private key readable by every user (mode "
                                  f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
         if st.st_size > MAX_PEM_BYTES:
             raise UserInputError(f"{flag} {path}: {st.st_size} bytes, at most {MAX_PEM_BYTES} allowed")
-        data = os.read(fd, MAX_PEM_BYTES + 1)
-    finally:
-        os.close(fd)
+
+    data = read_regular_file(flag, path, MAX_PEM_BYTES, check)
     if not data.strip():
         raise UserInputError(f"{flag} {path}: empty file")
     return data
