@@ -94,6 +94,20 @@ class _Jobs:
         u = self.w / s if self.prop else self.w
         return u - f_left, u - f_right
 
+    def _probe_kink(self, probe, cand, open_, pi_g, lo, hi, lo_i, hi_i, s):
+        """One bracketing step over sorted kinks: for jobs in ``probe``, evaluate F at kink ``cand``.
+
+        Returns the new (lo, hi, lo_i, hi_i, s, at_kink): the bracket shrinks to the side of the
+        kink that holds the root; a job whose root is the kink itself gets ``s`` = that kink."""
+        tm = np.where(probe, self.kink_t[np.clip(cand, 0, max(self.kink_t.size - 1, 0))],
+                      np.where(open_, 0.5 * (lo + hi), s))
+        fl, fr = self._F_both(tm, pi_g)
+        at_kink = probe & (fl >= 0) & (fr <= 0)
+        up = probe & (fr > 0)
+        down = probe & (fl < 0)
+        return (np.where(up, tm, lo), np.where(down, tm, hi), np.where(up, cand, lo_i),
+                np.where(down, cand, hi_i), np.where(at_kink, tm, s), at_kink)
+
     def rates(self, pi_g, s0=None, tol=1e-13, max_iter=60):
         """Optimal s[nv] for GPU prices pi_g; also h = -dF/ds (0 where at a bound).
 
@@ -118,17 +132,7 @@ class _Jobs:
                 usable = open_ & (cand > lo_i) & (cand < hi_i)
                 if not usable.any():
                     continue
-                tm = np.where(usable, self.kink_t[np.clip(cand, 0, self.kink_t.size - 1)], np.where(open_, lo, s))
-                tm = np.where(usable, tm, np.where(open_, 0.5 * (lo + hi), s))
-                fl, fr = self._F_both(tm, pi_g)
-                at_kink = usable & (fl >= 0) & (fr <= 0)
-                up = usable & (fr > 0)
-                down = usable & (fl < 0)
-                lo_i = np.where(up, cand, lo_i)
-                lo = np.where(up, tm, lo)
-                hi_i = np.where(down, cand, hi_i)
-                hi = np.where(down, tm, hi)
-                s = np.where(at_kink, tm, s)
+                lo, hi, lo_i, hi_i, s, at_kink = self._probe_kink(usable, cand, open_, pi_g, lo, hi, lo_i, hi_i, s)
                 kinked |= at_kink
                 open_ &= ~at_kink
         for _ in range(64):
@@ -136,17 +140,7 @@ class _Jobs:
             if not srch.any():
                 break
             mid = (lo_i + hi_i) // 2
-            tm = np.where(srch, self.kink_t[np.clip(mid, 0, max(self.kink_t.size - 1, 0))], s)
-            tm = np.where(srch, tm, np.where(open_, 0.5 * (lo + hi), s))
-            fl, fr = self._F_both(tm, pi_g)
-            at_kink = srch & (fl >= 0) & (fr <= 0)
-            up = srch & (fr > 0)
-            down = srch & (fl < 0)
-            lo_i = np.where(up, mid, lo_i)
-            lo = np.where(up, tm, lo)
-            hi_i = np.where(down, mid, hi_i)
-            hi = np.where(down, tm, hi)
-            s = np.where(at_kink, tm, s)
+            lo, hi, lo_i, hi_i, s, at_kink = self._probe_kink(srch, mid, open_, pi_g, lo, hi, lo_i, hi_i, s)
             kinked |= at_kink
             open_ &= ~at_kink
         s = np.where(open_, 0.5 * (lo + hi) if s0 is None else np.clip(s0, lo, hi), s)

@@ -118,6 +118,26 @@ def _prepare_admin_socket(path: str) -> None:
     raise UserInputError(f"--admin-socket {path}: another process is serving on it (another coordinator?)")
 
 
+def _unix_socket_server(coord, path: str, flag: str, authorizer):
+    """An unstarted gRPC server for ``coord`` on the unix socket ``path`` (created mode 0600
+    through the umask), admitting callers by ``authorizer``.
+
+    Raises:
+        UserInputError: the socket cannot be prepared or bound (naming ``flag``).
+    """
+    from capctl.coordinator import server as srv
+
+    _prepare_admin_socket(path)
+    old = os.umask(0o177)
+    try:
+        server, _ = srv.build_server(coord, "unix:" + path, authorizer, agent_link=False)
+    except RuntimeError as exc:
+        raise UserInputError(f"{flag}: {exc}") from None
+    finally:
+        os.umask(old)
+    return server
+
+
 def _precheck_listen(address: str, flag: str = "--listen") -> None:
     """Try the address with a plain socket before gRPC does, for a clear reason instead of gRPC's
     "Failed to bind" (and its E... add_port.cc log line).
@@ -280,30 +300,12 @@ async def serve(args) -> int:
         host = args.listen.rpartition(":")[0]
         listen_addr = f"{host}:{port}"
     if admin_socket:
-        _prepare_admin_socket(admin_socket)
-        old = os.umask(0o177)
-        try:
-            admin_server, _ = srv.build_server(coord, "unix:" + admin_socket,
-                                               authz.TrustedTransport(f"the admin socket unix:{admin_socket}"),
-                                               agent_link=False)
-        except RuntimeError as exc:
-            raise UserInputError(f"--admin-socket: {exc}") from None
-        finally:
-            os.umask(old)
-        servers.append(admin_server)
+        servers.append(_unix_socket_server(coord, admin_socket, "--admin-socket",
+                                           authz.TrustedTransport(f"the admin socket unix:{admin_socket}")))
     if status_socket:
-        _prepare_admin_socket(status_socket)
-        old = os.umask(0o177)
-        try:
-            status_server, _ = srv.build_server(
-                coord, "unix:" + status_socket,
-                authz.NoOne(f"the admin socket (unix:{admin_socket})" if admin_socket else "the admin socket"),
-                agent_link=False)
-        except RuntimeError as exc:
-            raise UserInputError(f"--status-socket: {exc}") from None
-        finally:
-            os.umask(old)
-        servers.append(status_server)
+        servers.append(_unix_socket_server(
+            coord, status_socket, "--status-socket",
+            authz.NoOne(f"the admin socket (unix:{admin_socket})" if admin_socket else "the admin socket")))
     for s in servers:
         await s.start()
     if admin_socket:

@@ -36,25 +36,20 @@ class ViewCollector:
         view = self.coord.view
         st = view.status
         g = lambda name, doc, labels=(): GaugeMetricFamily(name, doc, labels=list(labels))  # noqa: E731
-        budget = g("capctl_budget_watts", "Cluster power budget in force (W).")
-        budget.add_metric([], st.budget_w)
-        alloc = g("capctl_allocated_watts", "Sum of allocated (desired) caps (W).")
-        alloc.add_metric([], st.allocated_w)
-        enf = g("capctl_enforced_watts", "Sum of the caps the GPUs may be enforcing (accounted caps, W).")
-        enf.add_metric([], st.enforced_w)
-        draw = g("capctl_draw_watts", "Sum of GPU power draw (NVML power usage, W).")
-        draw.add_metric([], st.draw_w)
-        dry = g("capctl_dry_run", "1 when the coordinator applies nothing (dry run).")
-        dry.add_metric([], 1.0 if st.dry_run else 0.0)
-        interval = g("capctl_interval_seconds", "Reconcile interval (s).")
-        interval.add_metric([], st.interval_s)
-        last = g("capctl_last_solve_timestamp_seconds", "Unix time of the last solve (s).")
-        last.add_metric([], st.last_solve_time_s)
-        tick = g("capctl_reconcile_duration_seconds", "Duration of the last reconcile interval's work (s).")
-        tick.add_metric([], view.tick_s)
-        alerts = g("capctl_alerts", "Number of active alerts.")
-        alerts.add_metric([], len(st.alerts))
-        yield from (budget, alloc, enf, draw, dry, interval, last, tick, alerts)
+        for name, doc, value in (
+            ("capctl_budget_watts", "Cluster power budget in force (W).", st.budget_w),
+            ("capctl_allocated_watts", "Sum of allocated (desired) caps (W).", st.allocated_w),
+            ("capctl_enforced_watts", "Sum of the caps the GPUs may be enforcing (accounted caps, W).", st.enforced_w),
+            ("capctl_draw_watts", "Sum of GPU power draw (NVML power usage, W).", st.draw_w),
+            ("capctl_dry_run", "1 when the coordinator applies nothing (dry run).", 1.0 if st.dry_run else 0.0),
+            ("capctl_interval_seconds", "Reconcile interval (s).", st.interval_s),
+            ("capctl_last_solve_timestamp_seconds", "Unix time of the last solve (s).", st.last_solve_time_s),
+            ("capctl_reconcile_duration_seconds", "Duration of the last reconcile interval's work (s).", view.tick_s),
+            ("capctl_alerts", "Number of active alerts.", len(st.alerts)),
+        ):
+            family = g(name, doc)
+            family.add_metric([], value)
+            yield family
 
         cap = g("capctl_gpu_cap_watts", "Allocated (desired) power cap of a GPU (W).", GPU_LABELS)
         ecap = g("capctl_gpu_enforced_cap_watts", "Enforced power limit read back from NVML (W).", GPU_LABELS)

@@ -22,6 +22,7 @@ import logging
 import os
 import sqlite3
 import time
+from contextlib import contextmanager
 
 from capctl.errors import CapctlError
 
@@ -99,27 +100,37 @@ class Store:
     def put(self, key: str, value, action: str) -> None:
         """Store ``value`` (JSON-serialisable) under ``key`` and append an audit record, atomically."""
         now = time.time()
+        with self._write(key) as db:
+            if value is None:
+                db.execute("DELETE FROM settings WHERE key = ?", (key,))
+            else:
+                db.execute(
+                    "INSERT INTO settings(key, value, updated_s) VALUES (?, ?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s",
+                    (key, json.dumps(value), now),
+                )
+            db.execute(
+                "INSERT INTO audit(time_s, action, detail) VALUES (?, ?, ?)", (now, action, json.dumps(value))
+            )
+
+    @contextmanager
+    def _write(self, what: str):
+        """One write transaction (``BEGIN IMMEDIATE`` .. ``COMMIT``, rolled back on any exception).
+
+        Raises:
+            StoreError: a SQLite error, naming the database and ``what`` was being written.
+        """
         try:
             db = self._conn()
             db.execute("BEGIN IMMEDIATE")
             try:
-                if value is None:
-                    db.execute("DELETE FROM settings WHERE key = ?", (key,))
-                else:
-                    db.execute(
-                        "INSERT INTO settings(key, value, updated_s) VALUES (?, ?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_s = excluded.updated_s",
-                        (key, json.dumps(value), now),
-                    )
-                db.execute(
-                    "INSERT INTO audit(time_s, action, detail) VALUES (?, ?, ?)", (now, action, json.dumps(value))
-                )
+                yield db
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise StoreError(f"state database {self.path}: write {key}: {exc}") from None
+            raise StoreError(f"state database {self.path}: write {what}: {exc}") from None
 
     # -- budget override ------------------------------------------------------------------------
     def budget_override(self) -> dict | None:
@@ -144,19 +155,10 @@ class Store:
         """Replace the node ledger: ``{node: {"gpus": {index: [accounted_w, min_cap_w, max_cap_w,
         safe_cap_w]}, "seen_s": unix time}}`` (W, s), in one transaction."""
         now = time.time()
-        try:
-            db = self._conn()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute("DELETE FROM nodes")
-                db.executemany("INSERT INTO nodes(name, data, updated_s) VALUES (?, ?, ?)",
-                               [(name, json.dumps(data), now) for name, data in nodes.items()])
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise StoreError(f"state database {self.path}: write node ledger: {exc}") from None
+        with self._write("node ledger") as db:
+            db.execute("DELETE FROM nodes")
+            db.executemany("INSERT INTO nodes(name, data, updated_s) VALUES (?, ?, ?)",
+                           [(name, json.dumps(data), now) for name, data in nodes.items()])
 
     def load_nodes(self) -> dict[str, dict]:
         """The node ledger (see :meth:`save_nodes`); malformed rows are skipped."""

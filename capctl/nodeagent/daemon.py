@@ -240,13 +240,22 @@ class Agent:
             for i in caps_w:
                 self.gpu_error[i] = str(err)
             return {}
+        self._note_errors(results)
+        return results
+
+    def _note_errors(self, results: dict) -> bool:
+        """Record each GPU's set-cap error from ``results`` ({index: result}); clear it on success.
+
+        Returns True when no GPU of ``results`` failed."""
+        ok = True
         for i, r in results.items():
             err = _result_error(r)
             if err:
                 self.gpu_error[i] = err
+                ok = False
             else:
                 self.gpu_error.pop(i, None)
-        return results
+        return ok
 
     def boot_safe_caps(self) -> None:
         """Move GPUs found at their default limit to the known safe cap (before ready)."""
@@ -603,14 +612,8 @@ class Agent:
                 if i not in still_bound:  # MIG/shared GPUs keep their cap until the last job leaves
                     self.desired_w.pop(i, None)
                     self.safe_mode.discard(i)
-            for i, r in results.items():
-                err = _result_error(r)
-                if err:
-                    self.gpu_error[i] = err
-                else:
-                    self.gpu_error.pop(i, None)
+            ok = self._note_errors(results)
             self.save_state()
-            ok = all(not _result_error(r) for r in results.values())
             gpus = [_cap_result_pb(i, r) for i, r in sorted(results.items())]
         msg = (f"job {job_id} ended on {self.node}; restored GPUs {sorted(results)}" if known
                else f"job {job_id} was not bound on {self.node}; nothing to restore")

@@ -47,6 +47,9 @@ MAX_ERRORS = 200
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _UNIT_WORD = {"W": "watts", "s": "seconds", "C": "degrees C"}
+_TYPE_WORD = {"integer": "a whole number", "object": "a mapping", "array": "a list", "string": "a string",
+              "boolean": "true or false", "null": "null"}
+"""JSON Schema type -> words for an error message ("number" is worded with its unit)."""
 
 
 class PolicyError(UserInputError):
@@ -194,18 +197,8 @@ def _expected(types, unit: str | None) -> str:
     for t in types:
         if t == "number":
             words.append(f"a number of {_UNIT_WORD[unit]}" if unit else "a number")
-        elif t == "integer":
-            words.append("a whole number")
-        elif t == "object":
-            words.append("a mapping")
-        elif t == "array":
-            words.append("a list")
-        elif t == "string":
-            words.append("a string")
-        elif t == "boolean":
-            words.append("true or false")
-        elif t == "null":
-            words.append("null")
+        elif t in _TYPE_WORD:
+            words.append(_TYPE_WORD[t])
     return " or ".join(words)
 
 

@@ -121,6 +121,9 @@ static nvmlReturn_t copy_str(char *dst, unsigned int length, const char *src)
 
 static int initialized(void) { return __atomic_load_n(&g_refcount, __ATOMIC_ACQUIRE) > 0; }
 
+/* A NULL out-pointer: like NVML, report UNINITIALIZED before INVALID_ARGUMENT. */
+static nvmlReturn_t bad_arg(void) { return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED; }
+
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
     if (!initialized())
@@ -187,6 +190,16 @@ static nvmlReturn_t enter(nvmlDevice_t device, capsim_gpu **out)
 
 static void done(void) { capsim_unlock(&g_node); }
 
+/* Declares `capsim_gpu *g` for `device` through enter() (node locked, g refreshed); on failure
+ * returns enter()'s NVML error from the calling function. Pair with done(). */
+#define ENTER_OR_RETURN(device, g)                        \
+    capsim_gpu *g;                                        \
+    do {                                                  \
+        nvmlReturn_t enter_rc_ = enter((device), &g);     \
+        if (enter_rc_ != NVML_SUCCESS)                    \
+            return enter_rc_;                             \
+    } while (0)
+
 static const capsim_profile *profile_of(const capsim_gpu *g)
 {
     int i = g->profile;
@@ -199,10 +212,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
         return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= visible_count())
         return NVML_ERROR_INVALID_ARGUMENT;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(&g_handles[index], &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    ENTER_OR_RETURN(&g_handles[index], g);
     done();
     *device = &g_handles[index];
     return NVML_SUCCESS;
@@ -232,38 +242,29 @@ static void pci_bus(unsigned index, unsigned *domain, unsigned *bus)
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    rc = copy_str(name, length, profile_of(g)->nvml_name);
+    ENTER_OR_RETURN(device, g);
+    nvmlReturn_t rc = copy_str(name, length, profile_of(g)->nvml_name);
     done();
     return rc;
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    ENTER_OR_RETURN(device, g);
     char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     format_uuid(device->index, buf, sizeof buf);
-    rc = copy_str(uuid, length, buf);
+    nvmlReturn_t rc = copy_str(uuid, length, buf);
     done();
     return rc;
 }
 
 nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
 {
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    ENTER_OR_RETURN(device, g);
     char buf[NVML_DEVICE_SERIAL_BUFFER_SIZE];
     snprintf(buf, sizeof buf, "16%02x%02x%08u", g_node.hdr->node_id[0], g_node.hdr->node_id[1],
              device->index);
-    rc = copy_str(serial, length, buf);
+    nvmlReturn_t rc = copy_str(serial, length, buf);
     done();
     return rc;
 }
@@ -285,12 +286,9 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
-    capsim_gpu *g;
     if (!index)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *index = device->index;
     done();
     return NVML_SUCCESS;
@@ -299,11 +297,8 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
     if (!minorNumber)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *minorNumber = device->index; /* /dev/nvidiaN */
     done();
     return NVML_SUCCESS;
@@ -312,11 +307,8 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNu
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     if (!pci)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     memset(pci, 0, sizeof *pci);
     unsigned domain, bus;
     pci_bus(device->index, &domain, &bus);
@@ -352,11 +344,8 @@ nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t
 nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
 {
     if (!arch)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *arch = profile_of(g)->architecture;
     done();
     return NVML_SUCCESS;
@@ -368,11 +357,8 @@ static unsigned int to_mw(double w) { return (unsigned int)llround(w * 1000.0); 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
     if (!power)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *power = to_mw(g->power_avg_w);
     done();
     return NVML_SUCCESS;
@@ -381,11 +367,8 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
 {
     if (!limit)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *limit = to_mw(g->limit_w);
     done();
     return NVML_SUCCESS;
@@ -395,11 +378,8 @@ nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, u
                                                           unsigned int *maxLimit)
 {
     if (!minLimit || !maxLimit)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *minLimit = to_mw(g->min_limit_w);
     *maxLimit = to_mw(g->max_limit_w);
     done();
@@ -409,11 +389,8 @@ nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, u
 nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *defaultLimit)
 {
     if (!defaultLimit)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *defaultLimit = to_mw(g->default_limit_w);
     done();
     return NVML_SUCCESS;
@@ -422,11 +399,8 @@ nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsig
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
 {
     if (!limit)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *limit = to_mw(capsim_gpu_enforced_w(g));
     done();
     return NVML_SUCCESS;
@@ -435,11 +409,8 @@ nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *
 nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t device, nvmlEnableState_t *mode)
 {
     if (!mode)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *mode = NVML_FEATURE_ENABLED;
     done();
     return NVML_SUCCESS;
@@ -448,10 +419,8 @@ nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t device, nvmlEnableSta
 /* Set the power limit (mW).  INVALID_ARGUMENT outside the limit constraints (nvml.h). */
 nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit)
 {
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+    ENTER_OR_RETURN(device, g);
+    nvmlReturn_t rc;
     if (!(g->flags & (CAPSIM_F_SET_NOT_SUPPORTED | CAPSIM_F_SET_NO_PERMISSION)) &&
         (limit < to_mw(g->min_limit_w) || limit > to_mw(g->max_limit_w)))
         rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -467,7 +436,7 @@ nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int
 nvmlReturn_t nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device, nvmlPowerValue_v2_t *powerValue)
 {
     if (!powerValue)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+        return bad_arg();
     if (powerValue->version != nvmlPowerValue_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (powerValue->powerScope != NVML_POWER_SCOPE_GPU)
@@ -479,11 +448,8 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensor
                                       unsigned int *temp)
 {
     if (!temp || sensorType != NVML_TEMPERATURE_GPU)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     double t = g->temp_c;
     *temp = t <= 0.0 ? 0u : (unsigned int)floor(t); /* integer degrees, like the sensor */
     done();
@@ -493,15 +459,12 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensor
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
 {
     if (!temperature)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+        return bad_arg();
     if (temperature->version != nvmlTemperature_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (temperature->sensorType != NVML_TEMPERATURE_GPU)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     temperature->temperature = (int)floor(g->temp_c);
     done();
     return NVML_SUCCESS;
@@ -512,11 +475,9 @@ nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
                                                unsigned int *temp)
 {
     if (!temp || (unsigned)thresholdType >= NVML_TEMPERATURE_THRESHOLD_COUNT)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
+    nvmlReturn_t rc = NVML_SUCCESS;
     switch (thresholdType) {
     case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
         *temp = (unsigned)lround(g->shutdown_temp_c);
@@ -540,11 +501,8 @@ nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
 static nvmlReturn_t clock_value(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock, int max)
 {
     if (!clock || (unsigned)type >= NVML_CLOCK_COUNT)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     const capsim_profile *p = profile_of(g);
     double v;
     switch (type) {
@@ -578,7 +536,7 @@ nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t clockType, 
                                 unsigned int *clockMHz)
 {
     if ((unsigned)clockId >= NVML_CLOCK_ID_COUNT)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+        return bad_arg();
     return clock_value(device, clockType, clockMHz, clockId == NVML_CLOCK_ID_CUSTOMER_BOOST_MAX);
 }
 
@@ -586,11 +544,8 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                     unsigned long long *clocksEventReasons)
 {
     if (!clocksEventReasons)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *clocksEventReasons = g->reasons;
     done();
     return NVML_SUCCESS;
@@ -606,11 +561,8 @@ nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device,
                                                       unsigned long long *supportedClocksEventReasons)
 {
     if (!supportedClocksEventReasons)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *supportedClocksEventReasons = nvmlClocksEventReasonGpuIdle | nvmlClocksEventReasonSwPowerCap |
                                    nvmlClocksThrottleReasonHwSlowdown |
                                    nvmlClocksEventReasonSwThermalSlowdown |
@@ -629,11 +581,8 @@ nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device,
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
     if (!energy)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *energy = (unsigned long long)llround(g->energy_j * 1000.0);
     done();
     return NVML_SUCCESS;
@@ -642,11 +591,8 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     if (!utilization)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     utilization->gpu = (unsigned)lround(g->utilization_pct);
     utilization->memory = (unsigned)lround(g->utilization_pct * g->memory_bound_fraction);
     done();
@@ -658,11 +604,8 @@ static nvmlPstates_t pstate(const capsim_gpu *g) { return g->demand_w > 0.0 ? NV
 nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *pState)
 {
     if (!pState)
-        return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    capsim_gpu *g;
-    nvmlReturn_t rc = enter(device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
+        return bad_arg();
+    ENTER_OR_RETURN(device, g);
     *pState = pstate(g);
     done();
     return NVML_SUCCESS;

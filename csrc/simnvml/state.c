@@ -322,14 +322,18 @@ EXPORT unsigned capsim_driver_generation(capsim_node *n) { return n ? n->hdr->dr
             return fail(NVML_ERROR_INVALID_ARGUMENT, "gpu index %u is out of range; allowed: 0..%u", \
                         (unsigned)(i), (n)->hdr->gpu_count - 1);                                 \
     } while (0)
+#define LOCK_NODE(n)                                                                             \
+    do {                                                                                         \
+        if (capsim_lock(n))                                                                      \
+            return fail(NVML_ERROR_UNKNOWN, "cannot lock node");                                 \
+    } while (0)
 
 EXPORT int capsim_now(capsim_node *n, double *out_s)
 {
     CHECK_NODE(n);
     if (!out_s)
         return fail(NVML_ERROR_INVALID_ARGUMENT, "out_s is NULL");
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     *out_s = capsim_clock_now(n);
     capsim_unlock(n);
     return 0;
@@ -338,8 +342,7 @@ EXPORT int capsim_now(capsim_node *n, double *out_s)
 EXPORT int capsim_sync(capsim_node *n)
 {
     CHECK_NODE(n);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     for (unsigned i = 0; i < n->hdr->gpu_count; i++)
         capsim_gpu_refresh(&n->gpus[i], now);
@@ -353,8 +356,7 @@ EXPORT int capsim_read(capsim_node *n, unsigned index, capsim_gpu *out)
     CHECK_INDEX(n, index);
     if (!out)
         return fail(NVML_ERROR_INVALID_ARGUMENT, "out is NULL");
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     capsim_gpu_refresh(&n->gpus[index], capsim_clock_now(n));
     *out = n->gpus[index];
     capsim_unlock(n);
@@ -371,8 +373,7 @@ EXPORT int capsim_advance(capsim_node *n, double dt_s)
     if (!isfinite(dt_s) || dt_s < 0.0)
         return fail(NVML_ERROR_INVALID_ARGUMENT, "dt_s %g is invalid; allowed: a finite value >= 0",
                     dt_s);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     n->hdr->manual_now_s += dt_s;
     double now = n->hdr->manual_now_s;
     for (unsigned i = 0; i < n->hdr->gpu_count; i++)
@@ -403,8 +404,7 @@ EXPORT int capsim_set_limit(capsim_node *n, unsigned index, double limit_w)
 {
     CHECK_NODE(n);
     CHECK_INDEX(n, index);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     capsim_gpu *g = &n->gpus[index];
     capsim_gpu_refresh(g, now);
@@ -429,8 +429,7 @@ EXPORT int capsim_set_limits(capsim_node *n, const double *limits_w, const int64
             return fail(NVML_ERROR_INVALID_ARGUMENT, "gpu index %lld is out of range; allowed: 0..%u",
                         (long long)i, gc - 1);
     }
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     int first = 0;
     char first_msg[512] = "";
@@ -466,8 +465,7 @@ EXPORT int capsim_set_load(capsim_node *n, unsigned index, double demand_w, doub
         (memory_bound_fraction < 0.0 || memory_bound_fraction >= 1.0))
         return fail(NVML_ERROR_INVALID_ARGUMENT,
                     "memory_bound_fraction %g is invalid; allowed: 0 <= m < 1", memory_bound_fraction);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     capsim_gpu *g = &n->gpus[index];
     capsim_gpu_refresh(g, now);
@@ -509,8 +507,7 @@ EXPORT int capsim_set_loads(capsim_node *n, const double *demand_w, const double
                         "memory_bound_fraction %g (gpu %lld) is invalid; allowed: 0 <= m < 1", m,
                         (long long)i);
     }
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     for (size_t k = 0; k < count; k++) {
         capsim_gpu *g = &n->gpus[indices ? indices[k] : (int64_t)k];
@@ -540,8 +537,7 @@ EXPORT int capsim_set_param(capsim_node *n, unsigned index, const char *name, do
         return fail(NVML_ERROR_INVALID_ARGUMENT, "parameter name is NULL");
     if (!isfinite(v))
         return fail(NVML_ERROR_INVALID_ARGUMENT, "%s %g is invalid; allowed: a finite number", name, v);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     capsim_gpu *g = &n->gpus[index];
     capsim_gpu_refresh(g, now);
@@ -593,8 +589,7 @@ EXPORT int capsim_inject(capsim_node *n, unsigned index, int fault, double value
 {
     CHECK_NODE(n);
     CHECK_INDEX(n, index);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     capsim_gpu *g = &n->gpus[index];
     capsim_gpu_refresh(g, now);
@@ -645,8 +640,7 @@ EXPORT int capsim_clear(capsim_node *n, unsigned index, int fault)
 {
     CHECK_NODE(n);
     CHECK_INDEX(n, index);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     capsim_gpu *g = &n->gpus[index];
     capsim_gpu_refresh(g, now);
@@ -679,8 +673,7 @@ EXPORT int capsim_clear(capsim_node *n, unsigned index, int fault)
 EXPORT int capsim_driver_reload(capsim_node *n)
 {
     CHECK_NODE(n);
-    if (capsim_lock(n))
-        return fail(NVML_ERROR_UNKNOWN, "cannot lock node");
+    LOCK_NODE(n);
     double now = capsim_clock_now(n);
     for (unsigned i = 0; i < n->hdr->gpu_count; i++)
         capsim_gpu_driver_reload(&n->gpus[i], now);

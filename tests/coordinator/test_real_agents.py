@@ -20,6 +20,16 @@ from tests.coordinator.conftest import wait_for
 pytestmark = pytest.mark.integration
 
 
+def _start_jobs_when_agents_report(cl, c) -> None:
+    """Wait for both agents of ``cl`` to report to the coordinator (admin client ``c``), then
+    start J1 on n1's 4 GPUs and n2's GPUs 0-1, and J2 on n2's GPUs 2-3."""
+    wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
+             "both agents reporting")
+    assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
+    assert cl.agent("n2").client().job_start("J1", ["0", "1"]).ok
+    assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
+
+
 def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path):
     try:
         from tests.support.processes import Cluster
@@ -45,11 +55,7 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
                 time.sleep(0.005)
         sampler = threading.Thread(target=sample, daemon=True)
         with AdminClient(cl.coordinator.admin_address) as c:
-            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
-                     "both agents reporting")
-            assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
-            assert cl.agent("n2").client().job_start("J1", ["0", "1"]).ok
-            assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
+            _start_jobs_when_agents_report(cl, c)
 
             def allocated(budget_w):
                 st = c.status()
@@ -107,12 +113,8 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
                 samples.append(total())
                 time.sleep(0.005)
         with AdminClient(cl.coordinator.admin_address) as c:
-            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
-                     "both agents reporting")
             # every GPU busy: the budget binds (8 x 400 W)
-            assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
-            assert cl.agent("n2").client().job_start("J1", ["0", "1"]).ok
-            assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
+            _start_jobs_when_agents_report(cl, c)
             wait_for(lambda: total() <= budget + 0.01 and
                      all(cl.sims["n2"].read(i)["enforced_w"] < 650 for i in (2, 3)), 20, "J2's GPUs capped")
             sampler = threading.Thread(target=sample, daemon=True)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -28,6 +29,27 @@ def _children_alive(workdir: str) -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+@contextmanager
+def _running_demo(tmp_path):
+    """Start ``capctl demo --duration 60 --no-live``; yield (process, its workdir); kill it at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "60", "--no-live"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "workdir" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        m = re.search(r"workdir (\S+)", line)
+        assert m, line
+        yield proc, m.group(1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_demo_json_summary(tmp_path):
@@ -60,27 +82,12 @@ def test_demo_json_summary(tmp_path):
 
 def test_demo_ctrl_c_stops_everything(tmp_path):
     require_simulated_gpus()
-    proc = subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "60", "--no-live"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "workdir" not in line and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-        m = re.search(r"workdir (\S+)", line)
-        assert m, line
-        workdir = m.group(1)
+    with _running_demo(tmp_path) as (proc, workdir):
         assert _children_alive(workdir), "agents should be running"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
         assert "interrupted" in proc.stderr.read()
         assert not os.path.exists(workdir) and _children_alive(workdir) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
@@ -90,18 +97,7 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
     require_simulated_gpus()
     from capctl.demo.run import remove_stale_workdirs
 
-    proc = subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "60", "--no-live"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "workdir" not in line and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-        m = re.search(r"workdir (\S+)", line)
-        assert m, line
-        workdir = m.group(1)
+    with _running_demo(tmp_path) as (proc, workdir):
         alive = _children_alive(workdir)
         agents = [x for x in alive if "capctl-agent" in x]
         assert len(agents) == 4, alive
@@ -114,7 +110,3 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
         assert os.path.isdir(workdir)  # nobody could remove it ...
         assert workdir in remove_stale_workdirs()  # ... until the next demo starts
         assert not os.path.exists(workdir)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -118,21 +118,22 @@ def _terminate(targets: list[tuple[int, str | None]], timeout_s: float, sig: int
             time.sleep(0.02)
 
 
-def marked_pids(run_dir: Path) -> list[int]:
-    """Pids of live processes whose environment carries this cluster's marker."""
-    needle = f"{MARKER}={run_dir}\0".encode()
-    found = []
+def _other_environs():
+    """(pid, environment bytes) of every readable process but this one."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            yield int(entry), Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:
             continue
-        if needle in environ + b"\0":
-            found.append(int(entry))
-    return found
+
+
+def marked_pids(run_dir: Path) -> list[int]:
+    """Pids of live processes whose environment carries this cluster's marker."""
+    needle = f"{MARKER}={run_dir}\0".encode()
+    return [pid for pid, environ in _other_environs() if needle in environ + b"\0"]
 
 
 def stop_all(run_dir: Path, order: list[str], timeout_s: float = 5.0) -> None:
@@ -164,19 +165,12 @@ def stop_orphans(timeout_s: float = 5.0) -> list[int]:
     whose temporary directory was since removed); returns their pids. Live clusters are untouched."""
     prefix = f"{MARKER}=".encode()
     orphans = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
+    for pid, environ in _other_environs():
         for var in environ.split(b"\0"):
             if var.startswith(prefix):
                 run_dir = var[len(prefix):].decode(errors="replace")
                 if run_dir and not Path(run_dir).exists():
-                    orphans.append(int(entry))
+                    orphans.append(pid)
                 break
     if orphans:
         _terminate([(pid, _start_time(pid)) for pid in orphans], timeout_s)
