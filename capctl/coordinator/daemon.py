@@ -91,21 +91,21 @@ def _metrics_addr(args) -> tuple[str, int] | None:
     return DEFAULT_METRICS_HOST, port
 
 
-def _prepare_admin_socket(path: str) -> None:
+def _prepare_unix_socket(path: str, flag: str = "--admin-socket") -> None:
     """Create the socket's directory; remove a stale socket; refuse a live one or a non-socket."""
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, mode=0o755, exist_ok=True)
     except OSError as exc:
-        raise UserInputError(f"--admin-socket {path}: cannot create {parent}: {exc.strerror}") from None
+        raise UserInputError(f"{flag} {path}: cannot create {parent}: {exc.strerror}") from None
     if len(path.encode()) > 100:
-        raise UserInputError(f"--admin-socket {path}: path longer than 100 bytes (unix socket limit)")
+        raise UserInputError(f"{flag} {path}: path longer than 100 bytes (unix socket limit)")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise UserInputError(f"--admin-socket {path}: exists and is not a socket; remove it or choose another path")
+        raise UserInputError(f"{flag} {path}: exists and is not a socket; remove it or choose another path")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
@@ -115,7 +115,7 @@ def _prepare_admin_socket(path: str) -> None:
         return
     finally:
         probe.close()
-    raise UserInputError(f"--admin-socket {path}: another process is serving on it (another coordinator?)")
+    raise UserInputError(f"{flag} {path}: another process is serving on it (another coordinator?)")
 
 
 def _unix_socket_server(coord, path: str, flag: str, authorizer):
@@ -127,7 +127,7 @@ def _unix_socket_server(coord, path: str, flag: str, authorizer):
     """
     from capctl.coordinator import server as srv
 
-    _prepare_admin_socket(path)
+    _prepare_unix_socket(path, flag)
     old = os.umask(0o177)
     try:
         server, _ = srv.build_server(coord, "unix:" + path, authorizer, agent_link=False)

@@ -168,3 +168,15 @@ def test_coordinator_bind_errors_are_clear(tmp_path):
         assert r.returncode == 1 and "address already in use" in _one_line(r, "capctl-coordinator")
     finally:
         live.close()
+
+
+def test_unix_socket_errors_name_the_flag_they_came_from(tmp_path):
+    """--status-socket problems are reported as --status-socket, not --admin-socket."""
+    from capctl.coordinator.daemon import _prepare_unix_socket
+    from capctl.errors import UserInputError
+
+    plain = tmp_path / "not-a-socket"
+    plain.write_text("x")
+    with pytest.raises(UserInputError) as err:
+        _prepare_unix_socket(str(plain), "--status-socket")
+    assert str(err.value).startswith(f"--status-socket {plain}: exists and is not a socket")
