@@ -17,7 +17,9 @@ all: build
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# Debian's own python3 needs python3-venv for `-m venv` (ensurepip); install it when missing.
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	    apt-get update -q && apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[build,test]'
 	touch $@
