@@ -62,8 +62,14 @@ def test_unwritable_state_directory(rig):
     agent keeps binding jobs and applying caps on its in-memory state and says so in its log."""
     state_dir = rig.agents["n2"].state_dir
     before = {p.name: p.read_bytes() for p in state_dir.iterdir() if p.is_file()}
-    shutil.rmtree(state_dir)
-    state_dir.write_text("not a directory")  # nothing can be created below it any more
+    for _ in range(50):  # the running agent may recreate its directory in between: retry (bounded)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        try:
+            state_dir.write_text("not a directory")  # nothing can be created below it any more
+            break
+        except IsADirectoryError:
+            continue
+    assert state_dir.is_file()
     try:
         rig.job_start("400", {"n2": [2]})  # shares GPU 2 with job 300: a binding, no cap change needed
         rig.job_end("400")
@@ -73,7 +79,7 @@ def test_unwritable_state_directory(rig):
         assert "state" in rig.agents["n2"].log_tail(100).lower()
     finally:
         state_dir.unlink()
-        state_dir.mkdir(mode=0o700)
+        state_dir.mkdir(mode=0o700, exist_ok=True)  # the agent may have recreated it already
         for name, data in before.items():
             (state_dir / name).write_bytes(data)
     rig.wait_settled()
