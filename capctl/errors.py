@@ -54,3 +54,20 @@ class NotFoundError(CapctlError):
     """The named job, node or GPU does not exist."""
 
     exit_code = 6
+
+
+def run_for_person(prog: str, func, *args) -> int:
+    """Call ``func(*args)`` as a command-line entry point and return the process exit status.
+
+    :class:`CapctlError` is printed as ``<prog>: <message>`` on stderr and yields its
+    ``exit_code`` (no traceback for a person's error); Ctrl-C yields 130. Other exceptions propagate.
+    """
+    import sys
+
+    try:
+        return int(func(*args) or 0)
+    except CapctlError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130

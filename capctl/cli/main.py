@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from capctl.errors import CapctlError
+from capctl.errors import run_for_person
 
 # Subcommand modules, in the order they appear in --help.
 SUBCOMMAND_MODULES = (
@@ -59,16 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
+    def dispatch() -> int:
         from capctl.cli.rpc import configure
 
         configure(args)
-        return int(args.func(args) or 0)
-    except CapctlError as err:
-        print(f"capctl: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
+        return args.func(args)
+
+    return run_for_person("capctl", dispatch)
 
 
 if __name__ == "__main__":

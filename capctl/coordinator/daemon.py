@@ -29,7 +29,7 @@ import stat
 import sys
 import time
 
-from capctl.errors import CapctlError, UserInputError
+from capctl.errors import UserInputError, run_for_person
 
 log = logging.getLogger("capctl.coordinator")
 
@@ -393,13 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     from capctl.security import redact
 
     redact.install()  # no secrets in logs (bearer tokens, keys)
-    try:
-        return asyncio.run(serve(args))
-    except CapctlError as err:
-        print(f"capctl-coordinator: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_for_person("capctl-coordinator", lambda: asyncio.run(serve(args)))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import grpc
 
-from capctl.errors import CapctlError, UserInputError
+from capctl.errors import CapctlError, UserInputError, run_for_person
 from capctl.nodeagent.lease import Lease, failsafe_caps
 from capctl.nodeagent.link import PROTOCOL_VERSION, AgentLinkClient
 
@@ -891,13 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     from capctl.security import redact
 
     redact.install()  # no secrets in logs
-    try:
-        return run(args)
-    except CapctlError as err:
-        print(f"capctl-agent: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_for_person("capctl-agent", run, args)
 
 
 if __name__ == "__main__":
