@@ -7,8 +7,10 @@ For each N: writes a policy (N nodes x 8 H100-class GPUs, racks of 32 nodes, bud
 interval 1 s), starts the coordinator on 127.0.0.1 (loopback only; port chosen by the OS), and
 runs N agents as asyncio gRPC clients spread over a few processes. Each agent speaks the real
 protocol (docs/protocol.md): AgentHello with its GPUs and one job binding, NodeTelemetry every
-second (busy GPUs, power at the cap, temperatures drifting so that caps keep moving), and a CapAck
-with the read-back for every CapPlan.
+second, and a CapAck with the read-back for every CapPlan. Loads move so that caps change every
+few intervals: each job's GPUs alternate between a heavy phase (650 W demand, power at the cap) and
+a light one (320 W, below any cap) every :data:`LOAD_PERIOD_S`, at a per-job offset; temperatures
+drift.
 
 Measured over the window after a warm-up:
 * report -> ack (``report_to_ack_*``): for every telemetry report, the time until the agent acks
@@ -20,6 +22,10 @@ Measured over the window after a warm-up:
   fraction of reports acted on within one interval. (A report sent while the coordinator was
   solving counts as acted on by that interval's plans although the solve began before it: this
   flatters the figure by at most the solve time for those reports.)
+* telemetry -> enforced (``telemetry_to_enforced_*``): for every load step, the time from the
+  first report showing the new load to the agent's enforcement (its ack with the read-back) of the
+  first plan after it that changes this node's caps; ``load_steps`` / ``load_steps_acted`` count
+  the steps and those followed by a cap change before the next step;
 * latency (``latency_*``, kept from the first version): for every plan, the age of the agent's
   latest report when the plan is acked; p50 / p99 over all (agent, plan) pairs, and the same for
   plans carrying caps only. Bounded by the agent's reporting period whatever the coordinator does;
@@ -51,11 +57,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from capctl import lifeline  # noqa: E402 (after the path insert)
+
 GPUS = 8
 INTERVAL_S = 1.0
 TDP_W = 700.0
 MIN_W = 200.0
 KEEP_LOG = None
+LOAD_PERIOD_S = 4.0
+"""Each job's load alternates heavy/light every this many seconds (a few intervals)."""
+HEAVY_W, LIGHT_W = 650.0, 320.0
 
 
 def node_name(i: int) -> str:
@@ -99,7 +110,7 @@ def write_policy(path: Path, n: int) -> float:
 
 
 async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list, stats: dict,
-                 acted: list) -> None:
+                 acted: list, stepped: list) -> None:
     import grpc
 
     from capctl.v1 import capctl_pb2 as pb
@@ -110,6 +121,9 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
     enforced = [TDP_W] * GPUS
     temp = [45.0 + rng.uniform(-5, 15) for _ in range(GPUS)]
     job = f"job{idx // 8 + 1}"
+    load_offset_s = random.Random(job).uniform(0, 2 * LOAD_PERIOD_S)  # one phase per job
+    demand = [HEAVY_W] * GPUS
+    steps: list = []  # send times of first reports after a load step, not yet followed by a cap change
     queue: asyncio.Queue = asyncio.Queue()
     last_tele = [0.0]
     seq = [0]
@@ -117,7 +131,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
     wall_to_mono = time.monotonic() - time.time()
 
     def gpu_tele(i):
-        p = min(enforced[i], 650.0 + rng.uniform(-20, 20))
+        p = min(enforced[i], demand[i] + rng.uniform(-20, 20))
         reasons = ["SW_POWER_CAP"] if p >= enforced[i] - 1 else []
         return pb.GpuTelemetry(index=i, power_w=p, cap_w=enforced[i], enforced_w=enforced[i], temp_c=temp[i],
                                sm_clock_mhz=int(1980 * min(1.0, (max(p - 75, 1) / 625) ** (1 / 3))),
@@ -148,9 +162,16 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
         while time.monotonic() < t_end:
             for i in range(GPUS):
                 temp[i] = min(86.0, max(35.0, temp[i] + rng.uniform(-1.5, 1.5)))
+            heavy = int((time.monotonic() + load_offset_s) / LOAD_PERIOD_S) % 2 == 0
+            step = demand[0] != (HEAVY_W if heavy else LIGHT_W)
+            demand[:] = [HEAVY_W if heavy else LIGHT_W] * GPUS
             seq[0] += 1
             last_tele[0] = time.monotonic()
             reports.append(last_tele[0])
+            if step:
+                if steps and steps[0] >= t_measure:
+                    stepped.append(None)  # the previous step saw no cap change before this one
+                steps[:] = [last_tele[0]]
             await queue.put(pb.AgentMessage(telemetry=pb.NodeTelemetry(
                 node=node, timestamp_s=time.time(), seq=seq[0], gpus=[gpu_tele(i) for i in range(GPUS)])))
             next_t = max(next_t + INTERVAL_S, time.monotonic() - INTERVAL_S)
@@ -178,6 +199,10 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                                                               gpus=[gpu_tele(i) for i in range(GPUS)])))
                 if now >= t_measure and last_tele[0] > 0:
                     out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
+                if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
+                    if steps[0] >= t_measure:
+                        stepped.append(now - steps[0])
+                    steps.clear()
                 # every report sent before the coordinator made this plan (its lease expiry minus
                 # its lease, coordinator wall clock, same host) is acted on by now at the latest
                 made = plan.lease_expiry_s - plan.lease_s + wall_to_mono
@@ -202,16 +227,17 @@ def _agents_proc(indices, addr, t_end_wall, t_measure_wall, conn) -> None:
         off = time.monotonic() - time.time()
         out: list = []
         acted: list = []
+        stepped: list = []
         stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": ""}
-        await asyncio.gather(*[_agent(i, addr, t_end_wall + off, t_measure_wall + off, out, stats, acted)
+        await asyncio.gather(*[_agent(i, addr, t_end_wall + off, t_measure_wall + off, out, stats, acted, stepped)
                                for i in indices])
-        return out, stats, acted
+        return out, stats, acted, stepped
 
     try:
-        out, stats, acted = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
+        out, stats, acted, stepped = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
     except Exception as exc:  # noqa: BLE001
-        out, stats, acted = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200]}, []
-    conn.send((out, stats, acted))
+        out, stats, acted, stepped = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200]}, [], []
+    conn.send((out, stats, acted, stepped))
     conn.close()
 
 
@@ -240,7 +266,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int) -> dict:
         log = open(tmp / "coordinator.log", "w")
         prof = os.environ.get("CAPCTL_BENCH_PROFILE")  # cProfile output path prefix (diagnosis)
         pre = [sys.executable, "-m", "cProfile", "-o", f"{prof}-{n}.prof", "-m", "capctl.coordinator.daemon"] if prof else [exe]
-        coord = subprocess.Popen(
+        coord = lifeline.Popen(
             [*pre, "--policy", str(policy), "--listen", "127.0.0.1:0", "--state-dir", str(tmp),
              "--admin-socket", "none", "--metrics-port", "-1", "--ready-file", str(ready), "--log-level", "WARNING"],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
@@ -272,12 +298,13 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int) -> dict:
             rss_peak = max(rss_peak, proc.memory_info().rss)
         cpu1 = proc.cpu_times()
         w1 = time.time()
-        lat, lat_caps, recv, acted = [], [], [], []
+        lat, lat_caps, recv, acted, stepped = [], [], [], [], []
         stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": ""}
         for p, a in workers:
             if a.poll(max(1.0, t_end - time.time() + 40)):
-                out, st, acted_p = a.recv()
+                out, st, acted_p, stepped_p = a.recv()
                 acted.extend(acted_p)
+                stepped.extend(stepped_p)
                 for dt, has_caps, t_wall in out:
                     lat.append(dt)
                     recv.append(t_wall)
@@ -301,6 +328,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int) -> dict:
         log.flush()
         log_tail = (tmp / "coordinator.log").read_text(errors="replace")[-1500:] if stats["errors"] else ""
         cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        step_lat = [x for x in stepped if x is not None]
         return {
             "agents": n, "gpus": n * GPUS, "budget_w": budget, "interval_s": INTERVAL_S,
             "measure_s": round(w1 - w0, 2), "agents_welcomed": stats["welcomed"], "agent_errors": stats["errors"],
@@ -313,6 +341,9 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int) -> dict:
             "latency_caps_p50_s": _r(_pct(lat_caps, 50)), "latency_caps_p99_s": _r(_pct(lat_caps, 99)),
             "tick_spread_p50_s": _r(_pct(spread, 50)), "tick_spread_p99_s": _r(_pct(spread, 99)),
             "plans_measured": len(lat), "plans_with_caps": len(lat_caps),
+            "load_steps": len(stepped), "load_steps_acted": len(step_lat),
+            "telemetry_to_enforced_p50_s": _r(_pct(step_lat, 50)), "telemetry_to_enforced_p99_s": _r(_pct(step_lat, 99)),
+            "telemetry_to_enforced_max_s": _r(max(step_lat) if step_lat else None),
             "plans_per_agent_s": round(len(lat) / max(1, n) / max(1e-9, measure_s), 3),
             "coordinator_cpu_cores": round(cpu_s / max(1e-9, w1 - w0), 3),
             "coordinator_rss_mib": round(rss_peak / 2**20, 1),
@@ -360,7 +391,9 @@ def main(argv=None) -> int:
         print(f"N={n:5d}: report -> ack p50 {r['report_to_ack_p50_s']} s, p99 {r['report_to_ack_p99_s']} s "
               f"({r['reports_within_one_interval']} within one interval); "
               f"latency p50 {r['latency_p50_s']} s, p99 {r['latency_p99_s']} s "
-              f"(plans with caps p99 {r['latency_caps_p99_s']} s), tick spread p99 {r['tick_spread_p99_s']} s, coordinator {r['coordinator_cpu_cores']} cores, "
+              f"(plans with caps p99 {r['latency_caps_p99_s']} s, {r['plans_with_caps']} plans); telemetry -> enforced "
+              f"after a load step p50 {r['telemetry_to_enforced_p50_s']} s, p99 {r['telemetry_to_enforced_p99_s']} s "
+              f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, coordinator {r['coordinator_cpu_cores']} cores, "
               f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents, {r['agent_errors']} errors",
               flush=True)
     print(json.dumps({"benchmark": "control_loop", "host_cpus": os.cpu_count(), "runs": results}))

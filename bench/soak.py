@@ -50,6 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from capctl import lifeline  # noqa: E402 (after the path insert)
+
 POLICY_SRC = REPO / "examples" / "policies" / "cluster-1000node.yaml"
 GPUS_PER_NODE = 8
 
@@ -242,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_index is not None:
+        lifeline.watch_parent()  # a killed bench leaves no worker behind
         out = asyncio.run(worker_main(args))
         print("RESULT " + json.dumps(out), flush=True)
         return 0
@@ -274,7 +277,7 @@ def drive(args) -> int:
                     "--agents", str(args.agents), "--procs", str(args.procs), "--channels", str(args.channels),
                     "--duration-s", str(total_s), "--interval-s", str(args.interval_s), "--churn-s", str(args.churn_s),
                     "--seed", str(args.seed)]
-            workers.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            workers.append(lifeline.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                             cwd=str(REPO), start_new_session=True))
 
         def live_nodes() -> int:

@@ -23,6 +23,24 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+CURRENT_TEST_ENV = "CAPCTL_TEST_CURRENT_FILE"
+"""When set, the id of the running test is kept in this file (.ci/run names it if the run dies)."""
+
+
+def pytest_runtest_logstart(nodeid, location):
+    path = os.environ.get(CURRENT_TEST_ENV)
+    if path:
+        with open(path, "w") as f:  # a test outside the rootdir has no path in its id
+            f.write((location[0] + nodeid if nodeid.startswith("::") else nodeid) + "\n")
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    path = os.environ.get(CURRENT_TEST_ENV)
+    if path:
+        with open(path, "w") as f:
+            f.write("")
+
+
 def pytest_collection_modifyitems(config, items):
     """Fault-injection tests kill, stop and restart real processes against wall-clock deadlines; on
     a loaded 2-core host one may miss a deadline by a hair. Each gets one rerun (a real failure fails

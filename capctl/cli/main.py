@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 
+from capctl import lifeline
 from capctl.errors import run_for_person
 
 # Subcommand modules, in the order they appear in --help.
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``capctl``; returns the process exit code (see :mod:`capctl.errors`)."""
+    lifeline.watch_parent()  # `capctl demo` or `status --watch` started by a test: stop with it
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -29,6 +29,7 @@ import stat
 import sys
 import time
 
+from capctl import lifeline
 from capctl.errors import UserInputError, run_for_person
 
 log = logging.getLogger("capctl.coordinator")
@@ -386,6 +387,7 @@ async def serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``capctl-coordinator``; returns the exit status."""
+    lifeline.watch_parent()  # started by a test or the demo: stop when that parent dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from capctl import lifeline
 from capctl.errors import CapctlError, UnreachableError
 
 AGENT_MAIN = "import sys; from capctl.nodeagent.daemon import main; sys.exit(main())"
@@ -36,35 +37,6 @@ def daemon_argv(script: str, module: str) -> list[str]:
     if candidate.is_file():
         return [sys.executable, str(candidate)]
     return [sys.executable, "-m", module]
-
-
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: signal sent to this process when the thread that forked it dies (Linux)."""
-
-
-def _die_with_parent(parent_pid: int, signum: int = signal.SIGTERM):
-    """A ``preexec_fn`` that makes the child get ``signum`` when its parent dies (even by SIGKILL).
-
-    Linux only (prctl(2) ``PR_SET_PDEATHSIG``); elsewhere returns None (children are stopped by
-    :meth:`Proc.stop` only). SIGTERM: the daemons stop cleanly (sockets removed, state saved). If the
-    parent already died between fork and prctl, the child sends itself the signal.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signum)
-
-    return preexec
 
 
 def free_port() -> int:
@@ -110,10 +82,10 @@ class Proc:
         self.env = env
         self._log = open(self.log_path, "ab")
         # own session (a Ctrl-C on the terminal reaches only us; we stop them in order), but they die
-        # with us: PR_SET_PDEATHSIG, so a SIGKILLed demo or test leaves no orphaned daemons behind
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=_die_with_parent(os.getpid()))
+        # with us through their lifeline (capctl.lifeline: no fork-time code, safe with gRPC loaded),
+        # so a SIGKILLed demo or test leaves no orphaned daemons behind
+        self.popen = lifeline.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
     def pid(self) -> int:

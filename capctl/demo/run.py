@@ -24,8 +24,10 @@ Measurements (sampled every :data:`SAMPLE_S` from the simulated devices themselv
   sum over samples of min over its GPUs of the progress-counter increments, divided by the time;
   ``throughput_ratio_vs_uniform`` = GPU-weighted mean of (capctl phase / uniform phase) job
   throughput, each measured after its phase's settling time;
-- ``max_enforced_w``: the largest sum of the enforced limits of all GPUs seen in any sample, both
-  phases (the budget must hold at every instant, including during reallocation);
+- ``max_enforced_w``: the exact largest sum of the enforced limits of all GPUs at any instant of
+  either phase, from the simulated driver's journal of enforced-limit changes (not sampled; the
+  budget must hold at every instant, including during reallocation); ``over_budget`` lists every
+  interval above the budget;
 - ``thermal_slowdown_fraction``: the fraction of GPU-samples in the capctl phase (from the
   coordinator's start, settling included) with a thermal slowdown clocks event reason
   (``..._uniform``: same in the uniform phase, warm-up included).
@@ -94,8 +96,12 @@ class PhaseStats:
     time_s: float = 0.0
     gpu_samples: int = 0
     thermal_samples: int = 0
-    max_enforced_w: float = 0.0
+    max_enforced_w: float = 0.0  # exact, from the journal (_check_budget)
     samples: int = 0
+    start_ns: int = 0            # CLOCK_MONOTONIC span of the phase
+    end_ns: int = 0
+    over_budget: list[dict] = field(default_factory=list)
+    budget_problems: list[str] = field(default_factory=list)
 
 
 def plan_durations(duration_s: float) -> dict[str, float]:
@@ -138,7 +144,7 @@ def remove_stale_workdirs() -> list[str]:
     """Remove temporary directories of demos that were killed (SIGKILL: no cleanup of their own).
 
     Only ``capctl-demo-*`` directories of this user holding a ``demo.pid`` whose process is gone;
-    its daemons died with it (``PR_SET_PDEATHSIG``, :mod:`capctl.demo.processes`). Returns the paths removed.
+    its daemons died with it (their lifeline, :mod:`capctl.lifeline`). Returns the paths removed.
     """
     removed = []
     for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
@@ -196,7 +202,6 @@ class Demo:
         self.uniform_cap_w = 0.0
         self.solve_s: float | None = None
         self.hot_nodes: list[str] = []
-        self.over_budget: list[dict] = []  # samples whose sum of enforced caps exceeded the budget
         self.t0 = time.monotonic()
 
     # ------------------------------------------------------------------------------------------
@@ -321,24 +326,17 @@ class Demo:
                 continue
             now = time.monotonic()
             dt = now - prev_t
-            enforced = sum(float(r["enforced_w"]) for r in cur.values())
+            enforced = sum(float(r["enforced_w"]) for r in cur.values())  # live display only
             rates = {}
             for job in self.jobs:
                 incs = [float(cur[g]["progress"]) - float(prev[g]["progress"]) for g in job.gpus]
                 rates[job.job_id] = min(incs) / dt if dt > 0 else 0.0
-            if enforced > self.budget_w + 1e-6 and len(self.over_budget) < 20:
-                self.over_budget.append({
-                    "t_s": round(now - self.t0, 3), "phase": self.phase.name if self.phase else "",
-                    "enforced_w": round(enforced, 3),
-                    "nodes_w": {n: [round(float(cur[(n, i)]["enforced_w"]), 1) for i in range(GPUS_PER_NODE)]
-                                for n in self.sims}})
             with self.stats_lock:
                 self.last_enforced_w = enforced
                 self.last_rates = rates
                 ph = self.phase
                 if ph is not None:
                     ph.samples += 1
-                    ph.max_enforced_w = max(ph.max_enforced_w, enforced)
                     if now >= ph.measure_from_s:
                         ph.time_s += dt
                         for job in self.jobs:
@@ -359,6 +357,7 @@ class Demo:
         t0 = self.t0 = time.monotonic()
         with self.stats_lock:
             uniform.measure_from_s = t0 + d["warmup_s"]
+            uniform.start_ns = time.monotonic_ns()
             self.phase = uniform
         sampler.start()
         self.say(f"phase 1/2: uniform static caps of {self.uniform_cap_w:.0f} W per GPU "
@@ -371,6 +370,7 @@ class Demo:
         t1 = time.monotonic()
         with self.stats_lock:
             capctl.measure_from_s = math.inf
+            uniform.end_ns = capctl.start_ns = time.monotonic_ns()
             self.phase = capctl
         self.coordinator.wait_serving(30.0)
         for a in self.agents.values():
@@ -389,8 +389,23 @@ class Demo:
             final_status = None
         self.stop_sampling.set()
         sampler.join(timeout=5.0)
+        capctl.end_ns = time.monotonic_ns()
+        for ph in (uniform, capctl):
+            self._check_budget(ph)
         summary = self._summary(final_status)
         return summary
+
+    def _check_budget(self, ph: PhaseStats) -> None:
+        """The phase's exact largest sum of enforced limits and its intervals over the budget, from
+        the simulated driver's journal (:mod:`capctl.simgpu.journal`), not from samples."""
+        from capctl.simgpu.journal import check_nodes
+
+        res = check_nodes({name: node.path for name, node in self.sims.items()}, self.budget_w,
+                          since_ns=ph.start_ns, until_ns=ph.end_ns)
+        ph.max_enforced_w = res.max_sum_w
+        ph.budget_problems = list(res.problems)
+        ph.over_budget = [{"phase": ph.name, "t_s": round((o.start_ns - ph.start_ns) / 1e9, 4),
+                           "duration_s": round(o.duration_s, 6), "peak_w": round(o.peak_w, 3)} for o in res.over]
 
     def _wait_phase(self, until: float, label: str, started: float) -> None:
         last_draw = 0.0
@@ -491,7 +506,9 @@ class Demo:
         }
         if final_status is not None:
             summary["final_caps_w"] = {n.name: [round(g.enforced_w, 1) for g in n.gpus] for n in final_status.nodes}
-        summary["over_budget_samples"] = self.over_budget
+        summary["over_budget"] = uni.over_budget + cap.over_budget
+        if uni.budget_problems or cap.budget_problems:
+            summary["journal_problems"] = uni.budget_problems + cap.budget_problems
         if self.sample_error:
             summary["sample_error"] = self.sample_error
         return summary
@@ -548,8 +565,8 @@ def render_summary(s: dict) -> str:
               f"job throughput vs uniform static caps: {'-' if ratio is None else f'{ratio:.3f}x'} (GPU-weighted; "
               f"measured {s['measured_s']['uniform']:.0f} s uniform, {s['measured_s']['capctl']:.0f} s capctl)",
               f"largest sum of enforced caps: {s['max_enforced_w']:.0f} W vs budget {s['budget_w']:.0f} W "
-              f"({'within' if s['max_enforced_w'] <= s['budget_w'] + 1e-6 else 'OVER'} budget; sampled every "
-              f"{SAMPLE_S:g} s from the devices)",
+              f"({'within' if s['max_enforced_w'] <= s['budget_w'] + 1e-6 else 'OVER'} budget at every instant; "
+              "exact, from the simulated driver's journal of enforced-limit changes)",
               f"GPU-time in thermal slowdown: capctl {_pct(s['thermal_slowdown_fraction'])}, uniform "
               f"{_pct(s['thermal_slowdown_fraction_uniform'])}"]
     if s.get("last_solve_s") is not None:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import grpc
 
+from capctl import lifeline
 from capctl.errors import CapctlError, UserInputError, run_for_person
 from capctl.nodeagent.lease import Lease, failsafe_caps
 from capctl.nodeagent.link import PROTOCOL_VERSION, AgentLinkClient
@@ -885,6 +886,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capctl-agent``; returns the exit status."""
+    lifeline.watch_parent()  # started by a test or the demo: stop when that parent dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s capctl-agent[%(process)d] %(levelname)s %(name)s: %(message)s")

@@ -16,7 +16,7 @@ import numpy as np
 from capctl.errors import CapctlError, HardwareError, UserInputError
 from capctl.simgpu.build import library_path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """Layout version this module was written for (``CAPSIM_ABI_VERSION`` in csrc/simnvml/simgpu.h)."""
 
 # nvmlReturn_t values (nvml.h) used by the control API.
@@ -108,6 +108,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "capsim_gpus": (ctypes.c_void_p, [c_node]),
         "capsim_manual_clock": (i, [c_node]),
         "capsim_driver_generation": (u, [c_node]),
+        "capsim_journal_errors": (ctypes.c_uint64, [c_node]),
         "capsim_now": (i, [c_node, ctypes.POINTER(d)]),
         "capsim_sync": (i, [c_node]),
         "capsim_read": (i, [c_node, u, ctypes.c_void_p]),

@@ -9,6 +9,7 @@ Commands::
     capctl-simgpu reload DIR
     capctl-simgpu advance DIR SECONDS
     capctl-simgpu models
+    capctl-simgpu journal [NAME=]DIR ... [--limit-w W] [--gpu NODE:I,J ...] [--since-ns T] [--json]
 
 ``DIR`` holds one node's state file ``DIR/node.state``.  Bad input prints one line naming the
 argument, the value and what is allowed, and exits 1 (never a traceback).
@@ -165,6 +166,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_journal(args: argparse.Namespace) -> int:
+    from capctl.simgpu.journal import main_check
+
+    return main_check(args)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # exit 1 with one line, as for other bad input
         self.print_usage(sys.stderr)
@@ -219,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("models", help="list device profiles")
     s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("journal", help="exact max sum of enforced limits from the nodes' journals "
+                                       "(exit 2: the limit was exceeded, 1: journal incomplete)")
+    s.add_argument("nodes", nargs="+", metavar="[NAME=]DIR", help="node directories (name: the directory's)")
+    s.add_argument("--limit-w", type=float, default=None, help="domain limit to check (W)")
+    s.add_argument("--gpu", action="append", metavar="NODE:I[,J...]", help="GPUs to sum (default: all)")
+    s.add_argument("--since-ns", type=int, default=None, help="CLOCK_MONOTONIC start (ns)")
+    s.add_argument("--until-ns", type=int, default=None, help="CLOCK_MONOTONIC end (ns; default now)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_journal)
     return p
 
 

@@ -299,6 +299,22 @@ class SimNode:
         """Number of simulated driver reloads since the node was created."""
         return int(self._lib.capsim_driver_generation(self._handle()))
 
+    @property
+    def journal_errors(self) -> int:
+        """Enforced-limit changes the driver could not append to the journal (0 = complete)."""
+        return int(self._lib.capsim_journal_errors(self._handle()))
+
+    @property
+    def journal_path(self) -> Path:
+        """The node's enforced-limit journal (:mod:`capctl.simgpu.journal`).
+
+        Raises:
+            SimInputError: for an anonymous node (it keeps no journal).
+        """
+        if self.path is None:
+            raise SimInputError("an in-memory node (path None) keeps no journal")
+        return self.path.with_name(self.path.name + ".journal")
+
     def env(self) -> dict[str, str]:
         """Environment variables pointing an NVML client (pynvml) at this node.
 

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define CAPSIM_MAGIC "CAPSIMv1"      /* 8 bytes, no terminator stored */
-#define CAPSIM_ABI_VERSION 2u         /* bump on any layout change of the header or capsim_gpu */
+#define CAPSIM_ABI_VERSION 3u         /* bump on any layout change of the header or capsim_gpu */
 #define CAPSIM_HEADER_BYTES 512u      /* the GPU array starts at this offset */
 #define CAPSIM_POWER_WINDOW_S 1.0     /* NVML power reading window on Ampere+ (nvml.h, GetPowerUsage) */
 #define CAPSIM_SEGMENTS 8             /* power history segments kept for the moving average */
@@ -93,6 +93,7 @@ typedef struct capsim_gpu {
     int32_t seg_n;              /* valid power history segments */
     double seg_t[CAPSIM_SEGMENTS];
     double seg_p[CAPSIM_SEGMENTS];
+    double journal_w;           /* enforced limit last written to the journal (NaN: none yet) */
 } capsim_gpu;
 
 /* The node header at offset 0 of the mapping. */
@@ -109,7 +110,7 @@ typedef struct capsim_header {
     double manual_now_s;         /* the manual clock */
     double created_s;
     uint8_t node_id[16];         /* random; the GPU UUIDs derive from it */
-    uint64_t pad0;
+    uint64_t journal_errors;     /* enforced-limit changes that could not be journaled (see state.c) */
     pthread_mutex_t lock;        /* robust, PTHREAD_PROCESS_SHARED */
 } capsim_header;
 
@@ -118,7 +119,38 @@ typedef struct capsim_node {
     capsim_gpu *gpus;
     size_t map_bytes;
     int anonymous;
+    int journal_fd;              /* this process's O_APPEND descriptor of the journal; -1: none */
 } capsim_node;
+
+/*
+ * The enforced-limit journal: "<state file>.journal", beside the state file of a file-backed node.
+ * Every change of a GPU's enforced limit is appended as one record, stamped with CLOCK_MONOTONIC
+ * (ns) under the node lock, so the file is in time order and the exact sum of enforced limits of
+ * any set of GPUs (also across nodes: one clock per machine) is known at every instant
+ * (capctl/simgpu/journal.py).  The first records (cause CREATED) hold every GPU's initial value.
+ */
+#define CAPSIM_JOURNAL_MAGIC "CAPJRNL1" /* 8 bytes, no terminator stored */
+#define CAPSIM_JOURNAL_VERSION 1u
+enum capsim_journal_cause { CAPSIM_JOURNAL_CREATED = 0, CAPSIM_JOURNAL_CHANGED = 1 };
+
+typedef struct capsim_journal_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_bytes;       /* sizeof(capsim_journal_header): records start here */
+    uint32_t record_bytes;       /* sizeof(capsim_journal_record) */
+    uint32_t gpu_count;
+    uint8_t node_id[16];         /* the node's (capsim_header.node_id) */
+    uint64_t created_ns;         /* CLOCK_MONOTONIC at creation */
+    uint64_t pad[2];
+} capsim_journal_header;
+
+typedef struct capsim_journal_record {
+    uint64_t t_ns;               /* CLOCK_MONOTONIC, taken under the node lock */
+    uint32_t gpu;                /* index on the node */
+    uint32_t cause;              /* capsim_journal_cause */
+    double enforced_w;           /* the new enforced limit */
+    double limit_w;              /* the requested limit at that instant (for diagnosis) */
+} capsim_journal_record;
 
 /* Field descriptor used to export the layout to Python (numpy dtypes are built from it). */
 typedef struct capsim_field {
@@ -148,5 +180,6 @@ CAPSIM_INTERNAL double capsim_clock_now(capsim_node *n);
 CAPSIM_INTERNAL int capsim_map_file(const char *path, capsim_node *out, char *err, size_t err_len);
 CAPSIM_INTERNAL void capsim_unmap(capsim_node *n);
 CAPSIM_INTERNAL int capsim_set_limit_locked(capsim_gpu *g, double limit_w);
+CAPSIM_INTERNAL void capsim_journal_flush(capsim_node *n);
 
 #endif

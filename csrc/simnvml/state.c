@@ -25,6 +25,8 @@
 
 _Static_assert(sizeof(capsim_header) <= CAPSIM_HEADER_BYTES, "header too large");
 _Static_assert(sizeof(capsim_gpu) % 8 == 0, "gpu record must stay 8-byte aligned");
+_Static_assert(sizeof(capsim_journal_header) == 64, "journal header is 64 bytes");
+_Static_assert(sizeof(capsim_journal_record) == 32, "journal record is 32 bytes");
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -51,6 +53,13 @@ static double monotonic_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the clock of time.monotonic_ns() in Python */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 double capsim_clock_now(capsim_node *n)
 {
     return n->hdr->manual_clock ? n->hdr->manual_now_s : monotonic_s();
@@ -66,7 +75,80 @@ int capsim_lock(capsim_node *n)
     return rc;
 }
 
-void capsim_unlock(capsim_node *n) { pthread_mutex_unlock(&n->hdr->lock); }
+/* Every locked operation ends here: changes of enforced limits are journaled before the lock goes. */
+void capsim_unlock(capsim_node *n)
+{
+    if (!n->anonymous)
+        capsim_journal_flush(n);
+    pthread_mutex_unlock(&n->hdr->lock);
+}
+
+/* --- enforced-limit journal (format in simgpu.h) ------------------------------------------- */
+
+static void journal_path(const char *state_path, char *out, size_t out_len)
+{
+    snprintf(out, out_len, "%s.journal", state_path);
+}
+
+/*
+ * Append one record per GPU whose enforced limit differs from the last journaled value, all with
+ * one timestamp (they changed under one lock hold, so no reader could tell them apart).  Caller
+ * holds the node lock.  A change that cannot be written (no journal open, short write) counts in
+ * hdr->journal_errors, which the checker reports: the journal is then known to be incomplete.
+ */
+static void journal_write(capsim_node *n, const capsim_journal_record *recs, size_t k)
+{
+    ssize_t want = (ssize_t)(k * sizeof recs[0]);
+    if (k && (n->journal_fd < 0 || write(n->journal_fd, recs, (size_t)want) != want))
+        n->hdr->journal_errors += k;
+}
+
+void capsim_journal_flush(capsim_node *n)
+{
+    enum { BATCH = 64 };
+    capsim_journal_record recs[BATCH];
+    size_t k = 0;
+    uint64_t t = 0;
+    for (unsigned i = 0; i < n->hdr->gpu_count; i++) {
+        capsim_gpu *g = &n->gpus[i];
+        if (g->enforced_w == g->journal_w)
+            continue;
+        if (!t)
+            t = monotonic_ns();
+        recs[k] = (capsim_journal_record){
+            .t_ns = t, .gpu = i, .enforced_w = g->enforced_w, .limit_w = g->limit_w,
+            .cause = isnan(g->journal_w) ? CAPSIM_JOURNAL_CREATED : CAPSIM_JOURNAL_CHANGED};
+        g->journal_w = g->enforced_w;
+        if (++k == BATCH) {
+            journal_write(n, recs, k);
+            k = 0;
+        }
+    }
+    journal_write(n, recs, k);
+}
+
+/* Create the journal of a new node at tmp_path (renamed into place with the state file). */
+static int journal_create(capsim_node *n, const char *tmp_path)
+{
+    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fail(NVML_ERROR_NO_PERMISSION, "cannot create %s: %s", tmp_path, strerror(errno));
+    capsim_journal_header jh;
+    memset(&jh, 0, sizeof jh);
+    memcpy(jh.magic, CAPSIM_JOURNAL_MAGIC, 8);
+    jh.version = CAPSIM_JOURNAL_VERSION;
+    jh.header_bytes = sizeof jh;
+    jh.record_bytes = sizeof(capsim_journal_record);
+    jh.gpu_count = n->hdr->gpu_count;
+    memcpy(jh.node_id, n->hdr->node_id, sizeof jh.node_id);
+    jh.created_ns = monotonic_ns();
+    if (write(fd, &jh, sizeof jh) != (ssize_t)sizeof jh) {
+        close(fd);
+        return fail(NVML_ERROR_MEMORY, "cannot write %s: %s", tmp_path, strerror(errno));
+    }
+    n->journal_fd = fd;
+    return 0;
+}
 
 /* --- mapping -------------------------------------------------------------------------------- */
 
@@ -90,6 +172,7 @@ static int init_mutex(pthread_mutex_t *m)
 int capsim_map_file(const char *path, capsim_node *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
+    out->journal_fd = -1;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         snprintf(err, err_len, "cannot open simulated node state file %s: %s", path, strerror(errno));
@@ -128,13 +211,20 @@ int capsim_map_file(const char *path, capsim_node *out, char *err, size_t err_le
     out->hdr = h;
     out->gpus = (capsim_gpu *)((char *)p + CAPSIM_HEADER_BYTES);
     out->map_bytes = (size_t)st.st_size;
+    char jpath[4096];
+    journal_path(path, jpath, sizeof jpath);
+    out->journal_fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC); /* -1: changes count as errors */
     return NVML_SUCCESS;
 }
 
 void capsim_unmap(capsim_node *n)
 {
-    if (n->hdr)
+    if (n->hdr) {
         munmap(n->hdr, n->map_bytes);
+        if (n->journal_fd >= 0)
+            close(n->journal_fd);
+    }
+    n->journal_fd = -1;
     n->hdr = NULL;
     n->gpus = NULL;
 }
@@ -165,6 +255,30 @@ static int find_profile(const char *model)
 }
 
 EXPORT int capsim_profile_index(const char *model) { return model ? find_profile(model) : -1; }
+
+EXPORT void capsim_close(capsim_node *n);
+
+/* Write a new node's journal (initial values) and move journal and state file into place, the
+ * journal first, so a state file never appears without its journal. */
+static int create_files(capsim_node *n, const char *path, const char *tmp)
+{
+    char jpath[4096], jtmp[4200];
+    journal_path(path, jpath, sizeof jpath);
+    snprintf(jtmp, sizeof jtmp, "%s.tmp.%ld", jpath, (long)getpid());
+    if (journal_create(n, jtmp) != 0)
+        return -1;
+    capsim_journal_flush(n);
+    if (n->hdr->journal_errors) {
+        unlink(jtmp);
+        return fail(NVML_ERROR_MEMORY, "cannot write the journal %s: %s", jtmp, strerror(errno));
+    }
+    msync(n->hdr, n->map_bytes, MS_SYNC);
+    if (rename(jtmp, jpath) != 0 || rename(tmp, path) != 0) {
+        unlink(jtmp);
+        return fail(NVML_ERROR_NO_PERMISSION, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    }
+    return 0;
+}
 
 /*
  * Create a node of gpu_count GPUs of `model`.  path NULL: anonymous in-memory node (cluster
@@ -237,6 +351,7 @@ EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const ch
     n->gpus = (capsim_gpu *)((char *)p + CAPSIM_HEADER_BYTES);
     n->map_bytes = bytes;
     n->anonymous = path == NULL;
+    n->journal_fd = -1;
     capsim_header *h = n->hdr;
     memset(h, 0, CAPSIM_HEADER_BYTES);
     h->abi_version = CAPSIM_ABI_VERSION;
@@ -264,17 +379,13 @@ EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const ch
         double r = pr->thermal_resistance_c_per_w * exp(0.1 * z2);
         double tau = pr->tau_s * exp(0.2 * z3);
         capsim_gpu_init(&n->gpus[i], prof, now, inlet_c, speed, r, tau);
+        n->gpus[i].journal_w = NAN; /* the first flush writes every GPU's initial value */
     }
     memcpy(h->magic, CAPSIM_MAGIC, 8); /* written last: a valid magic means a complete node */
-    if (path) {
-        msync(p, bytes, MS_SYNC);
-        if (rename(tmp, path) != 0) {
-            fail(NVML_ERROR_NO_PERMISSION, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-            unlink(tmp);
-            munmap(p, bytes);
-            free(n);
-            return NULL;
-        }
+    if (path && create_files(n, path, tmp) != 0) {
+        capsim_close(n);
+        unlink(tmp);
+        return NULL;
     }
     return n;
 }
@@ -310,6 +421,7 @@ EXPORT unsigned capsim_gpu_count(capsim_node *n) { return n ? n->hdr->gpu_count 
 EXPORT capsim_gpu *capsim_gpus(capsim_node *n) { return n ? n->gpus : NULL; }
 EXPORT int capsim_manual_clock(capsim_node *n) { return n ? (int)n->hdr->manual_clock : 0; }
 EXPORT unsigned capsim_driver_generation(capsim_node *n) { return n ? n->hdr->driver_generation : 0; }
+EXPORT uint64_t capsim_journal_errors(capsim_node *n) { return n ? n->hdr->journal_errors : 0; }
 
 #define CHECK_NODE(n)                                                                            \
     do {                                                                                         \

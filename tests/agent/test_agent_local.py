@@ -94,31 +94,40 @@ def test_unreachable_agent_is_a_clean_error(tmp_path):
             c.local_status()
 
 
+_CONNECT_AS = r"""
+import os, socket, sys
+fd, path = int(sys.argv[1]), sys.argv[2]
+back = socket.socket(fileno=fd)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(path)
+    socket.send_fds(back, [b"K"], [s.fileno()])
+except OSError as err:
+    back.sendall(b"E%d" % err.errno)
+"""
+
+
 def _connect_as(uid: int, gid: int, path: str):
-    """Connect to ``path`` from a forked child running as ``uid``/``gid``; return the connected socket
-    (passed back with SCM_RIGHTS, so its SO_PEERCRED credentials are the child's) or the errno."""
+    """Connect to ``path`` from a helper process running as ``uid``/``gid`` (``setpriv``: no fork in
+    this process, which has gRPC loaded); return the connected socket (passed back with SCM_RIGHTS,
+    so its SO_PEERCRED credentials are the helper's) or the errno."""
+    import shutil
+    import subprocess
+    import sys
+
+    setpriv = shutil.which("setpriv")
+    require(setpriv is not None, "setpriv (util-linux) is needed to connect as another user")
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:  # child: drop privileges, connect, hand the socket over, exit without cleanup
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(path)
-                socket.send_fds(child, [b"K"], [s.fileno()])
-            except OSError as err:
-                child.sendall(b"E%d" % err.errno)
-        except BaseException:  # noqa: BLE001
-            code = 1
-        os._exit(code)
-    child.close()
     try:
+        proc = subprocess.run([setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable,
+                               "-c", _CONNECT_AS, str(child.fileno()), path], pass_fds=[child.fileno()],
+                              capture_output=True, text=True, timeout=30)
+        child.close()
+        assert proc.returncode == 0, f"helper as uid {uid} failed: {proc.stderr[-2000:]}"
+        parent.settimeout(10)
         msg, fds, _, _ = socket.recv_fds(parent, 64, 1)
     finally:
-        os.waitpid(pid, 0)
+        child.close()
         parent.close()
     if fds:
         return socket.socket(fileno=fds[0])

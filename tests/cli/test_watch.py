@@ -11,12 +11,13 @@ import time
 
 import pytest
 
+from capctl import lifeline
 from tests.cli.test_cli_fake_admin import admin  # noqa: F401 — fixture
 
 
 def _watch(address):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "capctl.cli.main", "status", "--watch", "--watch-interval-s", "2",
+    return lifeline.Popen([sys.executable, "-m", "capctl.cli.main", "status", "--watch", "--watch-interval-s", "2",
                              "--coordinator", address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from capctl import lifeline
 from tests.conftest import require
 from tests.support.waiting import wait_for  # noqa: F401 (re-exported to the tests)
 
@@ -70,7 +71,7 @@ class Coordinator:
             argv.append("--dry-run")
         argv += extra or []
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = lifeline.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 30
         while not self.ready_file.exists():

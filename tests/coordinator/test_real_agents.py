@@ -1,7 +1,8 @@
 """The coordinator with the real node agent (``capctl-agent`` processes) on simulated GPUs (the
-real pynvml calling our simulated libnvidia-ml.so.1): the enforced limits read from the simulated
-devices, sampled every few milliseconds through coordinator-driven reallocations (budget down and
-up), never sum above the budget.
+real pynvml calling our simulated libnvidia-ml.so.1): the sum of the enforced limits, taken exactly
+from the simulated driver's journal of enforced-limit changes (:mod:`capctl.simgpu.journal`),
+never exceeds the budget at any instant through coordinator-driven reallocations (budget down and
+up) and a job's end.
 
 Not covered here: job start/end on the real agent, which applies the policy's start cap and
 restores pre-job limits locally (docs/protocol.md, AgentLocal) without the coordinator's consent.
@@ -9,7 +10,6 @@ restores pre-job limits locally (docs/protocol.md, AgentLocal) without the coord
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -30,6 +30,14 @@ def _start_jobs_when_agents_report(cl, c) -> None:
     assert cl.agent("n2").client().job_start("J2", ["2", "3"]).ok
 
 
+def journal_check(cl, limit_w: float | None, since_ns: int, until_ns: int | None = None, gpus=None):
+    """Exact check of the sum of the enforced limits of ``gpus`` (default: all) in ``cl`` over
+    ``[since_ns, until_ns]`` (CLOCK_MONOTONIC)."""
+    from capctl.simgpu.journal import check_nodes
+
+    return check_nodes({n: sim.path for n, sim in cl.sims.items()}, limit_w, gpus, since_ns, until_ns)
+
+
 def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path):
     try:
         from tests.support.processes import Cluster
@@ -43,17 +51,9 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
         for sim in cl.sims.values():
             for i in range(4):
                 sim.set_load(i, 650.0)
-        samples: list[float] = []
-        stop = threading.Event()
-
         def total():
             return sum(sim.read(i)["enforced_w"] for sim in cl.sims.values() for i in range(4))
 
-        def sample():
-            while not stop.is_set():
-                samples.append(total())
-                time.sleep(0.005)
-        sampler = threading.Thread(target=sample, daemon=True)
         with AdminClient(cl.coordinator.admin_address) as c:
             _start_jobs_when_agents_report(cl, c)
 
@@ -68,21 +68,23 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
                            abs(g.cap_w - g.enforced_w) < 3.0 for n in st.nodes for g in n.gpus)
             wait_for(lambda: allocated(budget), 20, "both jobs allocated")
             wait_for(enforced_matches, 20, "allocated caps enforced on the devices")
-            assert total() <= budget + 0.01
-            # coordinator-driven reallocations, sampled every 5 ms on the devices themselves
-            sampler.start()
-            try:
-                assert c.set_budget(2000.0).ok  # every cap down
-                wait_for(lambda: total() <= 2000.01 and allocated(2000.0), 20, "caps within 2000 W")
-                assert c.set_budget(budget).ok  # and up again
-                wait_for(lambda: allocated(budget), 20, "back to the full budget")
-                wait_for(enforced_matches, 20, "caps settled")
-            finally:
-                stop.set()
-                sampler.join(5)
+            settled_ns = time.monotonic_ns()
+            # coordinator-driven reallocations, checked exactly on the devices' journals
+            assert c.set_budget(2000.0).ok  # every cap down
+            wait_for(lambda: total() <= 2000.01 and allocated(2000.0), 20, "caps within 2000 W")
+            cut_ns = time.monotonic_ns()
+            time.sleep(1.0)  # two intervals at the cut budget
+            raise_ns = time.monotonic_ns()
+            assert c.set_budget(budget).ok  # and up again
+            wait_for(lambda: allocated(budget), 20, "back to the full budget")
+            wait_for(enforced_matches, 20, "caps settled")
             st = c.status()
-    assert len(samples) > 50
-    assert max(samples) <= budget + 0.01, f"sum of enforced limits reached {max(samples):.1f} W > {budget} W"
+            whole = journal_check(cl, budget, settled_ns)
+            at_cut = journal_check(cl, 2000.0, cut_ns, raise_ns)
+    assert whole.complete and whole.changes >= 8, whole.describe()  # every cap moved down and up
+    assert whole.ok, whole.describe()
+    assert whole.max_sum_w > 2000.0  # the full budget was in use before the cut and after it
+    assert at_cut.ok and at_cut.max_sum_w > 1900.0, at_cut.describe()  # held within the cut, and used it
     assert st.enforced_w <= budget + 0.01 and not any("stale" in a for a in st.alerts)
 
 
@@ -105,28 +107,20 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
         def total():
             return sum(sim.read(i)["enforced_w"] for sim in cl.sims.values() for i in range(4))
 
-        samples: list[float] = []
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                samples.append(total())
-                time.sleep(0.005)
         with AdminClient(cl.coordinator.admin_address) as c:
             # every GPU busy: the budget binds (8 x 400 W)
             _start_jobs_when_agents_report(cl, c)
-            wait_for(lambda: total() <= budget + 0.01 and
+            wait_for(lambda: journal_check(cl, budget, time.monotonic_ns()).initial_sum_w <= budget and
                      all(cl.sims["n2"].read(i)["enforced_w"] < 650 for i in (2, 3)), 20, "J2's GPUs capped")
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            try:
-                assert cl.agent("n2").client().job_end("J2").ok
-                # the idle GPUs get their 700 W pre-job limit back once J1's caps came down
-                wait_for(lambda: all(cl.sims["n2"].read(i)["limit_w"] == 700.0 for i in (2, 3)), 20,
-                         "pre-job limits restored")
-                time.sleep(1.0)
-            finally:
-                stop.set()
-                sampler.join(5)
-    assert len(samples) > 50
-    assert max(samples) <= budget + 0.01, f"sum of enforced limits reached {max(samples):.1f} W > {budget} W"
+            capped_ns = time.monotonic_ns()
+            assert cl.agent("n2").client().job_end("J2").ok
+            # the idle GPUs get their 700 W pre-job limit back once J1's caps came down
+            wait_for(lambda: all(cl.sims["n2"].read(i)["limit_w"] == 700.0 for i in (2, 3)), 20,
+                     "pre-job limits restored")
+            time.sleep(1.0)
+            res = journal_check(cl, budget, capped_ns)
+            restored = journal_check(cl, None, capped_ns, gpus={"n2": [2, 3]})
+    assert res.complete and res.changes >= 2, res.describe()  # the two restores at least
+    assert res.ok, res.describe()
+    # the restores happened: J2's idle GPUs reached their 700 W pre-job limit, J1's GPUs paid for it
+    assert restored.max_sum_w == 1400.0 and restored.initial_sum_w < 1300.0, restored.describe()

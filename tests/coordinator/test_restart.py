@@ -124,5 +124,8 @@ def test_restart_counts_nodes_whose_agents_have_not_reconnected(tmp_path, start_
         n2 = next(n for n in st.nodes if n.name == "n2")
         assert n2.stale and [g.enforced_w for g in n2.gpus] == pytest.approx([held[i] for i in range(4)], abs=0.01)
         time.sleep(6 * interval)
-    assert [a1.caps()[i] for i in (0, 1)] == pytest.approx(a_caps, abs=3.0)  # A did not get n2's watts
+    # A did not get n2's watts: n2 is counted at its held caps, so A's caps never rose. (They may come
+    # down: the new coordinator starts from prior curves, the learned ones are not persisted.)
+    assert all(a1.caps()[i] <= a_caps[k] + 3.0 for k, i in enumerate((0, 1))), (a1.caps(), a_caps)
+    assert sum(a1.caps().values()) + sum(held.values()) <= 3000 + 1e-6
     assert ledger.max_sum_w <= 3000 + 1e-6

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from capctl import lifeline
 from tests.coordinator.conftest import REPO, wait_for, write_policy
 
 AGENT = r"""
@@ -45,7 +46,7 @@ def test_killed_agents_leave_no_pending_or_unretrieved_tasks(tmp_path, start_coo
     procs = []
     try:
         for n in nodes:
-            procs.append(subprocess.Popen([sys.executable, "-c", AGENT, n, coord.address], cwd=REPO,
+            procs.append(lifeline.Popen([sys.executable, "-c", AGENT, n, coord.address], cwd=REPO,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         for p in procs:  # each got its Welcome and at least one plan
             seen = []

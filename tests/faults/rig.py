@@ -8,10 +8,14 @@ The coordinator runs through a tiny launcher that lets the test move its wall cl
 (``time.time``) by writing an offset to a file — a clock jump as the daemon's Python code sees it;
 its monotonic clock is left alone, as the kernel would.
 
-:class:`Sampler` reads every GPU of the simulated devices (the ground truth, not what capctl
-reports) every ~30 ms and the coordinator's status every ~20 ms (agents every 200 ms), and records violations of:
+:class:`Sampler` checks, from the moment it starts:
 
-* the sum of enforced limits within every domain limit;
+* the sum of enforced limits within every domain limit, exactly: from the simulated driver's
+  journal of enforced-limit changes (:mod:`capctl.simgpu.journal`), at every instant;
+
+and, sampling every GPU of the simulated devices (the ground truth, not what capctl reports) every
+~30 ms and the coordinator's status every ~20 ms (agents every 200 ms), records violations of:
+
 * no GPU of a running job above its allowed cap: the most the coordinator ever allocated it (or
   pushed as its safe cap), or the policy's start cap before that;
 * no job binding lost: every agent keeps every binding it was given (checked each sample); the
@@ -100,12 +104,15 @@ class Sampler:
         self.samples = 0
         self.status_samples = 0
         self._excused_until = 0.0
+        self._excused_ns: list[tuple[int, int]] = []  # [start, end) windows for the journal check
+        self.start_ns = 0
         self._candidates: list[tuple[float, tuple[str, int], float]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> Sampler:
+        self.start_ns = time.monotonic_ns()
         self.sample_status()  # the allowed caps are known before the first device sample
         for fn in (self._devices_loop, self._status_loop, self._agents_loop):
             t = threading.Thread(target=fn, daemon=True, name=f"sampler-{fn.__name__}")
@@ -119,9 +126,32 @@ class Sampler:
             t.join(5.0)
 
     def excuse(self, seconds: float) -> None:
-        """Do not count device-level violations for the next ``seconds`` (a fault that breaks them)."""
+        """Do not count device-level violations for the next ``seconds`` (a fault that breaks them);
+        ``excuse(0)`` ends every excuse now (the fault's recovery was seen)."""
         with self._lock:
-            self._excused_until = max(self._excused_until, time.monotonic() + seconds)
+            now, now_ns = time.monotonic(), time.monotonic_ns()
+            if seconds <= 0:
+                self._excused_until = min(self._excused_until, now)
+                self._excused_ns = [(a, min(b, now_ns)) for a, b in self._excused_ns]
+                return
+            self._excused_until = max(self._excused_until, now + seconds)
+            self._excused_ns.append((now_ns, now_ns + int(seconds * 1e9)))
+
+    def check_domains(self) -> None:
+        """The exact journal check of every domain since :meth:`start`; an interval over a limit is
+        excused only when it lies wholly inside an excused window."""
+        from capctl.simgpu.journal import check_nodes
+
+        paths = {n: sim.path for n, sim in self.rig.sims.items()}
+        for name, (limit, nodes) in DOMAINS.items():
+            res = check_nodes(paths, limit, gpus={n: range(NODES[n]) for n in nodes}, since_ns=self.start_ns)
+            self.max_domain_w[name] = res.max_sum_w
+            assert res.complete, res.describe()
+            for o in res.over:
+                if not any(a <= o.start_ns and o.end_ns <= b for a, b in self._excused_ns):
+                    self.violations.append(
+                        f"t={(o.start_ns - self.start_ns) / 1e9:.3f}s domain {name}: sum of enforced limits "
+                        f"{o.peak_w:.3f} W > {limit:.0f} W for {o.duration_s * 1e3:.2f} ms (journal)")
 
     def _violation(self, text: str) -> None:
         with self._lock:
@@ -147,11 +177,6 @@ class Sampler:
             for i in range(sim.gpu_count):
                 enforced[(node, i)] = float(arr[i]["enforced_w"])
         bound = rig.bound_gpus()
-        for name, (limit, nodes) in DOMAINS.items():
-            total = sum(v for (n, _), v in enforced.items() if n in nodes)
-            self.max_domain_w[name] = max(self.max_domain_w[name], total)
-            if total > limit + TOL_W:
-                self._violation(f"domain {name}: sum of enforced limits {total:.1f} W > {limit:.0f} W")
         now = time.monotonic()
         for key, value in enforced.items():
             if key in bound and value > max(self.allowed_w.get(key, 0.0), START_CAP_W) + TOL_W:
@@ -372,5 +397,6 @@ class FaultRig:
         s = self.sampler
         s.sample_status()
         s.judge_candidates(float("inf"))
+        s.check_domains()
         assert s.samples > 0 and s.status_samples > 0, "the sampler did not run"
         assert not s.violations, "invariants violated:\n" + "\n".join(s.violations)

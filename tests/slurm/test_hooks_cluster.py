@@ -413,3 +413,48 @@ def test_hook_durations_on_the_test_cluster(capctl_cluster):
         assert d, f"no {hook} runs recorded"
         assert max(d) <= HOOK_BOUND_S, (hook, max(d))
         print(f"{hook}: n={len(d)} median={statistics.median(d):.3f} s max={max(d):.3f} s")
+
+
+def test_a_binding_budget_holds_at_every_instant_through_slurm_jobs(capctl_cluster):
+    """Under a budget below what the idle GPUs' pre-job limits sum to, a 3-node job and a one-node
+    job start (prolog: start cap) and end (epilog: restore) through real sbatch; the exact sum of
+    every GPU's enforced limit on all three nodes, from the simulated driver's journals, never
+    exceeds the budget from the moment the devices first came within it."""
+    from capctl.coordinator.client import AdminClient
+    from capctl.simgpu.journal import check_nodes
+
+    c = capctl_cluster
+    full = c.gpus_per_node * len(c.nodes) * c.pre_job_limit_w
+    budget = round(0.75 * full)
+    journals = {n: c.simnode_path(n) / "node.state" for n in c.nodes}
+
+    def total_now() -> float:
+        return check_nodes(journals, None, since_ns=time.monotonic_ns()).initial_sum_w
+
+    with AdminClient(f"unix:{c.run_dir}/coordinator/admin.sock") as admin:
+        assert admin.set_budget(budget).ok
+        try:
+            wait_for(lambda: total_now() <= budget, 20, f"devices within the {budget} W budget")
+            since = time.monotonic_ns()
+            big = held_job(c, "-N3", "--gres=gpu:4")
+            small = held_job(c, "-w", "n1", "--gres=gpu:2")
+            for job in (big, small):
+                wait_running(c, job)
+            wait_hooks(c, big, "prolog", list(c.nodes))
+            wait_hooks(c, small, "prolog", ["n1"])
+            time.sleep(1.0)  # a few intervals of reallocation with both jobs bound
+            for job in (small, big):
+                release(c, job)
+                c.wait_job(job)
+            wait_hooks(c, big, "epilog", list(c.nodes))
+            wait_hooks(c, small, "epilog", ["n1"])
+            time.sleep(1.0)
+            res = check_nodes(journals, budget, since_ns=since)
+        finally:
+            assert admin.set_budget(full).ok
+    assert res.complete and res.changes >= 14, res.describe()  # every bound GPU's start cap and restore
+    assert res.ok, res.describe()
+    assert res.max_sum_w > 0.9 * budget, res.describe()  # the budget was in use, not trivially met
+    wait_for(lambda: all(v == c.pre_job_limit_w for n in c.nodes for v in c.sim_limits_w(n)), 20,
+             "pre-job limits back under the full budget")
+    assert_not_drained(c)
