@@ -44,7 +44,7 @@ slurm-deps:
 	@bash tests/slurmcluster/install.sh
 
 test: build slurm-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
 
 test-fast: build
 	$(PY) -m pytest -q -m 'not slurm and not faults'

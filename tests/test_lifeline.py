@@ -1,4 +1,5 @@
-"""Process spawning that is safe with gRPC loaded (:mod:`capctl.lifeline`, DEVELOPERS.md rule 9).
+"""Process spawning that is safe with gRPC loaded (:mod:`capctl.lifeline`; DEVELOPERS.md, "No fork
+with gRPC loaded").
 
 - a SIGKILLed parent leaves no daemon behind, also for daemons it spawned from a worker thread
   that has ended (the case where ``PR_SET_PDEATHSIG`` would have killed them early);
@@ -135,8 +136,8 @@ def test_200_spawns_with_live_grpc_never_hang():
 def test_a_lifeline_child_is_reaped_and_its_pipe_closed():
     p = lifeline.Popen([sys.executable, "-c", "import os, sys; print(os.environ.get('CAPCTL_LIFELINE_FD'))"],
                        stdout=subprocess.PIPE, text=True)
-    fd_in_child = int(p.communicate(timeout=60)[0])
-    assert fd_in_child >= 3 and p._lifeline_w is None  # handed over, and released once reaped
+    fd_text, pid_text = p.communicate(timeout=60)[0].strip().split(":")
+    assert int(fd_text) >= 3 and int(pid_text) == os.getpid() and p._lifeline_w is None  # released once reaped
     q = lifeline.Popen([sys.executable, "-c", "import os; print(os.environ.get('CAPCTL_LIFELINE_FD'))"],
                        stdout=subprocess.PIPE, text=True, die_with_parent=False)
     assert q.communicate(timeout=60)[0].strip() == "None"
@@ -145,7 +146,8 @@ def test_a_lifeline_child_is_reaped_and_its_pipe_closed():
 def test_watch_parent_sends_sigterm_when_the_pipe_closes(monkeypatch):
     r, w = os.pipe()
     got = []
-    monkeypatch.setenv(lifeline.LIFELINE_ENV, str(r))
+    monkeypatch.setattr(os, "getppid", lambda: 4242)  # as if our parent (pid 4242) held the write end
+    monkeypatch.setenv(lifeline.LIFELINE_ENV, f"{r}:4242")
     monkeypatch.setattr(lifeline, "KILL_AFTER_S", 3600.0)
     monkeypatch.setattr(os, "kill", lambda pid, sig: got.append((pid, sig)))
     assert lifeline.watch_parent() is True
@@ -155,8 +157,10 @@ def test_watch_parent_sends_sigterm_when_the_pipe_closes(monkeypatch):
     os.close(w)
     wait_for(lambda: got, 10, "SIGTERM on EOF")
     assert got == [(os.getpid(), signal.SIGTERM)]
-    monkeypatch.setenv(lifeline.LIFELINE_ENV, "not-a-number")
-    assert lifeline.watch_parent() is False
+    with open(__file__) as regular:
+        for stale in ("not-a-number", f"{r}:1", f"{regular.fileno()}:4242"):  # malformed; not our parent's; no pipe
+            monkeypatch.setenv(lifeline.LIFELINE_ENV, stale)
+            assert lifeline.watch_parent() is False, stale
 
 
 def test_no_source_forks_or_passes_a_pre_exec_callback():

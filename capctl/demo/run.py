@@ -565,8 +565,9 @@ def render_summary(s: dict) -> str:
               f"job throughput vs uniform static caps: {'-' if ratio is None else f'{ratio:.3f}x'} (GPU-weighted; "
               f"measured {s['measured_s']['uniform']:.0f} s uniform, {s['measured_s']['capctl']:.0f} s capctl)",
               f"largest sum of enforced caps: {s['max_enforced_w']:.0f} W vs budget {s['budget_w']:.0f} W "
-              f"({'within' if s['max_enforced_w'] <= s['budget_w'] + 1e-6 else 'OVER'} budget at every instant; "
-              "exact, from the simulated driver's journal of enforced-limit changes)",
+              + ("(UNPROVEN: a journal of enforced-limit changes was incomplete)" if s.get("journal_problems") else
+                 f"({'within' if not s['over_budget'] else 'OVER'} budget at every instant; "
+                 "exact, from the simulated driver's journal of enforced-limit changes)"),
               f"GPU-time in thermal slowdown: capctl {_pct(s['thermal_slowdown_fraction'])}, uniform "
               f"{_pct(s['thermal_slowdown_fraction_uniform'])}"]
     if s.get("last_solve_s") is not None:

@@ -9,7 +9,7 @@ Commands::
     capctl-simgpu reload DIR
     capctl-simgpu advance DIR SECONDS
     capctl-simgpu models
-    capctl-simgpu journal [NAME=]DIR ... [--limit-w W] [--gpu NODE:I,J ...] [--since-ns T] [--json]
+    capctl-simgpu journal [NAME=]DIR ... [--limit-w W] [--gpu NODE:I,J ...] [--since-ns T] [--until-ns T] [--json]
 
 ``DIR`` holds one node's state file ``DIR/node.state``.  Bad input prints one line naming the
 argument, the value and what is allowed, and exits 1 (never a traceback).

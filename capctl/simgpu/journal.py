@@ -21,6 +21,7 @@ value at creation, 1 = a change.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +74,12 @@ class NodeJournal:
     torn_bytes: int = 0
 
 
+def node_name_of(path: str | Path) -> str:
+    """The default name of a node: its directory's name (for a directory, a state or a journal file)."""
+    p = Path(path).absolute()
+    return p.name if p.is_dir() else p.parent.name
+
+
 def journal_path(path: str | Path) -> Path:
     """The journal of ``path``: a node directory, its state file, or the journal itself."""
     p = Path(path)
@@ -85,13 +92,22 @@ def journal_path(path: str | Path) -> Path:
     return p.with_name(p.name + JOURNAL_SUFFIX)
 
 
-def _unjournaled(state_file: Path) -> int:
-    if not state_file.is_file():
-        return 0
-    from capctl.simgpu.node import SimNode
+STATE_MAGIC = b"CAPSIMv1"
+JOURNAL_ERRORS_OFFSET = 80
+"""Byte offset of ``capsim_header.journal_errors`` (a static assertion in state.c pins it)."""
 
-    with SimNode.open(state_file) as node:
-        return node.journal_errors
+
+def _unjournaled(state_file: Path) -> int:
+    """``journal_errors`` from the state file's header (read-only: the checker needs no write
+    access); 0 when the state file is gone or is not a node file."""
+    try:
+        with open(state_file, "rb") as f:
+            head = f.read(JOURNAL_ERRORS_OFFSET + 8)
+    except OSError:
+        return 0
+    if len(head) < JOURNAL_ERRORS_OFFSET + 8 or head[:8] != STATE_MAGIC:
+        return 0
+    return int.from_bytes(head[JOURNAL_ERRORS_OFFSET:], "little")
 
 
 def read_journal(path: str | Path, name: str | None = None) -> NodeJournal:
@@ -116,7 +132,7 @@ def read_journal(path: str | Path, name: str | None = None) -> NodeJournal:
     whole = len(body) // RECORD_DTYPE.itemsize * RECORD_DTYPE.itemsize
     records = np.frombuffer(body[:whole], RECORD_DTYPE).copy()
     state_file = jp.with_name(jp.name[: -len(JOURNAL_SUFFIX)])
-    node_name = name or (state_file.parent.name if jp.parent.name else str(jp))
+    node_name = name or node_name_of(jp)
     return NodeJournal(node_name, jp, int(hdr["gpu_count"]), int(hdr["created_ns"]), records,
                        _unjournaled(state_file), len(body) - whole)
 
@@ -140,7 +156,9 @@ class BudgetCheck:
 
     ``max_sum_w`` is the exact maximum of the sum of the selected GPUs' enforced limits, reached
     first at ``max_at_ns``; ``over`` lists every interval with the sum above ``limit_w``;
-    ``problems`` names what makes the journal incomplete (then nothing is proven).
+    ``problems`` names what makes the journal incomplete (then nothing is proven); ``changes``
+    counts the instants at which the sum changed (changes under one lock hold are one instant);
+    ``since_ns`` is clipped to when the last selected GPU was created.
     """
 
     limit_w: float | None
@@ -188,7 +206,8 @@ class BudgetCheck:
 
 
 def _select(journals: Sequence[NodeJournal], gpus: Mapping[str, Iterable[int]] | None):
-    """(t_ns, key, value_uw) of the selected GPUs' records, keys numbered 0..K-1."""
+    """Per selected GPU: its records' times (ns), node numbers and values (µW); their count; the
+    problems that make the journals incomplete."""
     names = [j.name for j in journals]
     if len(set(names)) != len(names):
         raise JournalError(f"node names must be unique; got {names}")
@@ -196,9 +215,9 @@ def _select(journals: Sequence[NodeJournal], gpus: Mapping[str, Iterable[int]] |
         unknown = sorted(set(gpus) - set(names))
         if unknown:
             raise JournalError(f"GPUs of node {unknown[0]!r} asked for; journals given: {', '.join(names)}")
-    ts, keys, vals, problems = [], [], [], []
+    ts, nodes_of, vals, problems = [], [], [], []
     key = 0
-    for j in journals:
+    for node_no, j in enumerate(journals):
         wanted = range(j.gpu_count) if gpus is None else sorted(set(int(i) for i in gpus.get(j.name, ())))
         for i in wanted:
             if not 0 <= i < j.gpu_count:
@@ -209,13 +228,38 @@ def _select(journals: Sequence[NodeJournal], gpus: Mapping[str, Iterable[int]] |
                 continue
             ts.append(recs["t_ns"].astype(np.int64))
             vals.append(np.rint(recs["enforced_w"] * UW_PER_W).astype(np.int64))
-            keys.append(np.full(len(recs), key, np.int64))
+            nodes_of.append(np.full(len(recs), node_no, np.int64))
             key += 1
         if j.unjournaled:
             problems.append(f"{j.path}: {j.unjournaled} enforced-limit changes were not journaled")
         if j.torn_bytes:
             problems.append(f"{j.path}: {j.torn_bytes} bytes of a partial record at the end")
-    return ts, keys, vals, key, problems
+    return ts, nodes_of, vals, key, problems
+
+
+def _group_sums(t: np.ndarray, delta: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sum after every distinct timestamp (changes stamped alike under one node lock happened
+    together). Where two nodes share a nanosecond their order is unknown: the sum is taken with the
+    increases first (the worst case), then the group's net result at the next instant."""
+    sums = np.cumsum(delta)
+    last = np.r_[t[1:] != t[:-1], True]
+    gt, gs = t[last], sums[last]
+    starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+    ends = np.r_[starts[1:], len(t)]
+    multi = np.flatnonzero(ends - starts > 1)
+    mixed = [(int(starts[m]), int(ends[m])) for m in multi if len(set(node[starts[m]:ends[m]].tolist())) > 1]
+    if not mixed:
+        return gt, gs
+    out_t, out_s = list(gt.tolist()), list(gs.tolist())
+    for a, b in mixed:  # rare: insert a worst-case instant before the group's net result
+        before = int(sums[a - 1]) if a > 0 else 0
+        per_node: dict[int, int] = {}
+        for x in range(a, b):
+            per_node[int(node[x])] = per_node.get(int(node[x]), 0) + int(delta[x])
+        worst = before + sum(d for d in per_node.values() if d > 0)
+        pos = out_t.index(int(t[a]))
+        out_s[pos] = max(worst, out_s[pos])
+    return np.asarray(out_t, np.int64), np.asarray(out_s, np.int64)
 
 
 def check_budget(journals: Sequence[NodeJournal], limit_w: float | None = None,
@@ -232,24 +276,25 @@ def check_budget(journals: Sequence[NodeJournal], limit_w: float | None = None,
     Raises:
         JournalError: unknown node names or GPU indices, or no GPU selected.
     """
-    ts, keys, vals, nkeys, problems = _select(journals, gpus)
+    if limit_w is not None and not (math.isfinite(limit_w) and limit_w > 0):
+        raise JournalError(f"limit {limit_w!r} W is invalid; allowed: a finite number of watts > 0")
+    if since_ns is not None and until_ns is not None and until_ns < since_ns:
+        raise JournalError(f"the window ends ({until_ns} ns) before it starts ({since_ns} ns)")
+    hi = int(until_ns if until_ns is not None else time.monotonic_ns())  # before reading: nothing later counts
+    ts, nodes_of, vals, nkeys, problems = _select(journals, gpus)
     if nkeys == 0:
         raise JournalError("no GPU selected: give journals and GPUs that exist")
     t = np.concatenate(ts)
-    k = np.concatenate(keys)
     v = np.concatenate(vals)
+    node = np.concatenate(nodes_of)
     prev = np.concatenate([np.concatenate([[0], x[:-1]]) for x in vals])  # per-key previous value
-    delta = v - prev
     order = np.argsort(t, kind="stable")
-    t, delta = t[order], delta[order]
-    sums = np.cumsum(delta)
-    last_of_group = np.r_[t[1:] != t[:-1], True]  # changes with one timestamp happened together
-    gt, gs = t[last_of_group], sums[last_of_group]
+    t, delta, node = t[order], (v - prev)[order], node[order]
+    gt, gs = _group_sums(t, delta, node)
     first_created = max(int(x[0]) for x in ts)
+    if hi < first_created:
+        raise JournalError(f"the window ends ({hi} ns) before the selected GPUs existed ({first_created} ns)")
     lo = max(first_created, since_ns if since_ns is not None else first_created)
-    hi = int(until_ns if until_ns is not None else time.monotonic_ns())
-    if hi < lo:
-        hi = lo
     # the sum in force at lo, then every group inside (lo, hi]
     start = int(np.searchsorted(gt, lo, side="right")) - 1
     inside_end = int(np.searchsorted(gt, hi, side="right"))
@@ -279,8 +324,11 @@ def main_check(args) -> int:
     paths: dict[str, str] = {}
     for spec in args.nodes:
         name, sep, path = spec.partition("=")
-        if not sep:
-            name, path = Path(spec).absolute().name, spec
+        if not sep or "/" in name or not name:  # a path that holds '=' is a path
+            name, path = node_name_of(spec), spec
+        if name in paths:
+            raise UserInputError(f"node name {name!r} is given twice ({paths[name]}, {path}); "
+                                 "name them: NAME=DIR")
         paths[name] = path
     gpus: dict[str, list[int]] | None = None
     if args.gpu:

@@ -298,6 +298,11 @@ void capsim_gpu_advance(capsim_gpu *g, double to_s)
             g->temp_c = g->shutdown_temp_c;
             break;
         case EV_FOREIGN:
+            if (g->journal_event_s <= 0.0 && g->foreign_limit_w != g->limit_w) {
+                g->journal_event_s = t; /* journaled with its own time (state.c) */
+                g->limit_w = g->foreign_limit_w;
+                g->journal_event_w = capsim_gpu_enforced_w(g);
+            }
             g->limit_w = g->foreign_limit_w;
             g->set_count++;
             if (g->foreign_period_s > 0.0) {

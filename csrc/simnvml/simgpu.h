@@ -94,6 +94,9 @@ typedef struct capsim_gpu {
     double seg_t[CAPSIM_SEGMENTS];
     double seg_p[CAPSIM_SEGMENTS];
     double journal_w;           /* enforced limit last written to the journal (NaN: none yet) */
+    double journal_event_s;     /* node-clock time of a change made by the physics (foreign
+                                   writer) not yet journaled; 0 = none */
+    double journal_event_w;     /* the enforced limit that change produced */
 } capsim_gpu;
 
 /* The node header at offset 0 of the mapping. */

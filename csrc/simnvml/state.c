@@ -27,6 +27,7 @@ _Static_assert(sizeof(capsim_header) <= CAPSIM_HEADER_BYTES, "header too large")
 _Static_assert(sizeof(capsim_gpu) % 8 == 0, "gpu record must stay 8-byte aligned");
 _Static_assert(sizeof(capsim_journal_header) == 64, "journal header is 64 bytes");
 _Static_assert(sizeof(capsim_journal_record) == 32, "journal record is 32 bytes");
+_Static_assert(offsetof(capsim_header, journal_errors) == 80, "capctl/simgpu/journal.py reads it at 80");
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -106,20 +107,39 @@ static void journal_write(capsim_node *n, const capsim_journal_record *recs, siz
 void capsim_journal_flush(capsim_node *n)
 {
     enum { BATCH = 64 };
-    capsim_journal_record recs[BATCH];
+    capsim_journal_record recs[BATCH + 1];
     size_t k = 0;
     uint64_t t = 0;
+    int foreign = 0;
+    for (unsigned i = 0; i < n->hdr->gpu_count && !foreign; i++)
+        foreign = (n->gpus[i].flags & CAPSIM_F_FOREIGN) != 0;
+    if (foreign) { /* a foreign writer acts with time alone: surface its writes now */
+        double now = capsim_clock_now(n);
+        for (unsigned i = 0; i < n->hdr->gpu_count; i++)
+            capsim_gpu_refresh(&n->gpus[i], now);
+    }
     for (unsigned i = 0; i < n->hdr->gpu_count; i++) {
         capsim_gpu *g = &n->gpus[i];
-        if (g->enforced_w == g->journal_w)
-            continue;
-        if (!t)
-            t = monotonic_ns();
-        recs[k] = (capsim_journal_record){
-            .t_ns = t, .gpu = i, .enforced_w = g->enforced_w, .limit_w = g->limit_w,
-            .cause = isnan(g->journal_w) ? CAPSIM_JOURNAL_CREATED : CAPSIM_JOURNAL_CHANGED};
-        g->journal_w = g->enforced_w;
-        if (++k == BATCH) {
+        if (g->journal_event_s > 0.0) { /* a physics-made change, at its own time */
+            if (g->journal_event_w != g->journal_w) {
+                uint64_t te = n->hdr->manual_clock ? monotonic_ns()
+                                                   : (uint64_t)llround(g->journal_event_s * 1e9);
+                recs[k++] = (capsim_journal_record){.t_ns = te, .gpu = i, .enforced_w = g->journal_event_w,
+                                                    .limit_w = g->journal_event_w,
+                                                    .cause = CAPSIM_JOURNAL_CHANGED};
+                g->journal_w = g->journal_event_w;
+            }
+            g->journal_event_s = 0.0;
+        }
+        if (g->enforced_w != g->journal_w) {
+            if (!t)
+                t = monotonic_ns();
+            recs[k++] = (capsim_journal_record){
+                .t_ns = t, .gpu = i, .enforced_w = g->enforced_w, .limit_w = g->limit_w,
+                .cause = isnan(g->journal_w) ? CAPSIM_JOURNAL_CREATED : CAPSIM_JOURNAL_CHANGED};
+            g->journal_w = g->enforced_w;
+        }
+        if (k >= BATCH) {
             journal_write(n, recs, k);
             k = 0;
         }
@@ -168,6 +188,25 @@ static int init_mutex(pthread_mutex_t *m)
     return rc;
 }
 
+/* Open the journal of the node mapped at h for appending; -1 when it is missing or belongs to
+ * another node (a node recreated at the same path between the two renames of create_files):
+ * changes then count as journal errors instead of landing in the wrong journal. */
+static int journal_open(const char *state_path, const capsim_header *h)
+{
+    char jpath[4096];
+    journal_path(state_path, jpath, sizeof jpath);
+    int fd = open(jpath, O_RDWR | O_APPEND | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    capsim_journal_header jh;
+    if (pread(fd, &jh, sizeof jh, 0) != (ssize_t)sizeof jh || memcmp(jh.magic, CAPSIM_JOURNAL_MAGIC, 8) != 0 ||
+        memcmp(jh.node_id, h->node_id, sizeof jh.node_id) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* Map an existing state file; returns an NVML code and a message in err. */
 int capsim_map_file(const char *path, capsim_node *out, char *err, size_t err_len)
 {
@@ -211,9 +250,7 @@ int capsim_map_file(const char *path, capsim_node *out, char *err, size_t err_le
     out->hdr = h;
     out->gpus = (capsim_gpu *)((char *)p + CAPSIM_HEADER_BYTES);
     out->map_bytes = (size_t)st.st_size;
-    char jpath[4096];
-    journal_path(path, jpath, sizeof jpath);
-    out->journal_fd = open(jpath, O_WRONLY | O_APPEND | O_CLOEXEC); /* -1: changes count as errors */
+    out->journal_fd = journal_open(path, h);
     return NVML_SUCCESS;
 }
 

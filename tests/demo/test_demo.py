@@ -93,7 +93,7 @@ def test_demo_ctrl_c_stops_everything(tmp_path):
 
 def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
     """SIGKILL gives the demo no chance to clean up: its agents and coordinator die with it
-    (PR_SET_PDEATHSIG), named so that pgrep -f capctl-agent finds them; the workdir it left is
+    (their lifeline, capctl.lifeline), named so that pgrep -f capctl-agent finds them; the workdir it left is
     removed by the next demo (remove_stale_workdirs)."""
     require_simulated_gpus()
     from capctl.demo.run import remove_stale_workdirs

@@ -164,3 +164,73 @@ def test_cli_exit_codes_and_json(two_nodes):
     assert within.returncode == 0 and "within" in within.stdout, within.stdout + within.stderr
     bad = subprocess.run(base + ["--gpu", "b0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "--gpu 'b0' is invalid" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bad_limits_and_windows_are_clear_errors(two_nodes):
+    js = [read_journal(s.path, n) for n, s in two_nodes.items()]
+    for bad in (float("nan"), float("inf"), -5.0, 0.0):
+        with pytest.raises(JournalError, match="allowed: a finite number of watts > 0"):
+            check_budget(js, bad)
+    now = time.monotonic_ns()
+    with pytest.raises(JournalError, match="ends .* before it starts"):
+        check_budget(js, 100.0, since_ns=now, until_ns=now - 1)
+    with pytest.raises(JournalError, match="before the selected GPUs existed"):
+        check_budget(js, 100.0, since_ns=0, until_ns=1)
+    clipped = check_budget(js, 6000.0, since_ns=0)  # a window opened before creation starts at it
+    assert clipped.since_ns == int(js[1].records["t_ns"][0]) and clipped.initial_sum_w == 5600.0
+
+
+def test_same_named_nodes_are_refused_by_the_cli(two_nodes, tmp_path):
+    n1, n2 = two_nodes["n1"], two_nodes["n2"]
+    (tmp_path / "other" / "n1").mkdir(parents=True)
+    from capctl.simgpu.node import SimNode
+
+    with SimNode.create(tmp_path / "other" / "n1" / "node.state", 2):
+        out = subprocess.run([sys.executable, "-m", "capctl.simgpu.cli", "journal", str(n1.path.parent),
+                              str(tmp_path / "other" / "n1"), "--limit-w", "1"], capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == 1 and "node name 'n1' is given twice" in out.stderr, out.stderr
+    # a state-file path is named for its directory, as the help says
+    named = subprocess.run([sys.executable, "-m", "capctl.simgpu.cli", "journal", str(n2.path), "--gpu", "n2:0",
+                            "--json"], capture_output=True, text=True, timeout=60)
+    assert named.returncode == 0 and json.loads(named.stdout)["gpus"] == 1, named.stderr
+
+
+def test_a_journal_of_another_node_is_never_written(two_nodes):
+    """A node opened while its path holds another node's journal (a node recreated at the same path,
+    opened between the renames of the journal and the state file) never appends to that journal:
+    the node ids differ, so its changes count as unjournaled."""
+    import shutil
+
+    from capctl.simgpu.node import SimNode
+
+    n1, n2 = two_nodes["n1"], two_nodes["n2"]
+    with open(n1.journal_path, "rb") as f, open(n1.path, "rb") as g:
+        assert f.read(64)[24:40] == g.read(80)[64:80]  # a journal names its node
+    shutil.copy(n2.journal_path, n1.journal_path)  # n1's state, n2's journal
+    before = n1.journal_path.read_bytes()
+    with SimNode.open(n1.path) as again:
+        again.set_limits_w([250.0], [0])
+        assert again.journal_errors == 1
+    assert n1.journal_path.read_bytes() == before
+    assert not check_nodes({"n1": n1.path}, 5000.0).complete
+
+
+def test_a_foreign_write_is_journaled_at_its_own_time(tmp_path, simlib):
+    """A foreign writer acts with time alone; its write is stamped when it happened, not when a call
+    next touched the GPU."""
+    from capctl.simgpu.node import SimNode
+
+    with SimNode.create(tmp_path / "node.state", 2) as node:
+        node.set_limits_w([300.0, 300.0])
+        t_inject = time.monotonic_ns()
+        node.inject(1, "foreign_writer", value=650.0, period_s=0.3)  # writes now, then every 0.3 s
+        node.set_limits_w([300.0], [1])  # capctl writes back; the foreign writer wins again at +0.3 s
+        time.sleep(0.8)
+        node.read(0)  # any call surfaces the write (GPU 0 only: the node flushes every GPU)
+        recs = read_journal(node.path).records
+        mine = recs[recs["gpu"] == 1]
+        back = [int(t) for t, w in zip(mine["t_ns"], mine["enforced_w"]) if w == 650.0]
+        assert len(back) == 2  # at injection, and the periodic write after capctl's write-back
+        assert 0.25e9 <= back[1] - t_inject <= 0.45e9, (back[1] - t_inject) / 1e9  # ~0.3 s, not ~0.8 s
+
