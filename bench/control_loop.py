@@ -156,7 +156,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
 
     async def telemetry():
         await asyncio.sleep(rng.uniform(0, INTERVAL_S))
-        # fixed rate, as the real agent (capctl/nodeagent/daemon.py: next report at start + interval),
+        # fixed rate, as the real agent (nodeagent/daemon.py: next report at start + interval),
         # so that this process's own event-loop lag does not stretch the reporting period
         next_t = time.monotonic()
         while time.monotonic() < t_end:
@@ -265,7 +265,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int) -> dict:
         exe = shutil.which("capctl-coordinator", path=str(Path(sys.executable).parent)) or "capctl-coordinator"
         log = open(tmp / "coordinator.log", "w")
         prof = os.environ.get("CAPCTL_BENCH_PROFILE")  # cProfile output path prefix (diagnosis)
-        pre = [sys.executable, "-m", "cProfile", "-o", f"{prof}-{n}.prof", "-m", "capctl.coordinator.daemon"] if prof else [exe]
+        pre = [sys.executable, "-m", "cProfile", "-o", f"{prof}-{n}.prof", "-m", "coordinator.daemon"] if prof else [exe]
         coord = lifeline.Popen(
             [*pre, "--policy", str(policy), "--listen", "127.0.0.1:0", "--state-dir", str(tmp),
              "--admin-socket", "none", "--metrics-port", "-1", "--ready-file", str(ready), "--log-level", "WARNING"],

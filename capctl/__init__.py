@@ -1,7 +1,7 @@
 """capctl: a power-capping coordinator for GPU clusters run by Slurm.
 
 Units: watts and degrees Celsius everywhere; milliwatts only at the NVML edge
-(:mod:`capctl.nodeagent.nvml`).
+(:mod:`nodeagent.nvml`).
 """
 
 __version__ = "0.1.0"

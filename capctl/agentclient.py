@@ -1,8 +1,8 @@
 """Client of a node agent's AgentLocal service (Slurm hooks, demo, tests).
 
-Shared by :mod:`capctl.slurm` and :mod:`capctl.nodeagent` (which serves the other end) so that neither
+Shared by :mod:`slurm` and :mod:`nodeagent` (which serves the other end) so that neither
 imports the other. Wire format: plain gRPC (``capctl.v1.AgentLocal``) over the agent's unix socket; see
-:mod:`capctl.nodeagent.local` for the server and its SO_PEERCRED check.
+:mod:`nodeagent.local` for the server and its SO_PEERCRED check.
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
-"""Structural rules from DEVELOPERS.md, checked on the source tree.
+"""Structural rules (DEVELOPERS.md), checked on every import of the source tree: at module level and
+inside functions, absolute and relative.
 
-- no imports between ``capctl.coordinator``, ``capctl.nodeagent`` and ``capctl.slurm``;
-- only ``capctl/nodeagent/nvml.py`` imports ``pynvml``;
-- the allocator is pure: it imports no I/O, networking or process modules.
+Layers (one way only):
+
+- ``capctl.cli`` -> the coordinator's client API (``coordinator.client``) and the agent client
+  (``capctl.agentclient``) -> the protocol (``capctl.v1``);
+- ``coordinator`` and ``nodeagent`` never import each other, the CLI, the demo or the simulators;
+- ``slurm`` imports only the agent client and shared modules;
+- only ``nodeagent/nvml.py`` imports ``pynvml``; the allocator is pure (no I/O, networking or
+  process modules);
+- no import cycle anywhere: neither between modules (also of one package) nor between packages.
 """
 
 from __future__ import annotations
@@ -11,52 +18,180 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AREAS = ("coordinator", "nodeagent", "slurm")
+TOP = ("capctl", "coordinator", "nodeagent", "slurm")
+SIMULATORS = ("capctl.sim", "capctl.simgpu", "capctl.demo")
 
 
-def _imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(node.module)
-        elif isinstance(node, ast.Import):
-            out.extend(alias.name for alias in node.names)
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_modules() -> dict[str, Path]:
+    """Every module of the shipped packages (generated protocol code left out): name -> file."""
+    out = {}
+    for top in TOP:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "v1" in path.relative_to(ROOT).parts[:2] and path.name != "__init__.py":
+                continue
+            out[_module_name(path)] = path
     return out
 
 
-def _modules(area: str) -> list[Path]:
-    return sorted((ROOT / "capctl" / area).rglob("*.py"))
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """Modules of ours that ``path`` (module ``name``) imports anywhere in its body."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for t in targets:
+            while t and t not in known and "." in t:
+                t = t.rpartition(".")[0]
+            if t in known and t != name:
+                found.add(t)
+    return found
 
 
-def test_no_imports_between_coordinator_nodeagent_and_slurm():
-    crossings = [
-        (str(p.relative_to(ROOT)), m)
-        for area in AREAS
-        for p in _modules(area)
-        for m in _imports(p)
-        if any(m == f"capctl.{o}" or m.startswith(f"capctl.{o}.") for o in AREAS if o != area)
-    ]
-    assert crossings == []
-    assert len(_modules("coordinator")) > 5 and len(_modules("nodeagent")) > 3 and _modules("slurm")
+def import_graph() -> dict[str, set[str]]:
+    mods = source_modules()
+    known = set(mods) | {"capctl.v1"}
+    return {name: imports_of(path, name, known) for name, path in mods.items()}
+
+
+def external_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def package_of(module: str, graph: dict[str, set[str]]) -> str:
+    """The package holding ``module`` (a package is its own)."""
+    if any(m.startswith(module + ".") for m in graph):
+        return module
+    return module.rpartition(".")[0] or module
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every broken layering rule of ``graph``, one line each."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            rule = None
+            if _in(mod, "coordinator") and _in(dep, "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
+                rule = "the coordinator imports no agent, hook, CLI, demo or simulator code"
+            elif _in(mod, "nodeagent") and _in(dep, "coordinator", "slurm", "capctl.cli", *SIMULATORS):
+                rule = "the agent imports no coordinator, hook, CLI, demo or simulator code"
+            elif _in(mod, "slurm") and _in(dep, "coordinator", "nodeagent", "capctl.cli", *SIMULATORS):
+                rule = "the Slurm hooks import only the agent client and shared modules"
+            elif _in(mod, "capctl.cli") and _in(dep, "nodeagent") or (
+                    _in(mod, "capctl.cli") and _in(dep, "coordinator") and dep != "coordinator.client"):
+                rule = "the CLI reaches the coordinator only through its client API (coordinator.client)"
+            elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
+                    dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
+                rule = "shared modules import no daemon, CLI, demo or simulator code"
+            if rule:
+                bad.append(f"{mod} -> {dep}: {rule}")
+    return bad
+
+
+def test_the_design_cards_top_level_exists_and_the_old_places_are_gone():
+    for top in ("coordinator", "nodeagent", "slurm", "protos", "tests"):
+        assert (ROOT / top).is_dir(), top
+    for old in ("capctl/coordinator", "capctl/nodeagent", "capctl/slurm"):
+        assert not (ROOT / old).exists(), old
+    assert (ROOT / "slurm" / "epilog").resolve() == (ROOT / "slurm" / "prolog").resolve()  # one hook script
+
+
+def test_layers_are_one_way():
+    graph = import_graph()
+    assert len(graph) > 60 and graph["coordinator.daemon"] and graph["nodeagent.daemon"]
+    assert violations(graph) == []
+
+
+def test_no_import_cycle_between_modules_or_packages():
+    graph = import_graph()
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    packages: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        p = package_of(mod, graph)
+        packages.setdefault(p, set()).update(package_of(d, graph) for d in deps if package_of(d, graph) != p)
+    # a package importing its own parent's __init__ is not a cycle of packages
+    for p, deps in packages.items():
+        deps.difference_update({q for q in deps if p.startswith(q + ".")})
+    assert find_cycle(packages) is None, " -> ".join(find_cycle(packages))
+
+
+def test_the_checker_sees_back_imports_and_cycles():
+    """The rules above can fail: a deliberately added back-import and a cycle are both reported."""
+    graph = {k: set(v) for k, v in import_graph().items()}
+    graph["nodeagent.caps"].add("coordinator.loop")
+    graph["slurm.hooks"].add("nodeagent.daemon")
+    graph["nodeagent.nvml"].add("capctl.simgpu.build")
+    bad = violations(graph)
+    assert any(b.startswith("nodeagent.caps -> coordinator.loop") for b in bad)
+    assert any(b.startswith("slurm.hooks -> nodeagent.daemon") for b in bad)
+    assert any(b.startswith("nodeagent.nvml -> capctl.simgpu.build") for b in bad)
+    graph["capctl.errors"].add("capctl.policy")
+    graph["capctl.policy"].add("capctl.errors")
+    assert find_cycle(graph) is not None
 
 
 def test_only_the_nvml_backend_imports_pynvml():
-    importers = sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "capctl").rglob("*.py")
-        if any(m == "pynvml" or m.startswith("pynvml.") for m in _imports(p))
-    )
-    assert importers == ["capctl/nodeagent/nvml.py"]
+    importers = sorted(str(p.relative_to(ROOT)) for p in source_modules().values()
+                       if any(_in(m, "pynvml") for m in external_imports(p)))
+    assert importers == ["nodeagent/nvml.py"]
 
 
-def test_allocator_imports_no_io():
-    forbidden = ("grpc", "socket", "subprocess", "sqlite3", "requests", "urllib", "http", "asyncio",
-                 "threading", "capctl.coordinator", "capctl.nodeagent", "capctl.slurm", "capctl.v1")
-    found = [
-        (str(p.relative_to(ROOT)), m)
-        for p in _modules("allocator")
-        for m in _imports(p)
-        if any(m == f or m.startswith(f + ".") for f in forbidden)
-    ]
-    assert found == []
+def test_allocator_is_pure():
+    forbidden = ("grpc", "socket", "subprocess", "sqlite3", "requests", "urllib", "http", "asyncio", "threading",
+                 "pynvml", "coordinator", "nodeagent", "slurm", "capctl.v1")
+    offenders = sorted(f"{p.relative_to(ROOT)}: {m}" for name, p in source_modules().items()
+                       if _in(name, "capctl.allocator") for m in external_imports(p) if _in(m, *forbidden))
+    assert offenders == []

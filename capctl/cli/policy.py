@@ -83,12 +83,11 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_reload(args: argparse.Namespace) -> int:
     """Call ``Admin.ReloadPolicy`` on the coordinator; return 0 when it took the policy, else 1."""
-    from capctl.cli.rpc import DEFAULT_TIMEOUT_S, admin_stub
-    from capctl.v1 import capctl_pb2
+    from capctl.cli.rpc import admin_client
 
     path = os.path.abspath(args.file) if args.file else ""
-    with admin_stub(args.coordinator) as stub:
-        reply = stub.ReloadPolicy(capctl_pb2.ReloadPolicyRequest(path=path), timeout=DEFAULT_TIMEOUT_S)
+    with admin_client(args.coordinator) as client:
+        reply = client.reload_policy(path)
     if args.json:
         print(json.dumps({"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}, indent=2))
         return 0 if reply.ok else 1

@@ -1,4 +1,6 @@
-"""gRPC channels from the CLI to the coordinator, with errors mapped to :mod:`capctl.errors`.
+"""The CLI's connection to the coordinator: :func:`admin_client` gives an
+:class:`coordinator.client.AdminClient` (the one client API) on a channel with the command line's TLS
+settings and admin token; errors are mapped to :mod:`capctl.errors` there.
 
 Address resolution: ``--coordinator ADDR`` flag, else ``$CAPCTL_COORDINATOR``, else
 :data:`DEFAULT_COORDINATOR`. Addresses are gRPC targets: ``unix:/path`` or ``host:port``.
@@ -18,13 +20,14 @@ from collections.abc import Iterator
 
 import grpc
 
-from capctl.errors import CapctlError, NotFoundError, PermissionDeniedError, UnreachableError, UserInputError
-
-DEFAULT_COORDINATOR = "unix:/run/capctl/coordinator.sock"
-"""Default admin address of the coordinator (root-only unix socket on the head node)."""
-
-DEFAULT_TIMEOUT_S = 5.0
-"""Deadline of one admin RPC in seconds."""
+from capctl.errors import UserInputError
+from coordinator.client import (  # noqa: F401 — the CLI's names for the client API's
+    DEFAULT_COORDINATOR,
+    DEFAULT_TIMEOUT_S,
+    AdminClient,
+    coordinator_address,
+    map_rpc_error,
+)
 
 _CONNECTION: dict = {"tls": None, "token_file": None}
 """TLS config and token file from the command line (:func:`configure`); the environment otherwise."""
@@ -117,52 +120,16 @@ def _channel(target: str, credentials):
     return channel
 
 
-def coordinator_address(flag: str | None = None) -> str:
-    """Return the coordinator address: ``flag``, ``$CAPCTL_COORDINATOR`` or the default.
-
-    Raises:
-        UserInputError: the address is malformed (port outside 1..65535, ``unix:`` without a path ...),
-            naming where it came from.
-    """
-    from capctl.addresses import check_address
-
-    if flag is not None:
-        return check_address(flag, "--coordinator")
-    env = os.environ.get("CAPCTL_COORDINATOR")
-    if env:
-        return check_address(env, "$CAPCTL_COORDINATOR")
-    return DEFAULT_COORDINATOR
-
-
-def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
-    """Translate a gRPC error into the matching user-facing :class:`CapctlError`."""
-    code = err.code() if hasattr(err, "code") else None
-    details = err.details() if hasattr(err, "details") else str(err)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}")
-    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-        return PermissionDeniedError(f"{details} (coordinator {address})")
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFoundError(details)
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
-        return UserInputError(details)
-    return CapctlError(f"coordinator at {address}: {code.name if code else 'error'}: {details}")
-
-
 @contextlib.contextmanager
-def admin_stub(address: str | None = None, credentials: grpc.ChannelCredentials | None = None) -> Iterator[object]:
-    """Yield a ``capctl.v1.Admin`` stub on a fresh channel; closes the channel afterwards.
+def admin_client(address: str | None = None) -> Iterator[AdminClient]:
+    """Yield an :class:`AdminClient` on a fresh channel with the configured TLS and token; closes it.
 
     Raises:
-        CapctlError subclasses (see :func:`map_rpc_error`) for gRPC failures inside the block.
+        CapctlError subclasses (see :func:`coordinator.client.map_rpc_error`) for gRPC failures.
     """
-    from capctl.v1 import capctl_pb2_grpc
-
     target = coordinator_address(address)
-    channel = _channel(target, credentials)
+    client = AdminClient(target, channel=_channel(target, None))
     try:
-        yield capctl_pb2_grpc.AdminStub(channel)
-    except grpc.RpcError as err:
-        raise map_rpc_error(err, target) from None
+        yield client
     finally:
-        channel.close()
+        client.close()

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capctl.demo import processes as P
+from capctl import reasons
 from capctl.errors import CapctlError, UserInputError
 
 SAMPLE_S = 0.25
@@ -68,7 +69,7 @@ POORLY_COOLED_HOT = (1, 6)
 """GPU indices with a high thermal resistance on hot-inlet nodes (one in job 1001, one in 1002)."""
 POORLY_COOLED_COLD = (2,)
 """GPU index with a high thermal resistance on cool-inlet nodes (in job 1001)."""
-THERMAL_SLOWDOWN_REASONS = ("HW_THERMAL_SLOWDOWN", "SW_THERMAL_SLOWDOWN")
+THERMAL_SLOWDOWN_REASONS = reasons.THERMAL_SLOWDOWN  # capctl.reasons: the one definition
 
 
 @dataclass
@@ -420,7 +421,7 @@ class Demo:
             time.sleep(min(0.2, max(0.0, until - now)))
 
     def _draw(self, label: str, elapsed_s: float, left_s: float) -> None:
-        from capctl.cli.status import render_gpus, render_nodes_summary, render_status, status_dict
+        from capctl.statusview import render_gpus, render_nodes_summary, render_status, status_dict
 
         with self.stats_lock:
             rates = dict(self.last_rates)
@@ -541,17 +542,15 @@ class Demo:
 
 
 def _reasons(r: dict) -> tuple[str, ...]:
-    reasons = r.get("reasons", r.get("clocks_event_reasons", ()))
-    if isinstance(reasons, int):
-        from capctl.nodeagent.nvml import decode_clocks_event_reasons
-
-        return decode_clocks_event_reasons(reasons)
-    return tuple(reasons or ())
+    names = r.get("reasons", r.get("clocks_event_reasons", ()))
+    if isinstance(names, int):
+        return reasons.decode(names)
+    return tuple(names or ())
 
 
 def render_summary(s: dict) -> str:
     """The people's summary of a demo run."""
-    from capctl.cli.status import table
+    from capctl.statusview import table
 
     lines = ["", "capctl demo — summary", "=" * 21,
              f"{s['nodes']} nodes x {s['gpus'] // max(1, s['nodes'])} GPUs, budget {s['budget_w']:.0f} W; "

@@ -278,9 +278,9 @@ class Policy:
         Raises:
             UserInputError: ``budget_w`` not a finite number > 0, above ``budget_ceiling_w``, or
                 below the sum of minimum caps of the root when that is known (see
-                :func:`capctl.policy.validate.minimum_w`).
+                :func:`capctl.policy.minimums.minimum_w`).
         """
-        from capctl.policy.validate import minimum_w
+        from capctl.policy.minimums import minimum_w
 
         if isinstance(budget_w, bool) or not isinstance(budget_w, (int, float)) or not math.isfinite(budget_w) or budget_w <= 0:
             raise UserInputError(f"budget_w: {budget_w!r} is not allowed; give a finite number of watts > 0")

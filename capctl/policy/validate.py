@@ -33,6 +33,7 @@ import jsonschema
 from capctl.errors import UserInputError
 from capctl.policy import model
 from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
+from capctl.policy.minimums import minimum_w, per_gpu_minimum_w  # noqa: F401 — public here too
 from capctl.policy.units import UNIT_NAMES, format_number, split_unit_key, value_hint
 from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
 
@@ -319,30 +320,6 @@ class _DomainDraft:
     gpus_per_node: int | None
     nodes: list
     children: list
-
-
-def per_gpu_minimum_w(gpu_model: str | None, min_cap_w: float | None, device_min_cap_w=None) -> float | None:
-    """Smallest cap a GPU of ``gpu_model`` can get under the policy: max(policy min, device min)."""
-    device_min = device_limits_w(gpu_model, device_min_cap_w)[0] if gpu_model else None
-    values = [v for v in (min_cap_w, device_min) if v is not None]
-    return max(values) if values else None
-
-
-def minimum_w(domain: model.Domain, min_cap_w: float | None, device_min_cap_w=None) -> float | None:
-    """Lower bound of the GPU power a domain needs: sum over its nodes of gpus_per_node x the
-    per-GPU minimum (see :func:`per_gpu_minimum_w`), watts. Nodes whose GPU count or minimum is
-    unknown add 0; None when nothing is known."""
-    total = 0.0
-    known = False
-    for sub in domain.walk():
-        if not sub.nodes or sub.gpus_per_node is None:
-            continue
-        per_gpu = per_gpu_minimum_w(sub.gpu_model, min_cap_w, device_min_cap_w)
-        if per_gpu is None:
-            continue
-        known = True
-        total += len(sub.nodes) * sub.gpus_per_node * per_gpu
-    return total if known else None
 
 
 def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_max) -> model.Domain | None:

@@ -17,16 +17,16 @@ What each one may observe is what it would observe on a real cluster:
    :data:`BALANCER_STEP_W` per GPU per :data:`BALANCER_PERIOD_S`, deadband :data:`BALANCER_TOL`.
    Thermally unaware (as GEOPM's balancer is).
 4. ``capctl`` — the coordinator's logic run in-process: the telemetry is mirrored into the
-   coordinator's own :class:`~capctl.coordinator.registry.Registry` (readings and one model sample
+   coordinator's own :class:`~coordinator.registry.Registry` (readings and one model sample
    per GPU per interval, as ``Registry.on_telemetry`` stores the agents' reports); the
-   coordinator's own :class:`~capctl.coordinator.models.Models` learns per GPU (rate curve:
+   coordinator's own :class:`~coordinator.models.Models` learns per GPU (rate curve:
    prior-anchored power scale, then the allocator's :class:`~capctl.allocator.curves.OnlineCurveFit`;
    thermal: one :class:`~capctl.allocator.thermal.OnlineThermalFit` per node), on simulated time
    (its injectable clocks: the refit throttle reads the simulated clock; the per-interval refit
    budget is charged :data:`CAPCTL_REFIT_COST_S` per refit; the refit jitter comes from a seeded
-   ``random.Random``); then the coordinator's :func:`capctl.coordinator.allocation.build_inputs`
-   and :func:`~capctl.coordinator.allocation.solve` (fast allocator) and its two-phase planner with
-   the deadband (:mod:`capctl.coordinator.planner`). It sees only NVML telemetry — no step rates,
+   ``random.Random``); then the coordinator's :func:`coordinator.allocation.build_inputs`
+   and :func:`~coordinator.allocation.solve` (fast allocator) and its two-phase planner with
+   the deadband (:mod:`coordinator.planner`). It sees only NVML telemetry — no step rates,
    no speeds, no power factors; a GPU's power efficiency shows in its SM clock at the enforced cap.
 5. ``oracle`` — the same allocator given the truth: per GPU, the rate curve of its job's workload
    fitted to the physics' steady state (:func:`capctl.simgpu.node.steady_state`) and mapped in
@@ -270,8 +270,8 @@ class Capctl(_AllocatorPolicy):
     def reset(self, ctx: Context) -> None:
         import random
 
-        from capctl.coordinator.models import Models
-        from capctl.coordinator.planner import DomainSpec
+        from coordinator.models import Models
+        from coordinator.planner import DomainSpec
 
         super().reset(ctx)
         self.keys = ctx.topo.keys()
@@ -295,7 +295,7 @@ class Capctl(_AllocatorPolicy):
     @staticmethod
     def _make_registry(ctx):
         """The coordinator's Registry as the agents' hellos would fill it (constraints from the device)."""
-        from capctl.coordinator.registry import GpuObs, NodeObs, Registry
+        from coordinator.registry import GpuObs, NodeObs, Registry
 
         reg = Registry(clock=lambda: 0.0)
         p = ctx.profile
@@ -313,7 +313,7 @@ class Capctl(_AllocatorPolicy):
     def _sync_registry(self, obs: Observation) -> None:
         """Mirror the telemetry into the coordinator's own Registry as ``on_telemetry`` would:
         readings and one model sample per GPU (what the agents would report each interval)."""
-        from capctl.coordinator.registry import Binding, Sample
+        from coordinator.registry import Binding, Sample
         from capctl.simgpu.node import reason_names
 
         tele = obs.tele
@@ -350,8 +350,8 @@ class Capctl(_AllocatorPolicy):
             self._bound_jobs = [j.job_id for j in obs.jobs]
 
     def decide(self, obs: Observation):
-        from capctl.coordinator import allocation
-        from capctl.coordinator.planner import GpuPlanInput, plan_decreases, plan_increases
+        from coordinator import allocation
+        from coordinator.planner import GpuPlanInput, plan_decreases, plan_increases
 
         t = self.ctx.topo
         pol = self.ctx.policy

@@ -3,7 +3,7 @@
 GPU ``g`` of the simulation is GPU ``g % gpus_per_node`` of node ``g // gpus_per_node`` (nodes in
 the cluster file's order). Power domains are the policy's tree (root limit = ``budget_w``) plus
 one node domain per node, built by the coordinator's own
-:func:`capctl.coordinator.allocation.build_domains`, so the simulator and the coordinator see the
+:func:`coordinator.allocation.build_domains`, so the simulator and the coordinator see the
 same tree.
 """
 
@@ -55,7 +55,7 @@ def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology
     Raises UserInputError when a cluster node is in no domain of the policy, or a policy node is
     not in the cluster (the scenario would not describe the policy's cluster).
     """
-    from capctl.coordinator.allocation import build_domains
+    from coordinator.allocation import build_domains
 
     names = spec.node_names
     missing = [n for n in names if not policy.has_node(n)]

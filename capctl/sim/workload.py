@@ -134,7 +134,7 @@ def zeus_profiles(model: str, data_dir: str) -> tuple[WorkloadProfile, ...]:
 @functools.lru_cache(maxsize=8)
 def default_profiles(model: str) -> tuple[WorkloadProfile, ...]:
     """One profile fitted to the allocator's shipped default curve of ``model``'s family."""
-    from capctl.coordinator.models import prior_curve
+    from coordinator.models import prior_curve
     from capctl.simgpu.profiles import get as get_profile
 
     prof = get_profile(model)

@@ -6,14 +6,9 @@ The driver (``libnvidia-ml.so.1``) is compiled from ``csrc/simnvml`` against NVI
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Repository root (the checkout holding ``csrc/`` and ``build/``)."""
-
-LIBRARY_ENV = "CAPCTL_SIMNVML_LIB"
-"""Environment variable that overrides the path of the simulated ``libnvidia-ml.so.1``."""
+from capctl.paths import LIBRARY_ENV, REPO_ROOT, library_path  # noqa: F401 — located in one place
 
 
 def nvml_include_dir() -> str:
@@ -32,14 +27,3 @@ def nvml_include_dir() -> str:
     raise FileNotFoundError(
         "nvml.h not found: install the pinned 'nvidia-nvml-dev' package (make setup)"
     )
-
-
-def library_path() -> Path:
-    """Return the path of the simulated ``libnvidia-ml.so.1`` (``$CAPCTL_SIMNVML_LIB`` or ``build/``).
-
-    The file may not exist yet; ``make build`` creates it.
-    """
-    env = os.environ.get(LIBRARY_ENV)
-    if env:
-        return Path(env)
-    return REPO_ROOT / "build" / "simnvml" / "libnvidia-ml.so.1"

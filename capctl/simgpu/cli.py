@@ -26,8 +26,7 @@ from pathlib import Path
 from capctl.errors import CapctlError, UserInputError
 from capctl.simgpu._lib import FAULT_CODES
 
-STATE_FILE = "node.state"
-"""Name of the state file inside a node directory."""
+from capctl.simgpu.journal import STATE_FILE
 
 
 def state_path(directory: str | Path) -> Path:

@@ -31,6 +31,8 @@ import numpy as np
 
 from capctl.errors import UserInputError
 
+STATE_FILE = "node.state"
+"""Name of a node's state file inside its directory (``capctl-simgpu init DIR``)."""
 JOURNAL_SUFFIX = ".journal"
 """Appended to the state file's name (``DIR/node.state.journal``)."""
 MAGIC = b"CAPJRNL1"
@@ -86,8 +88,6 @@ def journal_path(path: str | Path) -> Path:
     if p.name.endswith(JOURNAL_SUFFIX):
         return p
     if p.is_dir():
-        from capctl.simgpu.cli import STATE_FILE
-
         p = p / STATE_FILE
     return p.with_name(p.name + JOURNAL_SUFFIX)
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
-from capctl.nodeagent.local import PeerCred, peer_allowed
+from nodeagent.local import PeerCred, peer_allowed
 from tests.conftest import require
 from tests.support.processes import sim_node, start_agent, write_policy
 
@@ -270,7 +270,7 @@ def test_second_agent_on_same_socket_is_refused_and_first_keeps_serving(tmp_path
 
 def test_local_server_stop_leaves_a_replaced_socket_alone(tmp_path):
     """stop() unlinks the socket only if it is still the file it bound (same inode)."""
-    from capctl.nodeagent.local import LocalServer
+    from nodeagent.local import LocalServer
     from capctl.v1 import capctl_pb2_grpc
 
     path = str(tmp_path / "s.sock")

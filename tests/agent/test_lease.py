@@ -3,7 +3,7 @@ test_agent_link.py)."""
 
 from __future__ import annotations
 
-from capctl.nodeagent.lease import Lease, failsafe_caps
+from nodeagent.lease import Lease, failsafe_caps
 
 
 def test_failsafe_caps_never_raise():

@@ -100,7 +100,7 @@ def _coordinator(tmp_path, *extra):
     for flag, value in zip(extra[::2], extra[1::2]):
         base[flag] = value
     argv = [x for kv in base.items() for x in kv]
-    return _run("-m", "capctl.coordinator.daemon", *argv, timeout=30)
+    return _run("-m", "coordinator.daemon", *argv, timeout=30)
 
 
 @pytest.mark.parametrize("flag, value, expect", [
@@ -138,7 +138,7 @@ def test_agent_bad_addresses_exit_1(tmp_path, flag, value, expect):
     args = {"--node": "n1", "--coordinator": "unix:/nonexistent.sock", "--socket": str(tmp_path / "a.sock"),
             "--state-dir": str(tmp_path / "state")}
     args[flag] = value
-    r = _run("-m", "capctl.nodeagent.daemon", *[x for kv in args.items() for x in kv], timeout=30)
+    r = _run("-m", "nodeagent.daemon", *[x for kv in args.items() for x in kv], timeout=30)
     assert r.returncode == 1, r.stderr
     assert expect in _one_line(r, "capctl-agent")
 
@@ -172,7 +172,7 @@ def test_coordinator_bind_errors_are_clear(tmp_path):
 
 def test_unix_socket_errors_name_the_flag_they_came_from(tmp_path):
     """--status-socket problems are reported as --status-socket, not --admin-socket."""
-    from capctl.coordinator.daemon import _prepare_unix_socket
+    from coordinator.daemon import _prepare_unix_socket
     from capctl.errors import UserInputError
 
     plain = tmp_path / "not-a-socket"

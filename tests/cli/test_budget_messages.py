@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from capctl.cli.status import budget_refused_line, budget_set_line, fmt_w
-from capctl.coordinator.server import allocatable_under_limits_w
+from coordinator.server import allocatable_under_limits_w
 from capctl.policy import load_policy
 from tests.support.processes import require_coordinator, start_coordinator
 

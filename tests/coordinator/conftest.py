@@ -54,7 +54,7 @@ def write_policy(path: Path, *, nodes: list[str], budget_w: float, interval_s: f
 
 
 class Coordinator:
-    """A running coordinator process (``capctl.coordinator.daemon``) and its addresses."""
+    """A running coordinator process (``coordinator.daemon``) and its addresses."""
 
     def __init__(self, workdir: Path, policy: Path, *, listen: str = "127.0.0.1:0", dry_run: bool = False,
                  state_dir: Path | None = None, extra: list[str] | None = None) -> None:
@@ -64,7 +64,7 @@ class Coordinator:
         self.ready_file = workdir / f"ready-{time.monotonic_ns()}.json"
         self.admin_socket = workdir / "admin.sock"
         self.log_path = workdir / f"coordinator-{time.monotonic_ns()}.log"
-        argv = [sys.executable, "-m", "capctl.coordinator.daemon", "--policy", str(policy), "--listen", listen,
+        argv = [sys.executable, "-m", "coordinator.daemon", "--policy", str(policy), "--listen", listen,
                 "--state-dir", str(self.state_dir), "--admin-socket", str(self.admin_socket), "--metrics-port", "0",
                 "--ready-file", str(self.ready_file), "--log-level", "INFO"]
         if dry_run:
@@ -88,7 +88,7 @@ class Coordinator:
         self.metrics_port = self.info["metrics_port"]
 
     def client(self, admin: bool = True, **kw):
-        from capctl.coordinator.client import AdminClient
+        from coordinator.client import AdminClient
 
         return AdminClient(self.admin_address if admin else self.address, **kw)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from capctl.allocator.curves import DEFAULT_CURVES
 from capctl.allocator.problem import AllocationProblem
-from capctl.coordinator.allocation import GpuInput, SolveInputs, build_problem, ceiling_w, ceilings_w
+from coordinator.allocation import GpuInput, SolveInputs, build_problem, ceiling_w, ceilings_w
 
 
 def _inputs(rnd: random.Random) -> SolveInputs:

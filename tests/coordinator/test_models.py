@@ -1,4 +1,4 @@
-"""Per-GPU online models (capctl/coordinator/models.py): prior-anchored power scale, full refits,
+"""Per-GPU online models (coordinator/models.py): prior-anchored power scale, full refits,
 and the injectable clocks that let the what-if simulator run them on simulated time."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from capctl.allocator.curves import rate_unclamped  # the family itself: synthetic truth below RATE_MIN too
-from capctl.coordinator import models as M
-from capctl.coordinator.registry import GpuObs, NodeObs, Registry, Sample
+from coordinator import models as M
+from coordinator.registry import GpuObs, NodeObs, Registry, Sample
 
 H100 = "NVIDIA H100 80GB HBM3"
 MAX_CLK = 1980.0
@@ -112,7 +112,7 @@ def test_models_refit_budget_reads_the_budget_clock():
 
 
 def test_a_new_job_on_a_gpu_starts_its_curve_from_the_prior():
-    from capctl.coordinator.registry import Binding
+    from coordinator.registry import Binding
 
     now = [0.0]
     models = M.Models(clock=lambda: now[0], budget_clock=lambda: now[0], rng=random.Random(3))

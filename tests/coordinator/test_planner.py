@@ -1,10 +1,10 @@
-"""Two-phase planning and failsafe caps (pure functions of capctl.coordinator.planner)."""
+"""Two-phase planning and failsafe caps (pure functions of coordinator.planner)."""
 
 from __future__ import annotations
 
 import random
 
-from capctl.coordinator.planner import DomainSpec, GpuPlanInput, plan_decreases, plan_increases, safe_caps
+from coordinator.planner import DomainSpec, GpuPlanInput, plan_decreases, plan_increases, safe_caps
 
 
 def gpu(node, i, desired, observed, accounted=None, live=True, lo=200.0, hi=700.0, prev_safe=0.0):

@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 
-from capctl.coordinator.planner import (
+from coordinator.planner import (
     DomainSpec,
     GpuPlanInput,
     PlanArrays,

@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from capctl.allocator.thermal import THERMAL_PRIOR
-from capctl.coordinator import allocation
-from capctl.coordinator.loop import REPLACED_MAX, Coordinator
-from capctl.coordinator.models import Models
-from capctl.coordinator.registry import Registry
+from coordinator import allocation
+from coordinator.loop import REPLACED_MAX, Coordinator
+from coordinator.models import Models
+from coordinator.registry import Registry
 from capctl.policy.validate import parse_policy
 
 from capctl.v1 import capctl_pb2 as pb
@@ -129,7 +129,7 @@ def test_node_outside_the_policy_and_replaced_streams_alert_once(caplog):
         reg.on_telemetry(n, telemetry(n, 1, [(400.0, 390.0, 50.0), (400.0, 390.0, 50.0)]))
     unlisted = ("node node9 is not in the policy: counted only against the cluster budget, outside every "
                 "PDU/rack limit — fix the policy or the agent's --node")
-    with caplog.at_level(logging.WARNING, logger="capctl.coordinator.loop"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.loop"):
         for _ in range(3):
             asyncio.run(coord.tick())
             alerts = list(coord.view.resolve().status.alerts)
@@ -158,7 +158,7 @@ def test_one_restart_is_not_a_replaced_stream_alert():
 
 
 def test_status_shows_ceilings_only_where_they_constrain():
-    from capctl.coordinator.loop import _shown_ceiling_w
+    from coordinator.loop import _shown_ceiling_w
 
     assert _shown_ceiling_w(8554.0, 200.0, 700.0) == 700.0    # cool GPU: the device maximum, not "8554 W"
     assert _shown_ceiling_w(math.inf, 200.0, 700.0) == 0.0

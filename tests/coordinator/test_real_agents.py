@@ -43,7 +43,7 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
         from tests.support.processes import Cluster
     except ImportError as exc:  # the agent/demo helpers are part of the same tree
         require(False, f"tests.support.processes unavailable: {exc}")
-    from capctl.coordinator.client import AdminClient
+    from coordinator.client import AdminClient
 
     budget = 2400.0  # 8 GPUs, min 200 W each, max 700 W
     with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget, interval_s=0.5, lease_s=3.0,
@@ -96,7 +96,7 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
         from tests.support.processes import Cluster
     except ImportError as exc:
         require(False, f"tests.support.processes unavailable: {exc}")
-    from capctl.coordinator.client import AdminClient
+    from coordinator.client import AdminClient
 
     budget = 3200.0  # 8 GPUs at 200..700 W; the pre-job (default) limit is 700 W
     with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget, interval_s=0.5, lease_s=3.0) as cl:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from capctl.coordinator.registry import Registry
+from coordinator.registry import Registry
 
 
 def test_forget_silent_uses_the_monotonic_clock_not_wall_time():

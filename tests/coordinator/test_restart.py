@@ -71,7 +71,7 @@ def test_corrupt_state_database_reports_and_keeps_running(tmp_path, start_coordi
 
 
 def _run(*args, timeout=30):
-    return subprocess.run([sys.executable, "-m", "capctl.coordinator.daemon", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "coordinator.daemon", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -88,7 +88,7 @@ def _offset():
         _cache[1] = now
     return _cache[0]
 time.time = lambda: _real_time() + _offset()
-from capctl.coordinator.daemon import main
+from coordinator.daemon import main
 sys.exit(main())
 """
 

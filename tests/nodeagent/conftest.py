@@ -32,7 +32,7 @@ def make_node(tmp_path, monkeypatch):
 @pytest.fixture
 def open_backend():
     """Factory: ``open_backend(library="simulated")`` -> an open NvmlBackend, closed at teardown."""
-    from capctl.nodeagent.nvml import NvmlBackend
+    from nodeagent.nvml import NvmlBackend
 
     import pynvml
 

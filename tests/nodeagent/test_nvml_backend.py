@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capctl.errors import HardwareError, UserInputError
-from capctl.nodeagent import nvml
-from capctl.nodeagent.nvml import (
+from nodeagent import nvml
+from nodeagent.nvml import (
     GpuLostError,
     NvmlBackend,
     NvmlLibraryError,
@@ -54,7 +54,7 @@ def test_unopened_backend_raises_uninitialized():
 def test_device_facts_and_thresholds_are_read_from_the_device(make_node, open_backend, caplog):
     slowdown = [89.0] * 7 + [83.0]
     node = make_node(gpus=8, slowdown_temp_c=slowdown, shutdown_temp_c=[92.0] * 7 + [95.0])
-    with caplog.at_level(logging.INFO, logger="capctl.nodeagent.nvml"):
+    with caplog.at_level(logging.INFO, logger="nodeagent.nvml"):
         backend = open_backend()
     assert backend.simulated is True
     assert backend.library_path == str(library_path().resolve())
@@ -230,7 +230,7 @@ def test_no_permission_gives_a_clear_message_with_remedy(make_node, open_backend
 CHILD_SET = textwrap.dedent(
     """
     import json
-    from capctl.nodeagent.nvml import NvmlBackend
+    from nodeagent.nvml import NvmlBackend
     with NvmlBackend("simulated") as b:
         seen = b.get_cap_w(2)
         for k in range(200):
@@ -255,7 +255,7 @@ def test_two_processes_share_one_node(make_node, open_backend):
 CHILD_OPEN = textwrap.dedent(
     """
     import json, sys
-    from capctl.nodeagent.nvml import NvmlBackend, NvmlLibraryError
+    from nodeagent.nvml import NvmlBackend, NvmlLibraryError
     kwargs = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     try:
         b = NvmlBackend(**kwargs).open()

@@ -128,7 +128,7 @@ def run_as(user: str, code: str, timeout_s: float = 30.0) -> dict:
     repo = Path(__file__).resolve().parents[2]
     prelude = (
         "import os, json, grpc\n"
-        "import capctl.nodeagent.local, capctl.errors\n"
+        "import nodeagent.local, capctl.errors\n"
         "from capctl.v1 import capctl_pb2, capctl_pb2_grpc\n"
         f"os.initgroups({pw.pw_name!r}, {pw.pw_gid}); os.setgid({pw.pw_gid}); os.setuid({pw.pw_uid})\n"
         f"assert os.getresuid() == ({pw.pw_uid},) * 3 and os.getresgid() == ({pw.pw_gid},) * 3\n"

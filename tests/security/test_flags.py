@@ -24,19 +24,19 @@ def test_coordinator_refuses_partial_tls_and_a_readable_token(tmp_path, pki):
     policy = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=1600.0)
     common = ["--policy", str(policy), "--state-dir", str(tmp_path / "s"), "--admin-socket", str(tmp_path / "a.sock"),
               "--metrics-port", "-1", "--listen", "127.0.0.1:0"]
-    r = _run("capctl.coordinator.daemon", *common, "--tls-ca", str(pki.ca_path))
+    r = _run("coordinator.daemon", *common, "--tls-ca", str(pki.ca_path))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "missing --tls-cert, --tls-key" in r.stderr and r.stderr.strip().count("\n") == 0
     token = tmp_path / "admin.token"
     token.write_text(TOKEN + "\n")
     os.chmod(token, 0o644)
-    r = _run("capctl.coordinator.daemon", *common, "--admin-token-file", str(token))
+    r = _run("coordinator.daemon", *common, "--admin-token-file", str(token))
     assert r.returncode == 1 and "mode 0644" in r.stderr and f"chmod 600 {token}" in r.stderr
     assert TOKEN not in r.stderr + r.stdout and "Traceback" not in r.stderr
 
 
 def test_agent_refuses_partial_tls(tmp_path, pki):
-    r = _run("capctl.nodeagent.daemon", "--node", "n1", "--coordinator", "127.0.0.1:9", "--socket",
+    r = _run("nodeagent.daemon", "--node", "n1", "--coordinator", "127.0.0.1:9", "--socket",
              str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "s"), "--tls-cert", str(pki.agent("n1").cert_path))
     assert r.returncode == 1 and "Traceback" not in r.stderr and "--tls-ca" in r.stderr, r.stderr
 

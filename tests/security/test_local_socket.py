@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from capctl.nodeagent.local import LocalClient, LocalServer
+from nodeagent.local import LocalClient, LocalServer
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
 from tests.security.conftest import client_code, run_as

@@ -28,8 +28,8 @@ def capctl_parts_missing() -> list[str]:
     missing = []
     if not Path(library_path()).is_file():
         missing.append(f"simulated NVML driver {library_path()} (make build)")
-    for mod in ("capctl.simgpu.node", "capctl.coordinator.daemon", "capctl.nodeagent.daemon",
-                "capctl.nodeagent.local", "capctl.v1.capctl_pb2_grpc"):
+    for mod in ("capctl.simgpu.node", "coordinator.daemon", "nodeagent.daemon",
+                "nodeagent.local", "capctl.v1.capctl_pb2_grpc"):
         if importlib.util.find_spec(mod) is None:
             missing.append(mod)
     return missing

@@ -420,7 +420,7 @@ def test_a_binding_budget_holds_at_every_instant_through_slurm_jobs(capctl_clust
     job start (prolog: start cap) and end (epilog: restore) through real sbatch; the exact sum of
     every GPU's enforced limit on all three nodes, from the simulated driver's journals, never
     exceeds the budget from the moment the devices first came within it."""
-    from capctl.coordinator.client import AdminClient
+    from coordinator.client import AdminClient
     from capctl.simgpu.journal import check_nodes
 
     c = capctl_cluster

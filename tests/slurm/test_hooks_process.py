@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from capctl.errors import UserInputError
-from capctl.slurm.config import expand_node, load_config
-from capctl.slurm.gpus import GPU_ID_MINOR, GPU_ID_PCI_BUS_ID, GPU_ID_UUID, parse_job_gpus
+from slurm.config import expand_node, load_config
+from slurm.gpus import GPU_ID_MINOR, GPU_ID_PCI_BUS_ID, GPU_ID_UUID, parse_job_gpus
 
 pytestmark = pytest.mark.slurm
 

@@ -26,8 +26,8 @@ from tests.slurmcluster import procs
 if TYPE_CHECKING:
     from tests.slurmcluster.cluster import SlurmCluster
 
-AGENT_MAIN = "import sys; from capctl.nodeagent.daemon import main; sys.exit(main())"
-COORDINATOR_MAIN = "import sys; from capctl.coordinator.daemon import main; sys.exit(main())"
+AGENT_MAIN = "import sys; from nodeagent.daemon import main; sys.exit(main())"
+COORDINATOR_MAIN = "import sys; from coordinator.daemon import main; sys.exit(main())"
 
 TDP_W = 700.0
 """H100 SXM5 TDP (NVIDIA H100 datasheet); the simulated model's default limit."""

@@ -125,7 +125,7 @@ class SlurmCluster:
 
     @property
     def hook_log(self) -> Path:
-        """File where our prolog/epilog append one line per event (see capctl.slurm)."""
+        """File where our prolog/epilog append one line per event (see slurm)."""
         return self.log_dir / "capctl-hooks.log"
 
     @property

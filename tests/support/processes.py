@@ -46,8 +46,8 @@ def require_simulated_gpus() -> None:
 
 def require_coordinator() -> None:
     """Skip locally / fail under CI when the coordinator daemon is not available."""
-    require(importlib.util.find_spec("capctl.coordinator.daemon") is not None,
-            "capctl.coordinator.daemon not available")
+    require(importlib.util.find_spec("coordinator.daemon") is not None,
+            "coordinator.daemon not available")
 
 
 def sim_node(directory: Path, gpus: int = 4, **kwargs):
@@ -169,5 +169,5 @@ class Cluster:
                 close()
 
 
-AGENT_MAIN_FOR_TESTS = "import sys; from capctl.nodeagent.daemon import main; sys.exit(main())"
+AGENT_MAIN_FOR_TESTS = "import sys; from nodeagent.daemon import main; sys.exit(main())"
 """``python -c`` program running capctl-agent's entry point (as the console script does)."""

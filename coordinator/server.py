@@ -1,7 +1,7 @@
 """gRPC servicers of the coordinator: AgentLink (agents), Admin (the ``capctl`` CLI), health and
 reflection. Runs on ``grpc.aio`` in the coordinator's event loop.
 
-Two servers share one :class:`~capctl.coordinator.loop.Coordinator`:
+Two servers share one :class:`~coordinator.loop.Coordinator`:
 
 * the **listen** server (``--listen ADDR``): AgentLink, read-only Admin (Status, Nodes, Jobs,
   Explain), health, reflection. SetBudget/ReloadPolicy answer ``PERMISSION_DENIED`` unless the

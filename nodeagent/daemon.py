@@ -9,22 +9,22 @@
 
 What it does (docs/protocol.md):
 
-- Opens NVML through :class:`capctl.nodeagent.nvml.NvmlBackend` (refusing the simulated driver unless
+- Opens NVML through :class:`nodeagent.nvml.NvmlBackend` (refusing the simulated driver unless
   ``--nvml-library simulated``, or a path with ``--allow-simulated``) and manages caps through
-  :class:`capctl.nodeagent.caps.CapManager` (pre-job limits and job bindings persist in the state
+  :class:`nodeagent.caps.CapManager` (pre-job limits and job bindings persist in the state
   directory across agent restarts).
 - Boot: GPUs found at their default limit (reboot, driver reload) while a safe cap is known (the
   last one the coordinator pushed, saved in the state directory, or the policy's
   ``failsafe.safe_cap_w``) are moved to the safe cap before the agent reports ready
   (``LocalStatus.ready``).
-- Keeps one AgentLink stream to the coordinator (:mod:`capctl.nodeagent.link`): hello with GPUs,
+- Keeps one AgentLink stream to the coordinator (:mod:`nodeagent.link`): hello with GPUs,
   bindings and last plan seq; telemetry every interval; job events; plans applied (decreases first,
   clamped to the limit constraints) and acknowledged with the enforced read-back.
-- Lease (:mod:`capctl.nodeagent.lease`): when it runs out, the GPUs with caps move to
+- Lease (:mod:`nodeagent.lease`): when it runs out, the GPUs with caps move to
   min(current, safe cap), reported as cap_state ``SAFE_CAP``.
 - Drift: :meth:`CapManager.reconcile` every interval; its per-GPU cap_state goes into telemetry.
 - Serves AgentLocal (JobStart/JobEnd/LocalStatus) for the Slurm hooks on a root-only unix socket
-  with an SO_PEERCRED check (:mod:`capctl.nodeagent.local`).
+  with an SO_PEERCRED check (:mod:`nodeagent.local`).
 
 SIGTERM/SIGINT stop it cleanly (caps stay where they are: the lease/safe caps protect the budget).
 Exit codes as :mod:`capctl.errors` (1 bad input, 5 NVML/hardware).
@@ -47,8 +47,9 @@ import grpc
 
 from capctl import lifeline
 from capctl.errors import CapctlError, UserInputError, run_for_person
-from capctl.nodeagent.lease import Lease, failsafe_caps
-from capctl.nodeagent.link import PROTOCOL_VERSION, AgentLinkClient
+from nodeagent.lease import Lease, failsafe_caps
+from nodeagent.link import PROTOCOL_VERSION, AgentLinkClient
+from nodeagent.savedstate import atomic_write
 
 log = logging.getLogger("capctl.agent")
 
@@ -61,16 +62,6 @@ BOOT_DEFAULT_TOLERANCE_W = 1.0
 
 CAP_STATE_SAFE = "SAFE_CAP"
 CAP_STATE_OK = "OK"
-
-
-def _atomic_write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _finite(value, default: float = 0.0) -> float:
@@ -89,8 +80,8 @@ class Agent:
         coordinator: gRPC target of the coordinator.
         socket_path: AgentLocal unix socket path.
         state_dir: state directory (0700; created).
-        backend: an opened :class:`~capctl.nodeagent.nvml.NvmlBackend`.
-        caps: a :class:`~capctl.nodeagent.caps.CapManager` on ``backend`` and ``state_dir``.
+        backend: an opened :class:`~nodeagent.nvml.NvmlBackend`.
+        caps: a :class:`~nodeagent.caps.CapManager` on ``backend`` and ``state_dir``.
         start_cap_w: cap applied to a job's GPUs at JobStart until the coordinator assigns one, W.
         policy_safe_cap_w: failsafe cap from the policy (None: only coordinator-pushed ones), W.
         interval_s: telemetry / reconcile period in seconds (replaced by the Welcome's).
@@ -202,7 +193,7 @@ class Agent:
             "coordinator_id": self.coordinator_id,
         }
         try:
-            _atomic_write_json(self._state_path(), data)
+            atomic_write(self._state_path(), json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
         except OSError as err:
             log.error("cannot write state file %s: %s", self._state_path(), err)
 
@@ -656,7 +647,7 @@ class Agent:
     # lifecycle
     def start(self) -> None:
         """Load state, apply boot safe caps, report ready, then start the local server, link and loop."""
-        from capctl.nodeagent.local import LocalServer
+        from nodeagent.local import LocalServer
 
         self.load_state()
         with self.lock:
@@ -809,8 +800,8 @@ def _load_policy(path: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from capctl.nodeagent.caps import CapManager
-    from capctl.nodeagent.nvml import NvmlBackend
+    from nodeagent.caps import CapManager
+    from nodeagent.nvml import NvmlBackend
 
     if args.interval_s is not None and not (0.05 <= args.interval_s <= 3600):
         raise UserInputError(f"--interval-s {args.interval_s}: allowed 0.05..3600 seconds")
@@ -831,7 +822,7 @@ def run(args: argparse.Namespace) -> int:
     interval_s = args.interval_s or (policy.interval_s if policy is not None else DEFAULT_INTERVAL_S)
     start_cap_w = policy.start_cap_w if policy is not None else 300.0
     safe_cap_w = policy.failsafe.safe_cap_w if policy is not None else None
-    from capctl.nodeagent.local import resolve_group
+    from nodeagent.local import resolve_group
 
     group = args.socket_group or (policy.agent.socket_group if policy is not None else None)
     socket_gid = resolve_group(group)
@@ -842,7 +833,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise UserInputError("--socket: give the AgentLocal socket path (or a --policy with agent.socket_path)")
     socket_path = check_socket_path(socket_path, "--socket")
-    from capctl.nodeagent.local import socket_in_use
+    from nodeagent.local import socket_in_use
 
     if os.path.exists(socket_path):
         live, detail = socket_in_use(socket_path)

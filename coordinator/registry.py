@@ -7,7 +7,7 @@ constraints come from ``AgentHello``, the job bindings from ``AgentHello.jobs`` 
 
 The registry is owned by the coordinator's asyncio event loop: only coroutines running on that loop
 read or write it (no locks). Other threads (the Prometheus exporter) read the immutable views that
-the reconcile loop publishes (:mod:`capctl.coordinator.view`).
+the reconcile loop publishes (:mod:`coordinator.view`).
 
 Accounting rule (docs/protocol.md, "Two-phase apply"): a GPU counts against its power domains at
 the highest cap it may be enforcing right now, :meth:`GpuObs.accounted_w`::
@@ -25,45 +25,13 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+
+from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
 log = logging.getLogger("capctl.coordinator.registry")
 
-THERMAL_REASON_MARK = "THERMAL"
-"""Clocks event reasons containing this word are thermal throttling (NVML
-``nvmlClocksEventReasonSwThermalSlowdown`` / ``HwThermalSlowdown``)."""
-
-POWER_REASONS = frozenset({"SW_POWER_CAP", "HW_POWER_BRAKE_SLOWDOWN", "POWER_CAP", "SW_POWER_CAPPING"})
-"""Clocks event reasons meaning power capping (NVML ``nvmlClocksEventReasonSwPowerCap`` and
-``HwPowerBrakeSlowdown``)."""
-
 THROTTLE_WINDOW_S = 60.0
 """Window of the throttling time fractions, in seconds."""
-
-
-def is_thermal(reasons: Iterable[str]) -> bool:
-    """True when any clocks event reason is a thermal slowdown (software or hardware)."""
-    return any(THERMAL_REASON_MARK in r.upper() for r in reasons)
-
-
-def is_power_capped(reasons: Iterable[str]) -> bool:
-    """True when any clocks event reason is a power cap / power brake."""
-    return any(r.upper() in POWER_REASONS or "POWER_CAP" in r.upper() for r in reasons)
-
-
-_REASON_CLASS: dict[tuple[str, ...], tuple[bool, bool]] = {}
-_REASON_CLASS_MAX = 4096
-
-
-def classify_reasons(reasons: tuple[str, ...]) -> tuple[bool, bool]:
-    """``(is_thermal(reasons), is_power_capped(reasons))``, memoized per reasons tuple (agents
-    report a handful of distinct combinations; the cache is bounded)."""
-    hit = _REASON_CLASS.get(reasons)
-    if hit is None:
-        hit = (is_thermal(reasons), is_power_capped(reasons))
-        if len(_REASON_CLASS) < _REASON_CLASS_MAX:
-            _REASON_CLASS[reasons] = hit
-    return hit
 
 
 @dataclasses.dataclass
@@ -235,7 +203,7 @@ class NodeObs:
     last_report_mono: float = -1e18  # hello or telemetry
     last_telemetry_mono: float = -1e18
     last_telemetry_seq: int = 0
-    session: object | None = None  # capctl.coordinator.server.AgentSession while connected
+    session: object | None = None  # coordinator.server.AgentSession while connected
     connected_mono: float = -1e18
     next_seq: int = 1  # next plan seq to this node (per coordinator incarnation)
     seen_s: float = 0.0  # Unix time of the last message from its agent (or from the node ledger)

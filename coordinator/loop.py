@@ -3,16 +3,16 @@
 Every ``interval_s`` (policy) :meth:`Coordinator.tick`:
 
 1. feeds the telemetry received since the last interval to the online models
-   (:mod:`capctl.coordinator.models`);
+   (:mod:`coordinator.models`);
 2. snapshots the registry into the allocator's problem and solves it with the fast path in a
-   worker thread (:mod:`capctl.coordinator.allocation`); stale nodes are fixed at their accounted
+   worker thread (:mod:`coordinator.allocation`); stale nodes are fixed at their accounted
    caps (spent, never free);
-3. computes failsafe caps (:func:`capctl.coordinator.planner.safe_caps`) from
+3. computes failsafe caps (:func:`coordinator.planner.safe_caps`) from
    ``min(desired, accounted)`` so that every domain holds even if all agents fell back at once;
 4. phase 1: sends every decrease and waits (at most :meth:`Coordinator.ack_wait_s`, < one interval)
    for the ``CapAck`` read-backs;
 5. phase 2: grants increases out of each domain's headroom computed from the accounted caps after
-   phase 1 (:func:`capctl.coordinator.planner.plan_increases`); every other live node gets a
+   phase 1 (:func:`coordinator.planner.plan_increases`); every other live node gets a
    "hold" plan (lease renewal). With nothing changed, only holds are sent (idempotent).
 
 Dry run (``--dry-run`` or policy ``dry_run: true``): steps 1-3 run and are reported and exported;
@@ -20,7 +20,7 @@ agents get only "hold" plans with ``dry_run = true``, no caps and no safe caps, 
 the devices (the lease is still renewed so that agents do not fall back while we watch).
 
 Admin operations (:meth:`Coordinator.set_budget`, :meth:`Coordinator.reload_policy`) run on the
-same event loop; the budget persists in the state directory (:mod:`capctl.coordinator.store`).
+same event loop; the budget persists in the state directory (:mod:`coordinator.store`).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ import uuid
 
 import numpy as np
 
-from capctl.coordinator import allocation, planner
-from capctl.coordinator.models import Models
-from capctl.coordinator.registry import Registry
-from capctl.coordinator.store import StoreError
-from capctl.coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
+from coordinator import allocation, planner
+from coordinator.models import Models
+from coordinator.registry import Registry
+from coordinator.store import StoreError
+from coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
 
@@ -75,7 +75,7 @@ class Coordinator:
     Args:
         policy: the validated policy from the file (:class:`capctl.policy.Policy`).
         policy_path: the file it came from ("" for an embedded policy).
-        store: an opened or failed :class:`~capctl.coordinator.store.Store`, or None (no persistence).
+        store: an opened or failed :class:`~coordinator.store.Store`, or None (no persistence).
         dry_run: ``--dry-run`` flag (ORed with the policy's ``dry_run``).
         store_error: the error met while opening the store, reported as an alert.
     """
@@ -331,7 +331,7 @@ class Coordinator:
 
     def _plan_arrays(self, inputs, desired, now) -> planner.PlanArrays:
         """What the planner needs of every GPU of ``inputs``, read from the registry now, as
-        :class:`~capctl.coordinator.planner.PlanArrays` (one :class:`~capctl.coordinator.planner.GpuPlanInput`
+        :class:`~coordinator.planner.PlanArrays` (one :class:`~coordinator.planner.GpuPlanInput`
         per GPU, as arrays): desired (``desired``, else the accounted cap), observed (latest
         enforced read-back), accounted, limit constraints, live (node connected and reporting, GPU
         not fixed), last safe cap. GPUs that left the registry since the snapshot are left out."""
@@ -573,7 +573,7 @@ class Coordinator:
     def _publish(self, inputs, out, desired, alerts, tick_s, plans_sent) -> None:
         """Swap in this interval's view: a snapshot of what it shows is taken now (cheap: one tuple
         per GPU); the status reply and metric extras are built from it when first read
-        (:class:`~capctl.coordinator.view.LazyView`, :func:`build_view`)."""
+        (:class:`~coordinator.view.LazyView`, :func:`build_view`)."""
         reg = self.registry
         now = reg.clock()
         ack_mem = self.ack_memory_s()

@@ -1,10 +1,10 @@
 """Cap management on one node: save/restore pre-job limits, job bindings, drift handling.
 
-:class:`CapManager` sits on an :class:`~capctl.nodeagent.nvml.NvmlBackend` and is the only code
+:class:`CapManager` sits on an :class:`~nodeagent.nvml.NvmlBackend` and is the only code
 that writes power limits. Its rules (issue 2, DEVELOPERS.md "Hardware safety"):
 
 * Before the FIRST write to a GPU its pre-job (site) limit, i.e. the requested power limit read
-  from the device, is saved in the root-only state file (:mod:`capctl.nodeagent.savedstate`);
+  from the device, is saved in the root-only state file (:mod:`nodeagent.savedstate`);
   restore returns to that value, never to the default limit. The saved value is kept until the
   restore succeeded.
 * GPUs are counted per job (MIG or shared GPUs): a GPU is restored only when its last job leaves.
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Callable
 
 from capctl.errors import CapctlError, UserInputError
-from capctl.nodeagent.nvml import GpuLostError, NvmlBackend, NvmlError
-from capctl.nodeagent.savedstate import (
+from nodeagent.nvml import GpuLostError, NvmlBackend, NvmlError
+from nodeagent.savedstate import (
     STATE_FILE_NAME,
     GpuRecord,
     NodeCapState,
@@ -143,7 +143,7 @@ class CapManager:
     """Applies, tracks and restores power limits on the GPUs of one node.
 
     Args:
-        backend: an open :class:`~capctl.nodeagent.nvml.NvmlBackend`.
+        backend: an open :class:`~nodeagent.nvml.NvmlBackend`.
         state_dir: directory of the state file ``caps-state.json`` (created 0700 if missing;
             production: ``/var/lib/capctl``).
         clock: monotonic time source in seconds (tests pass a manual clock).

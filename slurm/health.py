@@ -1,10 +1,10 @@
 """Slurm ``HealthCheckProgram``: keep jobs off a node until its capctl agent controls the GPUs.
 
-Run as ``python -m capctl.slurm.health [--drain]`` by the ``slurm/healthcheck`` wrapper (slurmd
+Run as ``python -m slurm.health [--drain]`` by the ``slurm/healthcheck`` wrapper (slurmd
 runs ``HealthCheckProgram`` as root every ``HealthCheckInterval`` seconds, with no PATH).
 
 The check asks the local agent's ``AgentLocal.LocalStatus`` (socket from the same configuration
-as the prolog, :mod:`capctl.slurm.config`) within ``--timeout-s``:
+as the prolog, :mod:`slurm.config`) within ``--timeout-s``:
 
 - healthy: the agent answers and reports ``ready`` (after a boot or driver reload it has applied
   its safe cap). Exit 0. With ``--drain``, a drain that this check set earlier (reason starting
@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 
-from capctl.slurm.config import load_config
+from slurm.config import load_config
 
 REASON_PREFIX = "capctl:"
 """Drain reasons set by this check start with this; only those are lifted by it."""

@@ -1,6 +1,6 @@
 """Slurm node prolog/epilog: bind a job's GPUs to the local node agent, bounded in time.
 
-Run as ``python -m capctl.slurm.hooks prolog|epilog`` by the ``slurm/prolog`` / ``slurm/epilog``
+Run as ``python -m slurm.hooks prolog|epilog`` by the ``slurm/prolog`` / ``slurm/epilog``
 wrappers (slurmd runs them as root, with the job's ``SLURM_*`` variables and no PATH).
 
 - prolog: ``AgentLocal.JobStart(job, GPUs from SLURM_JOB_GPUS, user, partition, account, qos)``;
@@ -9,7 +9,7 @@ wrappers (slurmd runs them as root, with the job's ``SLURM_*`` variables and no 
   retried by the agent and shown as ``RESTORE_FAILED``) and unbinds. Valid without a prolog.
 
 Time bound: the whole run, interpreter start included, ends within the policy's
-``prolog.timeout_s`` (:mod:`capctl.slurm.config`): the agent call gets the remaining time as its
+``prolog.timeout_s`` (:mod:`slurm.config`): the agent call gets the remaining time as its
 gRPC deadline, and a watchdog thread ends the process at the bound whatever else happens.
 
 Exit status: 0 when the job may run (success, or any failure under fail-open);
@@ -101,7 +101,7 @@ class Run:
     """State of one hook run: timing, log, and the single place where the process exits."""
 
     def __init__(self, hook: str, env: dict[str, str]) -> None:
-        from capctl.slurm.config import DEFAULT_TIMEOUT_S, env_timeout_s, node_name
+        from slurm.config import DEFAULT_TIMEOUT_S, env_timeout_s, node_name
 
         self.hook = hook
         self.env = env
@@ -161,8 +161,8 @@ def _gpu_results(results) -> list[dict]:
 
 def _run(run: Run) -> None:
     from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
-    from capctl.slurm.config import load_config
-    from capctl.slurm.gpus import parse_job_gpus
+    from slurm.config import load_config
+    from slurm.gpus import parse_job_gpus
 
     cfg = load_config(run.env)
     run.fail_open = cfg.fail_open
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     hook = argv[0] if argv else ""
     if hook not in ("prolog", "epilog"):
-        sys.stderr.write("usage: python -m capctl.slurm.hooks prolog|epilog\n")
+        sys.stderr.write("usage: python -m slurm.hooks prolog|epilog\n")
         return 2
     run = Run(hook, dict(os.environ))
 

@@ -33,7 +33,7 @@ nvmlDeviceGetUtilizationRates                      GPU utilization (%)
 Library selection and verification: the agent loads exactly one NVML library per process
 (``pynvml`` keeps it for the process lifetime). ``library="system"`` loads the driver's
 ``libnvidia-ml.so.1`` through the dynamic loader, ``"simulated"`` our build
-(:func:`capctl.simgpu.build.library_path`), or an absolute path. After loading, the file actually
+(:func:`capctl.paths.library_path`), or an absolute path. After loading, the file actually
 mapped is found with ``dladdr(3)`` on an NVML symbol and compared with the configuration; the
 simulated driver (recognised by its exported ``capsim_*`` symbols) is refused unless configured.
 So ``LD_LIBRARY_PATH`` or an earlier load cannot silently point the agent at another library.
@@ -52,6 +52,7 @@ from pathlib import Path
 
 import pynvml
 
+from capctl import reasons
 from capctl.errors import HardwareError, UserInputError
 
 LOG = logging.getLogger("capctl.nodeagent.nvml")
@@ -65,48 +66,25 @@ SIMULATED_SYMBOL_PREFIX = b"capsim_"
 _PROCESS_LOCK = threading.Lock()
 """Serialises library loading/verification in this process (pynvml has one library per process)."""
 
-# Clocks event reasons: bit values from nvml.h ``nvmlClocksEventReason*`` (NVML API reference,
-# "Clocks Event Reasons"), read from pynvml so a renumbering is picked up, decoded to stable names.
-CLOCKS_EVENT_REASON_NAMES: tuple[tuple[int, str], ...] = (
-    (pynvml.nvmlClocksEventReasonGpuIdle, "GPU_IDLE"),
-    (pynvml.nvmlClocksEventReasonApplicationsClocksSetting, "APPLICATIONS_CLOCKS_SETTING"),
-    (pynvml.nvmlClocksEventReasonSwPowerCap, "SW_POWER_CAP"),
-    (pynvml.nvmlClocksEventReasonHwSlowdown, "HW_SLOWDOWN"),
-    (pynvml.nvmlClocksEventReasonSyncBoost, "SYNC_BOOST"),
-    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "SW_THERMAL_SLOWDOWN"),
-    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "HW_THERMAL_SLOWDOWN"),
-    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "HW_POWER_BRAKE_SLOWDOWN"),
-    (pynvml.nvmlClocksEventReasonDisplayClockSetting, "DISPLAY_CLOCK_SETTING"),
-    (pynvml.nvmlClocksThrottleReasonBoardLimit, "BOARD_LIMIT"),
-    (pynvml.nvmlClocksThrottleReasonReliability, "RELIABILITY"),
-)
-"""(bit, name) of every clocks event reason NVML defines; see :func:`decode_clocks_event_reasons`."""
-
-
-def decode_clocks_event_reasons(mask: int) -> tuple[str, ...]:
-    """Decode an NVML clocks event reasons bit mask into names, in bit order.
-
-    Args:
-        mask: value of ``nvmlDeviceGetCurrentClocksEventReasons`` (unsigned 64-bit).
-
-    Returns:
-        Names such as ``("SW_POWER_CAP", "HW_THERMAL_SLOWDOWN")``; bits NVML does not define
-        appear as ``"UNKNOWN_0x..."``. An empty tuple means no reason (full clocks).
-    """
-    names: list[str] = []
-    known = 0
-    for bit, name in CLOCKS_EVENT_REASON_NAMES:
-        known |= bit
-        if mask & bit:
-            names.append(name)
-    rest = mask & ~known
-    bit = 1
-    while rest:
-        if rest & bit:
-            names.append(f"UNKNOWN_{bit:#x}")
-            rest &= ~bit
-        bit <<= 1
-    return tuple(names)
+# Clocks event reasons: names and classes live in capctl.reasons (one vocabulary); pynvml's bit
+# values (nvml.h) are compared with that table here, so a renumbering fails loudly at import.
+_PYNVML_REASON_BITS = {
+    "GPU_IDLE": pynvml.nvmlClocksEventReasonGpuIdle,
+    "APPLICATIONS_CLOCKS_SETTING": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "SW_POWER_CAP": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "HW_SLOWDOWN": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "SYNC_BOOST": pynvml.nvmlClocksEventReasonSyncBoost,
+    "SW_THERMAL_SLOWDOWN": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "HW_THERMAL_SLOWDOWN": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "HW_POWER_BRAKE_SLOWDOWN": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "DISPLAY_CLOCK_SETTING": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+    "BOARD_LIMIT": pynvml.nvmlClocksThrottleReasonBoardLimit,
+    "RELIABILITY": pynvml.nvmlClocksThrottleReasonReliability,
+}
+if {n: b for b, n in reasons.REASON_BITS} != _PYNVML_REASON_BITS:  # pragma: no cover - a new NVML
+    raise ImportError("capctl.reasons.REASON_BITS differ from pynvml's nvmlClocksEventReason* values")
+decode_clocks_event_reasons = reasons.decode
+"""Decode an NVML clocks event reasons mask (:func:`capctl.reasons.decode`)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +363,7 @@ def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def simulated_library_path() -> Path:
     """Path of our simulated ``libnvidia-ml.so.1`` (``$CAPCTL_SIMNVML_LIB`` or build/)."""
-    from capctl.simgpu.build import library_path
+    from capctl.paths import library_path
 
     return Path(library_path())
 

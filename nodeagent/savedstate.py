@@ -175,14 +175,24 @@ def quarantine(path: Path, *, now_s: float | None = None) -> Path | None:
 
 
 def store_state(path: Path, state: NodeCapState) -> None:
-    """Write the state file atomically (temp file 0600 + fsync + rename + directory fsync).
+    """Write the state file atomically (see :func:`atomic_write`).
 
     Raises:
         OSError: the directory is not writable (the caller reports it; caps are still applied).
     """
+    atomic_write(path, (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """The one atomic write of the agent's state directory: a temp file (0600, ``O_NOFOLLOW``) in
+    the same directory, written and fsync'ed, renamed over ``path``, then the directory fsync'ed,
+    so a crash leaves either the old or the new content, never a partial file.
+
+    Raises:
+        OSError: the directory is not writable (or ``path``'s temp name is a symlink).
+    """
     path = Path(path)
     ensure_private_dir(path.parent)
-    data = (json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:

@@ -24,7 +24,7 @@ GPU_LABELS = ["node", "gpu", "uuid"]
 
 
 class ViewCollector:
-    """Exports the latest :class:`~capctl.coordinator.view.View` of a coordinator."""
+    """Exports the latest :class:`~coordinator.view.View` of a coordinator."""
 
     def __init__(self, coord) -> None:
         self.coord = coord

@@ -126,7 +126,7 @@ def _unix_socket_server(coord, path: str, flag: str, authorizer):
     Raises:
         UserInputError: the socket cannot be prepared or bound (naming ``flag``).
     """
-    from capctl.coordinator import server as srv
+    from coordinator import server as srv
 
     _prepare_unix_socket(path, flag)
     old = os.umask(0o177)
@@ -250,10 +250,10 @@ def _check_addresses(args) -> None:
 
 async def serve(args) -> int:
     """Run the coordinator until SIGTERM/SIGINT. Returns the exit status."""
-    from capctl.coordinator import server as srv
-    from capctl.coordinator.loop import Coordinator
-    from capctl.coordinator.metrics import Metrics
-    from capctl.coordinator.store import Store, StoreError
+    from coordinator import server as srv
+    from coordinator.loop import Coordinator
+    from coordinator.metrics import Metrics
+    from coordinator.store import Store, StoreError
     from capctl.policy import load_policy
 
     _check_addresses(args)

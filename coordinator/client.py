@@ -1,35 +1,74 @@
-"""``AdminClient``: a small synchronous client of the coordinator's Admin service.
+"""The coordinator's client API: ``AdminClient``, the one synchronous client of its Admin service,
+with address resolution and gRPC errors mapped to :mod:`capctl.errors`.
 
-Used by the ``capctl`` CLI, the demo and the tests::
+Used by the ``capctl`` CLI (through :func:`capctl.cli.rpc.admin_client`, which adds TLS and the
+admin token from the command line), the demo and the tests::
 
-    from capctl.coordinator.client import AdminClient
+    from coordinator.client import AdminClient
     with AdminClient("unix:/run/capctl/coordinator.sock") as c:
         st = c.status()                  # capctl.v1.StatusReply
         c.set_budget(16000.0)            # SetBudgetReply (ok, budget_w, deficit_w, message)
         c.reload_policy()                # ReloadPolicyReply (ok, errors, message)
         c.explain("1234")                # ExplainReply
         c.health()                       # "SERVING"
-        status_to_dict(st)               # the stable JSON schema of `capctl status --json`
 
 Addresses are gRPC targets (``unix:/path`` or ``host:port``); None means ``$CAPCTL_COORDINATOR`` or
-the default admin socket (:func:`capctl.cli.rpc.coordinator_address`). Every call has a deadline
+the default admin socket (:func:`coordinator_address`). Every call has a deadline
 (``timeout_s``). gRPC failures raise :class:`capctl.errors.CapctlError` subclasses
-(unreachable: exit code 3, permission denied: 4, not found: 6; see :func:`capctl.cli.rpc.map_rpc_error`).
+(unreachable: exit code 3, permission denied: 4, not found: 6; see :func:`map_rpc_error`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import grpc
 
-from capctl.cli.rpc import DEFAULT_TIMEOUT_S, coordinator_address, map_rpc_error
-from capctl.errors import UnreachableError
+from capctl.errors import CapctlError, NotFoundError, PermissionDeniedError, UnreachableError, UserInputError
+
+DEFAULT_COORDINATOR = "unix:/run/capctl/coordinator.sock"
+"""Default admin address of the coordinator (root-only unix socket on the head node)."""
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Deadline of one admin RPC in seconds."""
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 1024 * 1024),
 ]
+
+
+def coordinator_address(flag: str | None = None) -> str:
+    """Return the coordinator address: ``flag``, ``$CAPCTL_COORDINATOR`` or the default.
+
+    Raises:
+        UserInputError: the address is malformed (port outside 1..65535, ``unix:`` without a path ...),
+            naming where it came from.
+    """
+    from capctl.addresses import check_address
+
+    if flag is not None:
+        return check_address(flag, "--coordinator")
+    env = os.environ.get("CAPCTL_COORDINATOR")
+    if env:
+        return check_address(env, "$CAPCTL_COORDINATOR")
+    return DEFAULT_COORDINATOR
+
+
+def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
+    """Translate a gRPC error into the matching user-facing :class:`CapctlError`."""
+    code = err.code() if hasattr(err, "code") else None
+    details = err.details() if hasattr(err, "details") else str(err)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}")
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return PermissionDeniedError(f"{details} (coordinator {address})")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFoundError(details)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
+        return UserInputError(details)
+    return CapctlError(f"coordinator at {address}: {code.name if code else 'error'}: {details}")
 
 
 class AdminClient:
@@ -40,17 +79,21 @@ class AdminClient:
         timeout_s: deadline of every call, seconds.
         token: admin bearer token (sent as ``authorization: Bearer ...``) for admin RPCs over TCP.
         credentials: channel credentials for TLS (None = plaintext; the unix socket needs none).
+        channel: a channel already made for ``address`` (the CLI's, with TLS and token
+            interceptors); the client closes it.
     """
 
     def __init__(self, address: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, token: str | None = None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, channel: grpc.Channel | None = None) -> None:
         from capctl.v1 import capctl_pb2, capctl_pb2_grpc
 
         self.address = coordinator_address(address)
         self.timeout_s = float(timeout_s)
         self._pb = capctl_pb2
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        if credentials is not None:
+        if channel is not None:
+            self._channel = channel
+        elif credentials is not None:
             self._channel = grpc.secure_channel(self.address, credentials, options=CHANNEL_OPTIONS)
         else:
             self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
@@ -125,10 +168,3 @@ class AdminClient:
             time.sleep(0.05)
         raise UnreachableError(f"coordinator at {self.address} not ready within {timeout_s:g} s {last}".strip())
 
-
-def status_to_dict(st) -> dict:
-    """A ``StatusReply`` as the stable JSON of ``capctl status --json`` (docs/status-schema.json);
-    the CLI owns the schema, this delegates to :func:`capctl.cli.status.status_dict`."""
-    from capctl.cli.status import status_dict
-
-    return status_dict(st)
