@@ -563,6 +563,13 @@ class Agent:
                 start[i] = self._clamp(i, cap)
             results = self._apply(start)
             self.desired_w.update(start)
+            if connected:
+                # the coordinator budgets the watts this start cap gave back as soon as it reads our
+                # next report, so the allowance comes down with it: the job's end may restore only
+                # up to here until the coordinator hands more out (never above its accounting)
+                for i, c in start.items():
+                    self.allowed_w[i] = min(self.allowed_w.get(i, math.inf), c)
+                    self.caps.set_restore_ceiling(i, self.allowed_w[i])
             self.save_state()
             ok = all(not _result_error(r) for r in results.values()) and len(results) == len(start)
             binding = self._binding(job_id)

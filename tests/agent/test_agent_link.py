@@ -234,3 +234,31 @@ def test_driver_reload_then_restart_applies_pushed_safe_caps_before_ready(rig, t
     # the safe caps the coordinator last pushed (kept in the state dir) are in force before ready
     assert [node.read(i)["limit_w"] for i in range(4)] == [350.0, 380.0, 700.0, 700.0]
     assert {j.job_id: list(j.gpu_indices) for j in st.jobs} == {"5": [0, 1]}
+
+
+def test_job_end_never_restores_above_the_start_cap_the_coordinator_has_seen(rig):
+    """Regression (found by the enforced-limit journal: 3209.4 W over a 3200 W budget at a job's
+    end): a job started and ended before the coordinator assigned its GPUs any cap. The start cap
+    lowered them and the coordinator, reading that, could budget the freed watts elsewhere; the
+    job's end then restored the 700 W pre-job limit at once, above the coordinator's accounting.
+    Now the start cap is the allowance: the restore is held there until a plan raises it."""
+    from capctl.simgpu.journal import check_nodes
+
+    node, fc, agent = rig
+    policy = write_policy(node.path.parent / "p.yaml", nodes=["n1"], budget_w=2800, start_cap_w=300.0)
+    a = agent(policy=policy)
+    a.wait_ready(20, connected=True)
+    wait_until(lambda: fc.telemetry, 5, what="telemetry")  # the coordinator reads the node
+    since = time.monotonic_ns()
+    with a.client() as c:
+        assert c.job_start("7", ["2", "3"]).ok
+        wait_until(lambda: any(g.index == 2 and g.enforced_w == 300.0 for t in fc.telemetry[-2:] for g in t.gpus),
+                   5, what="the start cap reported")
+        c.job_end("7")
+    time.sleep(0.6)  # three agent intervals: a restore that were not held would be done by now
+    held = check_nodes({"n1": node.path}, None, gpus={"n1": [2, 3]}, since_ns=since)
+    assert held.max_sum_w == 700.0 + 700.0 and held.initial_sum_w == 1400.0  # before the job: 700 W each
+    assert [node.read(i)["enforced_w"] for i in (2, 3)] == [300.0, 300.0]  # held at the start cap
+    fc.push_plan("n1", {2: 700.0, 3: 700.0}, phase="increase")  # the coordinator hands the watts back
+    wait_until(lambda: [node.read(i)["enforced_w"] for i in (2, 3)] == [700.0, 700.0], 5,
+               what="restore completed by the coordinator's plan")
