@@ -6,8 +6,9 @@ rendered from it. Shared by the CLI (:mod:`capctl.cli.status`) and the demo; pur
 from __future__ import annotations
 
 import math
+import time
 
-from capctl import reasons
+from capctl import capstates, reasons
 
 STATUS_SCHEMA_VERSION = 1
 """Version of the ``capctl status --json`` schema (docs/status-schema.json)."""
@@ -41,7 +42,7 @@ def gpu_dict(g) -> dict:
         "min_cap_w": _num(g.min_cap_w),
         "max_cap_w": _num(g.max_cap_w),
         "thermal_ceiling_w": _num(g.thermal_ceiling_w),
-        "cap_state": g.cap_state,
+        "cap_state": capstates.from_wire(g.cap_state),
         "node": g.node,
     }
 

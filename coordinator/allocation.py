@@ -31,13 +31,14 @@ import time
 
 import numpy as np
 
+from capctl import capstates
 from capctl.allocator.thermal import thermal_ceiling_w
 
 GpuKey = tuple[str, int]
 
 FIXED_EPS_W = 1e-3
 
-UNCONTROLLABLE_STATES = frozenset({"SET_FAILED", "ERROR", "LOST", "FOREIGN_WRITER"})
+UNCONTROLLABLE_STATES = capstates.UNCONTROLLABLE  # held at their accounted cap (capctl.capstates)
 """Agent cap states of a GPU whose limit capctl cannot set now: it is fixed at its accounted
 cap (spent), like a stale node's GPUs, so a refused decrease is never counted as freed watts."""
 

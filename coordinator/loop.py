@@ -39,13 +39,14 @@ import uuid
 
 import numpy as np
 
+from capctl import capstates
+from capctl.errors import UserInputError
+from capctl.v1 import capctl_pb2 as pb
 from coordinator import allocation, planner
 from coordinator.models import Models
 from coordinator.registry import Registry
 from coordinator.store import StoreError
 from coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
-from capctl.errors import UserInputError
-from capctl.v1 import capctl_pb2 as pb
 
 log = logging.getLogger("capctl.coordinator.loop")
 
@@ -760,7 +761,7 @@ def build_view(snap: _Snapshot) -> View:
                 node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
                 power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
                 clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
-                thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=cap_state or ("" if have_reading else "NO_READING"),
+                thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=capstates.to_wire(cap_state or ("" if have_reading else capstates.NO_READING)),
                 max_sm_clock_mhz=max_sm_clock,
             )
             busy = util >= 20.0 and max_sm_clock > 0
@@ -773,7 +774,7 @@ def build_view(snap: _Snapshot) -> View:
             ))
             if have_reading:
                 temps.append(temp_c)
-                if cap_state and cap_state not in ("OK", "SAFE_CAP"):
+                if cap_state and cap_state not in capstates.NORMAL:
                     alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
         if temps and not stale:
             node_means.append(statistics.fmean(temps))

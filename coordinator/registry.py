@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import time
 
+from capctl import capstates
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
 log = logging.getLogger("capctl.coordinator.registry")
@@ -376,14 +377,14 @@ class Registry:
         and a GPU that never had a reading stays fixed at its accounted cap."""
         if not t.enforced_w > 0:
             if t.cap_state:
-                g.cap_state = t.cap_state
+                g.cap_state = capstates.from_wire(t.cap_state)
             g.error = t.error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
         g.enforced_w = t.enforced_w
         if t.cap_state:
-            g.cap_state = t.cap_state
+            g.cap_state = capstates.from_wire(t.cap_state)
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error
@@ -423,7 +424,7 @@ class Registry:
             node = NodeObs(name=name, seen_s=entry.get("seen_s", 0.0), seen_mono=self.clock() - age_s)
             for idx, (acc, lo, hi, safe) in entry["gpus"].items():
                 node.gpus[idx] = GpuObs(node=name, index=idx, min_cap_w=lo, max_cap_w=hi, have_reading=True,
-                                        cap_w=acc, enforced_w=acc, safe_cap_w=safe, cap_state="UNCONFIRMED")
+                                        cap_w=acc, enforced_w=acc, safe_cap_w=safe, cap_state=capstates.UNCONFIRMED)
             self.nodes[name] = node
             n += 1
         return n

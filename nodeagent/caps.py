@@ -58,13 +58,16 @@ from nodeagent.savedstate import (
 
 LOG = logging.getLogger("capctl.nodeagent.caps")
 
-OK = "OK"
-OOB_LIMITED = "OOB_LIMITED"
-FOREIGN_WRITER = "FOREIGN_WRITER"
-RESTORE_FAILED = "RESTORE_FAILED"
-LOST = "LOST"
-SET_FAILED = "SET_FAILED"
-ERROR = "ERROR"
+from capctl.capstates import (  # noqa: E402 — the one vocabulary (the protocol's CapState enum)
+    ERROR,
+    FOREIGN_WRITER,
+    LOST,
+    OK,
+    OOB_LIMITED,
+    RESTORE_FAILED,
+    SET_FAILED,
+)
+
 CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR)
 """Every value :meth:`CapManager.states` / :meth:`CapManager.reconcile` can report."""
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import grpc
 
-from capctl import lifeline
+from capctl import capstates, lifeline
 from capctl.errors import CapctlError, UserInputError, run_for_person
 from nodeagent.lease import Lease, failsafe_caps
 from nodeagent.link import PROTOCOL_VERSION, AgentLinkClient
@@ -60,8 +60,6 @@ DEFAULT_INTERVAL_S = 5.0
 BOOT_DEFAULT_TOLERANCE_W = 1.0
 """A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 
-CAP_STATE_SAFE = "SAFE_CAP"
-CAP_STATE_OK = "OK"
 
 
 def _finite(value, default: float = 0.0) -> float:
@@ -316,16 +314,16 @@ class Agent:
         from capctl.v1 import capctl_pb2
 
         err = getattr(s, "error", None)
-        state = states.get(s.index, CAP_STATE_OK) if states is not None else CAP_STATE_OK
-        if s.index in self.safe_mode and state == CAP_STATE_OK:
-            state = CAP_STATE_SAFE
+        state = states.get(s.index, capstates.OK) if states is not None else capstates.OK
+        if s.index in self.safe_mode and state == capstates.OK:
+            state = capstates.SAFE_CAP
         if err:
-            state = "LOST" if getattr(s, "error_type", "") == "GpuLostError" else "ERROR"
+            state = capstates.LOST if getattr(s, "error_type", "") == "GpuLostError" else capstates.ERROR
         return capctl_pb2.GpuTelemetry(
             index=s.index, power_w=_finite(s.power_w), cap_w=_finite(s.cap_w), enforced_w=_finite(s.enforced_w),
             temp_c=_finite(s.temp_c), sm_clock_mhz=int(s.sm_clock_mhz or 0),
             clocks_event_reasons=list(s.clocks_event_reasons or ()), utilization_pct=_finite(s.utilization_pct),
-            energy_j=_finite(s.energy_j), job_id=",".join(bound.get(s.index, [])), cap_state=state,
+            energy_j=_finite(s.energy_j), job_id=",".join(bound.get(s.index, [])), cap_state=capstates.to_wire(state),
             error=err or self.gpu_error.get(s.index, ""),
             pre_job_cap_w=_finite(self.caps.saved_limits_w().get(s.index, 0.0)),
         )

@@ -18,26 +18,16 @@ import time
 
 from capctl.errors import CapctlError, UserInputError
 
-from capctl.statusview import (  # noqa: F401 — the CLI's names for the shared view
+from capctl.statusview import (
     STATUS_SCHEMA_VERSION,
-    THROTTLE_POWER,
-    THROTTLE_THERMAL,
-    _f,
-    _hostlist,
     _num,
-    _short_reasons,
-    domain_dict,
     explain_dict,
-    gpu_dict,
-    job_dict,
-    node_dict,
     render_explain,
     render_gpus,
     render_jobs,
     render_nodes_summary,
     render_status,
     status_dict,
-    table,
 )
 
 

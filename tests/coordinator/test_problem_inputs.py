@@ -129,7 +129,7 @@ def test_node_outside_the_policy_and_replaced_streams_alert_once(caplog):
         reg.on_telemetry(n, telemetry(n, 1, [(400.0, 390.0, 50.0), (400.0, 390.0, 50.0)]))
     unlisted = ("node node9 is not in the policy: counted only against the cluster budget, outside every "
                 "PDU/rack limit — fix the policy or the agent's --node")
-    with caplog.at_level(logging.WARNING, logger="coordinator.loop"):
+    with caplog.at_level(logging.WARNING, logger="capctl.coordinator.loop"):
         for _ in range(3):
             asyncio.run(coord.tick())
             alerts = list(coord.view.resolve().status.alerts)

@@ -213,7 +213,7 @@ def test_corrupt_state_file_is_kept_aside_and_caps_never_raised(site_node, tmp_p
         "wrong_type": text.replace("250.0", '"250"'),
     }[damage])
     before = set_counts(node)
-    with caplog.at_level(logging.ERROR, logger="nodeagent.caps"):
+    with caplog.at_level(logging.ERROR, logger="capctl.nodeagent.caps"):
         mgr2 = CapManager(backend, tmp_path)
     error = mgr2.state_file_error
     assert error is not None and str(path) in str(error) and str(path) in caplog.text
@@ -272,7 +272,7 @@ def test_foreign_writer_raises_an_alarm_and_rewrites_are_rate_limited(site_node,
     node.inject(0, "foreign_writer", 600.0, period_s=5.0)  # sets 600 W now and every 5 s
     spy.sets.clear()
     states = []
-    with caplog.at_level(logging.ERROR, logger="nodeagent.caps"):
+    with caplog.at_level(logging.ERROR, logger="capctl.nodeagent.caps"):
         for _ in range(120):  # two minutes, one reconcile per second
             clock.advance(1.0)
             node.advance(1.0)

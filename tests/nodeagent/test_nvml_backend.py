@@ -54,7 +54,7 @@ def test_unopened_backend_raises_uninitialized():
 def test_device_facts_and_thresholds_are_read_from_the_device(make_node, open_backend, caplog):
     slowdown = [89.0] * 7 + [83.0]
     node = make_node(gpus=8, slowdown_temp_c=slowdown, shutdown_temp_c=[92.0] * 7 + [95.0])
-    with caplog.at_level(logging.INFO, logger="nodeagent.nvml"):
+    with caplog.at_level(logging.INFO, logger="capctl.nodeagent.nvml"):
         backend = open_backend()
     assert backend.simulated is True
     assert backend.library_path == str(library_path().resolve())

@@ -1,0 +1,56 @@
+"""Cap states of a GPU: the one vocabulary, defined by the ``CapState`` enum of the protocol
+(protos/capctl/v1/capctl.proto, one doc line per value) and named here for the Python code.
+
+Inside capctl a state is its name (a ``str``: what status JSON, tables, logs and alerts show); on the
+wire it is the enum value. :func:`to_wire` / :func:`from_wire` convert at the protocol's edge.
+"""
+
+from __future__ import annotations
+
+from capctl.v1 import capctl_pb2 as _pb
+
+_ENUM = _pb.CapState
+
+
+def _name(name: str) -> str:
+    _ENUM.Value(name)  # a name the protocol does not define fails at import
+    return name
+
+
+OK = _name("OK")
+OOB_LIMITED = _name("OOB_LIMITED")
+FOREIGN_WRITER = _name("FOREIGN_WRITER")
+RESTORE_FAILED = _name("RESTORE_FAILED")
+SAFE_CAP = _name("SAFE_CAP")
+LOST = _name("LOST")
+SET_FAILED = _name("SET_FAILED")
+ERROR = _name("ERROR")
+UNCONFIRMED = _name("UNCONFIRMED")
+NO_READING = _name("NO_READING")
+
+AGENT_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, SAFE_CAP, LOST, SET_FAILED, ERROR)
+"""States a node agent reports."""
+UNCONTROLLABLE = frozenset({SET_FAILED, ERROR, LOST, FOREIGN_WRITER})
+"""States in which the coordinator holds a GPU at its accounted cap instead of optimizing it."""
+NORMAL = frozenset({OK, SAFE_CAP})
+"""States that raise no alert."""
+
+
+def to_wire(name: str) -> int:
+    """The ``CapState`` value of ``name`` ("" = unspecified).
+
+    Raises:
+        ValueError: a name the protocol does not define.
+    """
+    return 0 if not name else _ENUM.Value(name)
+
+
+def from_wire(value: int) -> str:
+    """The name of a ``CapState`` value ("" = unspecified; a value from a newer peer shows as
+    ``UNKNOWN_<n>``)."""
+    if not value:
+        return ""
+    try:
+        return _ENUM.Name(value)
+    except ValueError:
+        return f"UNKNOWN_{int(value)}"
