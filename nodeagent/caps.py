@@ -1,7 +1,7 @@
 """Cap management on one node: save/restore pre-job limits, job bindings, drift handling.
 
-:class:`CapManager` sits on an :class:`~nodeagent.nvml.NvmlBackend` and is the only code
-that writes power limits. Its rules (issue 2, DEVELOPERS.md "Hardware safety"):
+:class:`CapManager` sits on a :class:`~nodeagent.backend.GpuBackend` (in production
+:class:`~nodeagent.nvml.NvmlBackend`) and is the only code that writes power limits. Its rules (issue 2, DEVELOPERS.md "Hardware safety"):
 
 * Before the FIRST write to a GPU its pre-job (site) limit, i.e. the requested power limit read
   from the device, is saved in the root-only state file (:mod:`nodeagent.savedstate`);
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from capctl.errors import CapctlError, UserInputError
-from nodeagent.nvml import GpuLostError, NvmlBackend, NvmlError
+from nodeagent.backend import GpuBackend, GpuLostError, NvmlError
 from nodeagent.savedstate import (
     STATE_FILE_NAME,
     GpuRecord,
@@ -146,7 +146,8 @@ class CapManager:
     """Applies, tracks and restores power limits on the GPUs of one node.
 
     Args:
-        backend: an open :class:`~nodeagent.nvml.NvmlBackend`.
+        backend: an open :class:`~nodeagent.backend.GpuBackend` (production:
+            :class:`~nodeagent.nvml.NvmlBackend`).
         state_dir: directory of the state file ``caps-state.json`` (created 0700 if missing;
             production: ``/var/lib/capctl``).
         clock: monotonic time source in seconds (tests pass a manual clock).
@@ -161,7 +162,7 @@ class CapManager:
 
     def __init__(
         self,
-        backend: NvmlBackend,
+        backend: GpuBackend,
         state_dir: Path,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -400,9 +401,9 @@ class CapManager:
         """Apply caps (W) per GPU index: decreases first, each GPU independently.
 
         Each cap is clamped into the device's limit constraints (see
-        :meth:`NvmlBackend.clamp_cap_w`). Before the first write to a GPU its current limit is
-        saved to the state file; if that save fails the GPU is not written. A NaN/inf cap or a
-        bad index yields an error result for that GPU only.
+        :meth:`~nodeagent.backend.GpuBackend.clamp_cap_w`). Before the first write to a GPU its
+        current limit is saved to the state file; if that save fails the GPU is not written. A
+        NaN/inf cap or a bad index yields an error result for that GPU only.
 
         Returns:
             GPU index -> :class:`CapResult`.
@@ -549,49 +550,56 @@ class CapManager:
         with self._lock:
             self.retry_pending()
             now_s = self.clock()
-            writes: dict[int, float] = {}
-            for index, cap_w in desired_caps_w.items():
-                try:
-                    self._check_indices([index], "reconcile")
-                except UserInputError as err:
-                    LOG.error("%s", err)
-                    continue
-                rec = self._state.gpus.get(index)
-                if rec is not None and rec.restore_pending and self.job_count(index) == 0:
-                    continue
-                rt = self._rt[index]
-                try:
-                    target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
-                    cap_now_w = self.backend.get_cap_w(index)
-                    enforced_now_w = self.backend.get_enforced_w(index)
-                except GpuLostError as err:
-                    self._fail(index, "read", cap_w, err, LOST)
-                    continue
-                except CapctlError as err:
-                    self._fail(index, "read", cap_w, err, ERROR)
-                    continue
-                rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
-                if rt.state in (LOST, ERROR):
-                    rt.state, rt.message = OK, None
-                written_w = rec.written_w if rec is not None else None
-                if written_w is None or rt.state == SET_FAILED:
-                    writes[index] = cap_w
-                elif _mw(cap_now_w) != _mw(written_w):
-                    if self._drifted(index, now_s, cap_now_w, written_w):
-                        writes[index] = cap_w
-                elif _mw(written_w) != _mw(target_w):
-                    writes[index] = cap_w
-                else:
-                    rt.state = self._observed_state(index, cap_now_w, enforced_now_w)
-                    rt.message = (
-                        f"enforced limit {enforced_now_w:.3f} W below the requested "
-                        f"{cap_now_w:.3f} W (out-of-band limit)" if rt.state == OOB_LIMITED else
-                        rt.message if rt.state == FOREIGN_WRITER else None
-                    )
+            writes = {index: cap_w for index, cap_w in desired_caps_w.items()
+                      if self._needs_write(index, cap_w, now_s)}
             if writes:
                 self.set_caps(writes)  # decreases first; states set from the read-back
             report = set(desired_caps_w) | set(self._state.gpus)
             return {i: self._rt[i].state for i in sorted(report) if i in self._rt}
+
+    def _needs_write(self, index: int, cap_w: float, now_s: float) -> bool:
+        """Compare GPU ``index`` with its desired cap ``cap_w`` (W) at ``now_s`` (s, the manager's
+        clock) and update its observed state; True when the cap must be (re-)written.
+
+        A bad index or a failed read is logged and recorded in the GPU's state (``LOST`` /
+        ``ERROR``); nothing is raised.
+        """
+        try:
+            self._check_indices([index], "reconcile")
+        except UserInputError as err:
+            LOG.error("%s", err)
+            return False
+        rec = self._state.gpus.get(index)
+        if rec is not None and rec.restore_pending and self.job_count(index) == 0:
+            return False
+        rt = self._rt[index]
+        try:
+            target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
+            cap_now_w = self.backend.get_cap_w(index)
+            enforced_now_w = self.backend.get_enforced_w(index)
+        except GpuLostError as err:
+            self._fail(index, "read", cap_w, err, LOST)
+            return False
+        except CapctlError as err:
+            self._fail(index, "read", cap_w, err, ERROR)
+            return False
+        rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
+        if rt.state in (LOST, ERROR):
+            rt.state, rt.message = OK, None
+        written_w = rec.written_w if rec is not None else None
+        if written_w is None or rt.state == SET_FAILED:
+            return True
+        if _mw(cap_now_w) != _mw(written_w):
+            return self._drifted(index, now_s, cap_now_w, written_w)
+        if _mw(written_w) != _mw(target_w):
+            return True
+        rt.state = self._observed_state(index, cap_now_w, enforced_now_w)
+        rt.message = (
+            f"enforced limit {enforced_now_w:.3f} W below the requested "
+            f"{cap_now_w:.3f} W (out-of-band limit)" if rt.state == OOB_LIMITED else
+            rt.message if rt.state == FOREIGN_WRITER else None
+        )
+        return False
 
     def _is_foreign(self, index: int, now_s: float) -> bool:
         recent = [t for t in self._rt[index].drift_s if now_s - t < self.foreign_window_s]

@@ -152,74 +152,13 @@ class AgentLinkClient:
             yield item
 
     def _run(self) -> None:
-        from capctl.v1 import capctl_pb2, capctl_pb2_grpc
-
+        """The link thread: connect, serve one stream, back off, reconnect, until :meth:`stop`."""
         delay = BACKOFF_MIN_S
         logged_error = ""
         options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.keepalive_time_ms", 10000),
                    ("grpc.keepalive_timeout_ms", 5000)] + self.channel_options
         while not self._stop.is_set():
-            channel = (grpc.secure_channel(self.target, self.credentials, options=options) if self.credentials
-                       else grpc.insecure_channel(self.target, options=options))
-            ended = threading.Event()
-            welcomed = False
-            try:
-                stub = capctl_pb2_grpc.AgentLinkStub(channel)
-                self._drain()
-                hello = self.hello_fn()
-                call = stub.Connect(self._requests(hello, ended))
-                with self._lock:
-                    self._call = call
-                watchdog = threading.Timer(WELCOME_TIMEOUT_S, lambda: (not welcomed) and call.cancel())
-                watchdog.daemon = True
-                watchdog.start()
-                try:
-                    for msg in call:
-                        kind = msg.WhichOneof("body")
-                        if kind == "welcome":
-                            if msg.welcome.protocol_version.split(".")[:2] != PROTOCOL_VERSION.split(".")[:2]:
-                                raise ProtocolMismatchError(f"coordinator speaks {msg.welcome.protocol_version!r}, "
-                                                   f"agent {PROTOCOL_VERSION!r}")
-                            welcomed = True
-                            watchdog.cancel()
-                            self.coordinator_id = msg.welcome.coordinator_id
-                            self.on_welcome(msg.welcome)
-                            self._connected.set()
-                            self.connects += 1
-                            self.last_error = ""
-                            delay = BACKOFF_MIN_S
-                            log.info("connected to coordinator %s (id %s)", self.target, msg.welcome.coordinator_id)
-                        elif kind == "plan":
-                            if not welcomed:
-                                continue
-                            ack = self.on_plan(msg.plan)
-                            if ack is not None:
-                                self._put(capctl_pb2.AgentMessage(ack=ack), force=True)
-                finally:
-                    watchdog.cancel()
-                if not self._stop.is_set():
-                    self.last_error = "stream closed by coordinator"
-            except grpc.RpcError as err:
-                if not self._stop.is_set():
-                    code = err.code() if hasattr(err, "code") else None
-                    self.last_error = f"{code.name if code else 'error'}: {err.details() if hasattr(err, 'details') else err}"
-            except ProtocolMismatchError as err:
-                self.last_error = str(err)
-            except Exception as err:  # noqa: BLE001 — keep the link alive whatever the callback did
-                self.last_error = f"{type(err).__name__}: {err}"
-                log.exception("agent link error")
-            finally:
-                ended.set()
-                with self._lock:
-                    self._call = None
-                was_connected = self._connected.is_set()
-                self._connected.clear()
-                channel.close()
-                if was_connected and self.on_disconnect is not None:
-                    try:
-                        self.on_disconnect()
-                    except Exception:  # noqa: BLE001
-                        log.exception("on_disconnect failed")
+            welcomed = self._connect_once(options)
             if self._stop.is_set():
                 return
             if welcomed:
@@ -234,3 +173,94 @@ class AgentLinkClient:
                         self.backoff_max_s)
             self._stop.wait(delay * (0.8 + 0.4 * random.random()))
             delay = min(self.backoff_max_s, delay * 2)
+
+    def _connect_once(self, options: list[tuple[str, object]]) -> bool:
+        """Open a channel and serve one stream until it ends; record why in ``last_error``.
+
+        Returns True when the coordinator welcomed this stream. Errors of the stream and of the
+        callbacks are caught (the link stays alive); none is raised.
+        """
+        channel = (grpc.secure_channel(self.target, self.credentials, options=options) if self.credentials
+                   else grpc.insecure_channel(self.target, options=options))
+        ended = threading.Event()
+        welcomed = threading.Event()
+        try:
+            self._stream(channel, ended, welcomed)
+            if not self._stop.is_set():
+                self.last_error = "stream closed by coordinator"
+        except grpc.RpcError as err:
+            if not self._stop.is_set():
+                code = err.code() if hasattr(err, "code") else None
+                self.last_error = f"{code.name if code else 'error'}: {err.details() if hasattr(err, 'details') else err}"
+        except ProtocolMismatchError as err:
+            self.last_error = str(err)
+        except Exception as err:  # noqa: BLE001 — keep the link alive whatever the callback did
+            self.last_error = f"{type(err).__name__}: {err}"
+            log.exception("agent link error")
+        finally:
+            self._end_stream(channel, ended)
+        return welcomed.is_set()
+
+    def _stream(self, channel, ended: threading.Event, welcomed: threading.Event) -> None:
+        """Send the hello and handle the coordinator's messages until the stream ends.
+
+        A stream not welcomed within :data:`WELCOME_TIMEOUT_S` seconds is cancelled.
+
+        Raises:
+            grpc.RpcError: the stream failed.
+            ProtocolMismatchError: the coordinator speaks another major protocol version.
+        """
+        from capctl.v1 import capctl_pb2, capctl_pb2_grpc
+
+        stub = capctl_pb2_grpc.AgentLinkStub(channel)
+        self._drain()
+        hello = self.hello_fn()
+        call = stub.Connect(self._requests(hello, ended))
+        with self._lock:
+            self._call = call
+        watchdog = threading.Timer(WELCOME_TIMEOUT_S, lambda: (not welcomed.is_set()) and call.cancel())
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            for msg in call:
+                kind = msg.WhichOneof("body")
+                if kind == "welcome":
+                    self._welcomed(msg.welcome, watchdog, welcomed)
+                elif kind == "plan" and welcomed.is_set():
+                    ack = self.on_plan(msg.plan)
+                    if ack is not None:
+                        self._put(capctl_pb2.AgentMessage(ack=ack), force=True)
+        finally:
+            watchdog.cancel()
+
+    def _welcomed(self, welcome, watchdog: threading.Timer, welcomed: threading.Event) -> None:
+        """Take a ``Welcome``: check the protocol version, hand it to the agent, mark connected.
+
+        Raises:
+            ProtocolMismatchError: another major protocol version.
+        """
+        if welcome.protocol_version.split(".")[:2] != PROTOCOL_VERSION.split(".")[:2]:
+            raise ProtocolMismatchError(f"coordinator speaks {welcome.protocol_version!r}, "
+                                        f"agent {PROTOCOL_VERSION!r}")
+        welcomed.set()
+        watchdog.cancel()
+        self.coordinator_id = welcome.coordinator_id
+        self.on_welcome(welcome)
+        self._connected.set()
+        self.connects += 1
+        self.last_error = ""
+        log.info("connected to coordinator %s (id %s)", self.target, welcome.coordinator_id)
+
+    def _end_stream(self, channel, ended: threading.Event) -> None:
+        """Close ``channel``; tell the agent (``on_disconnect``) when the stream had been connected."""
+        ended.set()
+        with self._lock:
+            self._call = None
+        was_connected = self._connected.is_set()
+        self._connected.clear()
+        channel.close()
+        if was_connected and self.on_disconnect is not None:
+            try:
+                self.on_disconnect()
+            except Exception:  # noqa: BLE001
+                log.exception("on_disconnect failed")

@@ -47,13 +47,23 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
 
 from capctl import reasons
-from capctl.errors import HardwareError, UserInputError
+from capctl.errors import UserInputError
+from nodeagent.backend import (  # the backend contract; re-exported here for existing callers
+    DeviceInfo,
+    GpuLostError,
+    GpuSample,
+    NvmlError,
+    NvmlLibraryError,
+    NvmlNotSupportedError,
+    NvmlPermissionError,
+    NvmlUninitializedError,
+    SetResult,
+)
 
 LOG = logging.getLogger("capctl.nodeagent.nvml")
 
@@ -85,43 +95,6 @@ if {n: b for b, n in reasons.REASON_BITS} != _PYNVML_REASON_BITS:  # pragma: no 
     raise ImportError("capctl.reasons.REASON_BITS differ from pynvml's nvmlClocksEventReason* values")
 decode_clocks_event_reasons = reasons.decode
 """Decode an NVML clocks event reasons mask (:func:`capctl.reasons.decode`)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------
-
-
-class NvmlError(HardwareError):
-    """An NVML call failed. ``nvml_code`` is the NVML return code (or None), ``gpu_index`` the GPU.
-
-    The message names the GPU, the operation, the NVML error and a remedy.
-    """
-
-    def __init__(self, message: str, *, nvml_code: int | None = None, gpu_index: int | None = None):
-        super().__init__(message)
-        self.nvml_code = nvml_code
-        self.gpu_index = gpu_index
-
-
-class NvmlPermissionError(NvmlError):
-    """NVML_ERROR_NO_PERMISSION: changing power limits needs root or CAP_SYS_ADMIN."""
-
-
-class NvmlNotSupportedError(NvmlError):
-    """NVML_ERROR_NOT_SUPPORTED: the device does not allow power limits (or the query)."""
-
-
-class GpuLostError(NvmlError):
-    """NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus or stopped responding."""
-
-
-class NvmlLibraryError(NvmlError):
-    """The NVML library is missing, unusable, or not the one the agent is configured for."""
-
-
-class NvmlUninitializedError(NvmlError):
-    """The backend (or NVML) is not initialised: call :meth:`NvmlBackend.open` first."""
 
 
 _REMEDIES: dict[int, tuple[type[NvmlError], str]] = {
@@ -205,101 +178,6 @@ def _text(value: bytes | str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceInfo:
-    """Static facts of one GPU, read from the device at :meth:`NvmlBackend.open`.
-
-    Units: W, °C, MHz. Constraints/default from nvmlDeviceGetPowerManagementLimitConstraints /
-    DefaultLimit; thresholds from nvmlDeviceGetTemperatureThreshold; ``error`` is set (and the
-    numbers are NaN/empty) when the GPU could not be read (e.g. lost at start).
-    """
-
-    index: int
-    uuid: str
-    name: str
-    minor_number: int
-    pci_bus_id: str
-    min_cap_w: float
-    max_cap_w: float
-    default_cap_w: float
-    slowdown_temp_c: float
-    shutdown_temp_c: float
-    max_sm_clock_mhz: int
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSample:
-    """One telemetry sample of one GPU.
-
-    Fields: ``power_w`` (board power, NVML's ~1 s average on Ampere and later), ``cap_w`` (requested
-    power limit), ``enforced_w`` (enforced limit: the lowest of all limits in force),
-    ``min_cap_w``/``max_cap_w`` (limit constraints), ``temp_c``, ``slowdown_temp_c``/
-    ``shutdown_temp_c`` (device thresholds), ``sm_clock_mhz``/``max_sm_clock_mhz``,
-    ``clocks_event_reasons`` (decoded names, see :func:`decode_clocks_event_reasons`),
-    ``utilization_pct`` (0-100), ``energy_j`` (since driver load), ``timestamp_s`` (host
-    ``time.time()`` when the read started). When ``error`` is set the GPU could not be read
-    (``error_type`` names the exception class, e.g. ``"GpuLostError"``) and numbers are NaN.
-    """
-
-    index: int
-    power_w: float
-    cap_w: float
-    enforced_w: float
-    temp_c: float
-    sm_clock_mhz: int
-    max_sm_clock_mhz: int
-    clocks_event_reasons: tuple[str, ...]
-    utilization_pct: float
-    energy_j: float
-    min_cap_w: float
-    max_cap_w: float
-    timestamp_s: float
-    slowdown_temp_c: float = math.nan
-    shutdown_temp_c: float = math.nan
-    error: str | None = None
-    error_type: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the sample holds real readings (no error)."""
-        return self.error is None
-
-    @classmethod
-    def failed(cls, index: int, err: Exception, timestamp_s: float) -> "GpuSample":
-        """An error marker for GPU ``index`` (all numbers NaN)."""
-        nan = math.nan
-        return cls(
-            index=index, power_w=nan, cap_w=nan, enforced_w=nan, temp_c=nan, sm_clock_mhz=0,
-            max_sm_clock_mhz=0, clocks_event_reasons=(), utilization_pct=nan, energy_j=nan,
-            min_cap_w=nan, max_cap_w=nan, timestamp_s=timestamp_s, error=str(err),
-            error_type=type(err).__name__,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SetResult:
-    """Outcome of :meth:`NvmlBackend.set_cap_w` (all W).
-
-    ``requested_w``: what the caller asked; ``written_w``: the clamped value written to NVML;
-    ``cap_w``: the requested limit read back after the write; ``enforced_w``: the enforced limit
-    read back (below ``cap_w`` when another limit binds); ``clamped``: the request was outside
-    the limit constraints and was moved inside.
-    """
-
-    index: int
-    requested_w: float
-    written_w: float
-    cap_w: float
-    enforced_w: float
-    clamped: bool
-
-
-# --------------------------------------------------------------------------------------------
 # Library loading and verification
 # --------------------------------------------------------------------------------------------
 
@@ -374,7 +252,8 @@ def simulated_library_path() -> Path:
 
 
 class NvmlBackend:
-    """Typed, watt-based access to the GPUs of this node through NVML.
+    """Typed, watt-based access to the GPUs of this node through NVML; implements
+    :class:`nodeagent.backend.GpuBackend` (structurally).
 
     Args:
         library: ``"system"`` (the driver's ``libnvidia-ml.so.1`` as the dynamic loader finds it),
@@ -493,35 +372,8 @@ class NvmlBackend:
             try:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as err:
-                if self.simulated and getattr(err, "value", None) == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
-                    node = os.environ.get("CAPCTL_SIMGPU_NODE")
-                    if not node:
-                        where = "CAPCTL_SIMGPU_NODE is not set"
-                    elif not os.path.exists(node):
-                        where = f"CAPCTL_SIMGPU_NODE points at a missing file, {node}"
-                    else:
-                        where = f"CAPCTL_SIMGPU_NODE points at {node}, which is not a usable simulated node"
-                    raise NvmlLibraryError(
-                        f"nvmlInit of the simulated driver {loaded} failed: {where}; create a simulated "
-                        "node with 'capctl-simgpu init DIR' and set CAPCTL_SIMGPU_NODE to its state file"
-                    ) from None
-                raise _translate(err, f"nvmlInit of {loaded}", None) from None
-            try:
-                # pynvml resolves the bare soname; it must be the very file verified above.
-                after = _symbol_file(pynvml.nvmlLib)
-                if after is None or not _same_file(after, loaded):
-                    raise NvmlLibraryError(
-                        f"NVML was initialised from {after} instead of the verified {loaded}; "
-                        "check LD_LIBRARY_PATH / LD_PRELOAD"
-                    )
-                self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
-                count = pynvml.nvmlDeviceGetCount()
-            except pynvml.NVMLError as err:
-                pynvml.nvmlShutdown()
-                raise _translate(err, "reading the driver version / device count", None) from None
-            except NvmlError:
-                pynvml.nvmlShutdown()
-                raise
+                raise self._init_error(err, loaded) from None
+            count = self._check_initialised(loaded)
         self.library_path = loaded
         self._open = True
         self._handles = [None] * count
@@ -531,6 +383,48 @@ class NvmlBackend:
             loaded, self.driver_version, ", SIMULATED" if self.simulated else "", count,
         )
         return self
+
+    def _init_error(self, err: pynvml.NVMLError, loaded: str) -> NvmlError:
+        """The typed error for a failed nvmlInit of ``loaded`` (names CAPCTL_SIMGPU_NODE for the
+        simulated driver)."""
+        if self.simulated and getattr(err, "value", None) == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+            node = os.environ.get("CAPCTL_SIMGPU_NODE")
+            if not node:
+                where = "CAPCTL_SIMGPU_NODE is not set"
+            elif not os.path.exists(node):
+                where = f"CAPCTL_SIMGPU_NODE points at a missing file, {node}"
+            else:
+                where = f"CAPCTL_SIMGPU_NODE points at {node}, which is not a usable simulated node"
+            return NvmlLibraryError(
+                f"nvmlInit of the simulated driver {loaded} failed: {where}; create a simulated "
+                "node with 'capctl-simgpu init DIR' and set CAPCTL_SIMGPU_NODE to its state file"
+            )
+        return _translate(err, f"nvmlInit of {loaded}", None)
+
+    def _check_initialised(self, loaded: str) -> int:
+        """After nvmlInit: check NVML runs from ``loaded``, read the driver version; return the
+        device count. On failure NVML is shut down again.
+
+        Raises:
+            NvmlLibraryError: NVML was initialised from another file.
+            NvmlError: reading the driver version or the device count failed.
+        """
+        try:
+            # pynvml resolves the bare soname; it must be the very file verified above.
+            after = _symbol_file(pynvml.nvmlLib)
+            if after is None or not _same_file(after, loaded):
+                raise NvmlLibraryError(
+                    f"NVML was initialised from {after} instead of the verified {loaded}; "
+                    "check LD_LIBRARY_PATH / LD_PRELOAD"
+                )
+            self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+            return pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as err:
+            pynvml.nvmlShutdown()
+            raise _translate(err, "reading the driver version / device count", None) from None
+        except NvmlError:
+            pynvml.nvmlShutdown()
+            raise
 
     def close(self) -> None:
         """Shut NVML down (reference counted; the library stays mapped). Idempotent."""

@@ -1,0 +1,235 @@
+"""Job binding of the node agent: AgentLocal's JobStart and JobEnd (called by the Slurm hooks).
+
+JobStart binds a job to GPUs named as Slurm names them (minor number, UUID or PCI bus id), applies
+the start cap (W) to the GPUs no other job holds, and tells the coordinator. While connected, the
+start cap also lowers the coordinator's allowance of those GPUs: the coordinator budgets the watts
+it gave back as soon as it reads the next report, so a job's end may restore only up to there.
+JobEnd restores the pre-job limits of the GPUs whose last job this was, never above that allowance
+(see :meth:`nodeagent.caps.CapManager.release`). Both are idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+
+from capctl.errors import CapctlError, UserInputError
+from nodeagent import messages
+from nodeagent.backend import DeviceInfo
+from nodeagent.core import AgentCore
+
+log = logging.getLogger("capctl.agent")
+
+MAX_JOB_ID_CHARS = 128
+MAX_GPU_IDS = 1024
+
+
+def norm_pci(bus_id: str) -> str:
+    """Normalise a PCI bus id: lower case, 8-hex-digit domain ("0000:18:00.0" == "00000000:18:00.0")."""
+    s = bus_id.strip().lower()
+    parts = s.split(":")
+    if len(parts) == 3:
+        try:
+            parts[0] = f"{int(parts[0], 16):08x}"
+        except ValueError:
+            pass
+    elif len(parts) == 2:
+        parts = ["00000000"] + parts
+    return ":".join(parts)
+
+
+def _match(devs: list[DeviceInfo], gid: str, kind: int) -> tuple[DeviceInfo | None, list]:
+    """The device ``gid`` names under ``kind`` (or None) and the known ids of that kind.
+
+    Raises:
+        UserInputError: ``kind`` is not MINOR, UUID or PCI_BUS_ID.
+    """
+    from capctl.v1 import capctl_pb2
+
+    if kind == capctl_pb2.GPU_ID_MINOR:
+        match = next((d for d in devs if int(d.minor_number) == int(gid)), None) if gid.isdigit() else None
+        return match, sorted(int(d.minor_number) for d in devs)
+    if kind == capctl_pb2.GPU_ID_UUID:
+        return next((d for d in devs if d.uuid and d.uuid.lower() == gid.lower()), None), [d.uuid for d in devs]
+    if kind == capctl_pb2.GPU_ID_PCI_BUS_ID:
+        norm = norm_pci(gid)
+        match = next((d for d in devs if d.pci_bus_id and norm_pci(d.pci_bus_id) == norm), None)
+        return match, [d.pci_bus_id for d in devs]
+    raise UserInputError(f"gpu_id_kind {kind} is not one of MINOR, UUID, PCI_BUS_ID")
+
+
+def map_gpu_ids(devices: Iterable[DeviceInfo], gpu_ids, kind: int, node: str) -> list[int]:
+    """Map SLURM_JOB_GPUS-style ids to NVML indices (sorted, unique) by minor number / UUID / PCI bus id.
+
+    Raises:
+        UserInputError: an id matches no GPU (the message lists the known ones), or a bad ``kind``.
+    """
+    from capctl.v1 import capctl_pb2
+
+    out: list[int] = []
+    devs = list(devices)
+    for raw in gpu_ids:
+        gid = str(raw).strip()
+        match, known = _match(devs, gid, kind)
+        if match is None:
+            raise UserInputError(f"GPU id {gid!r} ({capctl_pb2.GpuIdKind.Name(kind)}) matches no GPU on "
+                                 f"{node}; known: {', '.join(map(str, known))}")
+        if match.index not in out:
+            out.append(match.index)
+    return sorted(out)
+
+
+def check_job_id(raw: str) -> str:
+    """The stripped job id.
+
+    Raises:
+        UserInputError: empty or longer than :data:`MAX_JOB_ID_CHARS`.
+    """
+    job_id = raw.strip()
+    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+        raise UserInputError(f"job_id {raw!r}: give the Slurm job id (1-128 characters)")
+    return job_id
+
+
+class JobBinding(AgentCore):
+    """JobStart / JobEnd of the agent (the AgentLocal calls the Slurm hooks make)."""
+
+    def map_gpu_ids(self, gpu_ids, kind: int) -> list[int]:
+        """Map SLURM_JOB_GPUS-style ids to NVML indices by minor number / UUID / PCI bus id.
+
+        Raises:
+            UserInputError: an id matches no GPU (the message lists the known ones).
+        """
+        return map_gpu_ids(self.devices.values(), gpu_ids, kind, self.node)
+
+    def job_start(self, req):
+        """AgentLocal.JobStart: bind ``req.job_id`` to the GPUs named by ``req.gpu_ids`` and apply the
+        start cap (W) to those not yet bound; idempotent. Returns ``JobStartReply``.
+
+        Raises:
+            UserInputError: empty/oversized job id, too many ids, or an id matching no GPU.
+        """
+        from capctl.security.limits import validate_job_start
+        from capctl.v1 import capctl_pb2
+
+        job_id = check_job_id(req.job_id)
+        problem = validate_job_start(req)
+        if problem:
+            raise UserInputError(problem)
+        if len(req.gpu_ids) > MAX_GPU_IDS:
+            raise UserInputError(f"gpu_ids: {len(req.gpu_ids)} ids; at most 1024 allowed")
+        with self.lock:
+            indices = self.map_gpu_ids(req.gpu_ids, req.gpu_id_kind)
+            connected = bool(self.link and self.link.connected)
+            unchanged = self._nothing_to_start(job_id, indices, connected)
+            if unchanged is not None:
+                return unchanged
+            if job_id in self.jobs:
+                indices = sorted(set(self.jobs[job_id]["gpu_indices"]) | set(indices))
+            start, results = self._bind_and_cap(job_id, indices, req, connected)
+            ok = all(not messages.result_error(r) for r in results.values()) and len(results) == len(start)
+            binding = self._binding(job_id)
+            reply = capctl_pb2.JobStartReply(
+                ok=ok, message=(f"job {job_id} bound to GPUs {indices} on {self.node}; start cap applied to "
+                                f"{sorted(start)}" + ("" if ok else "; some caps failed (see gpus)")),
+                gpus=self._cap_results(indices, results), coordinator_connected=connected)
+        log.info("JobStart %s: GPUs %s (user %s)", job_id, indices, req.user or "?")
+        if self.link is not None:
+            self.link.send(messages.job_started(binding))
+        return reply
+
+    def _nothing_to_start(self, job_id: str, indices: list[int], connected: bool):
+        """The ``JobStartReply`` when the request binds no new GPU (none named, or all already
+        bound to this job); None when there is work to do."""
+        from capctl.v1 import capctl_pb2
+
+        if not indices and job_id not in self.jobs:
+            return capctl_pb2.JobStartReply(ok=True, coordinator_connected=connected,
+                                            message=f"job {job_id} holds no GPU on {self.node}: nothing to bind")
+        if job_id in self.jobs:
+            known = self.jobs[job_id]["gpu_indices"]
+            if not set(indices) - set(known):
+                return capctl_pb2.JobStartReply(
+                    ok=True, message=f"job {job_id} already bound to GPUs {known} on {self.node}",
+                    gpus=self._cap_results(known), coordinator_connected=connected)
+        return None
+
+    def _bind_and_cap(self, job_id: str, indices: list[int], req, connected: bool):
+        """Bind ``job_id`` to ``indices``, record it, apply the start cap to the GPUs no job held
+        before; return ``(start caps W by index, write results by index)``. Saves the state file.
+
+        Raises:
+            UserInputError: from :meth:`CapManager.bind` (bad index).
+        """
+        bound_before = self.bound_indices()
+        fresh = [i for i in indices if i not in bound_before]
+        self.caps.bind(job_id, indices)
+        meta = self.jobs.get(job_id) or {"user": req.user, "partition": req.partition, "account": req.account,
+                                         "qos": req.qos, "start_time_s": time.time()}
+        meta["gpu_indices"] = indices
+        self.jobs[job_id] = meta
+        start = {i: self._start_cap_w(i, connected) for i in fresh}
+        results = self._apply(start)
+        self.desired_w.update(start)
+        if connected:
+            # the coordinator budgets the watts this start cap gave back as soon as it reads our
+            # next report, so the allowance comes down with it: the job's end may restore only
+            # up to here until the coordinator hands more out (never above its accounting)
+            for i, c in start.items():
+                self.allowed_w[i] = min(self.allowed_w.get(i, math.inf), c)
+                self.caps.set_restore_ceiling(i, self.allowed_w[i])
+        self.save_state()
+        return start, results
+
+    def _start_cap_w(self, index: int, connected: bool) -> float:
+        """The start cap of GPU ``index`` (W): the policy's, never above the safe cap without a live
+        lease, never above the coordinator's allowance, clamped to the limit constraints."""
+        cap = self.start_cap_w
+        safe = self._safe_cap_for(index)
+        if safe is not None and not (connected and self.lease.active()):
+            cap = min(cap, safe)
+        if index in self.allowed_w:  # never above what the coordinator budgeted for this GPU
+            cap = min(cap, self.allowed_w[index])
+        return self._clamp(index, cap)
+
+    def job_end(self, req):
+        """AgentLocal.JobEnd: restore the pre-job limits of the GPUs whose last job this was (per GPU,
+        best effort, failures retried), unbind, forward JobEnded; idempotent, valid without JobStart.
+        Restores never go above the coordinator's allowance (W). Returns ``JobEndReply`` (``ok``
+        false when some GPU could not be restored yet).
+
+        Raises:
+            UserInputError: empty or oversized job id.
+        """
+        from capctl.v1 import capctl_pb2
+
+        job_id = check_job_id(req.job_id)
+        with self.lock:
+            job_gpus = set(self.jobs.get(job_id, {}).get("gpu_indices", [])) | set(self._cap_bindings().get(job_id, []))
+            known = bool(job_gpus) or job_id in self.jobs
+            ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
+            try:
+                res = self.caps.release(job_id, ceiling_w=ceiling)
+            except CapctlError as err:
+                log.error("release of job %s failed: %s", job_id, err)
+                res = {}
+            results = dict(messages.results_iter(res, {}))
+            self.jobs.pop(job_id, None)
+            still_bound = self.bound_indices()
+            for i in job_gpus:
+                if i not in still_bound:  # MIG/shared GPUs keep their cap until the last job leaves
+                    self.desired_w.pop(i, None)
+                    self.safe_mode.discard(i)
+            ok = self._note_errors(results)
+            self.save_state()
+            gpus = [messages.cap_result(i, r) for i, r in sorted(results.items())]
+        msg = (f"job {job_id} ended on {self.node}; restored GPUs {sorted(results)}" if known
+               else f"job {job_id} was not bound on {self.node}; nothing to restore")
+        if not ok:
+            msg += "; some GPUs could not be restored and will be retried"
+        log.info("JobEnd %s: %s", job_id, msg)
+        if self.link is not None:
+            self.link.send(messages.job_ended(job_id, self.node))
+        return capctl_pb2.JobEndReply(ok=ok, message=msg, gpus=gpus)

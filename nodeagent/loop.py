@@ -1,0 +1,229 @@
+"""The node agent's control loop: boot failsafe, AgentLink callbacks and the periodic tick.
+
+- Boot (:meth:`AgentLoop.boot_safe_caps`): GPUs found at their default limit while a safe cap is
+  known are moved to it before the agent reports ready.
+- Link callbacks: ``hello`` for each (re)connect, ``on_welcome`` (interval, safe caps),
+  ``on_plan`` (renew the lease, apply the caps decreases first, answer ``CapAck``).
+- Tick (every ``interval_s`` seconds, :meth:`AgentLoop.tick`): retry pending restores, apply the
+  failsafe once when the lease has run out (caps only ever go down: min(current, safe cap)),
+  reconcile drift, send telemetry.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from capctl.errors import CapctlError
+from nodeagent import messages
+from nodeagent.core import AgentCore
+from nodeagent.lease import failsafe_caps
+
+log = logging.getLogger("capctl.agent")
+
+AGENT_VERSION = "0.1.0"
+BOOT_DEFAULT_TOLERANCE_W = 1.0
+"""A GPU whose limit is within this many W of its default limit counts as "at its default"."""
+WAKE_CHECK_S = 0.5
+"""The loop wakes at least this often (s) so that a lease expiry is acted on promptly."""
+
+
+class AgentLoop(AgentCore):
+    """Boot, link callbacks and the periodic work of the agent (see the module doc)."""
+
+    # ------------------------------------------------------------------------------------------
+    # boot
+    def boot_safe_caps(self) -> None:
+        """Move GPUs found at their default limit to the known safe cap (W) before ready; keep bound
+        GPUs where they are now (a restart never resets caps). Errors are logged per GPU, not raised."""
+        samples = self.backend.telemetry_all()
+        self.last_samples = samples
+        bound = self.bound_indices()
+        todo_bound: dict[int, float] = {}
+        for s in samples:
+            if getattr(s, "error", None):
+                continue
+            dev = self.devices.get(s.index)
+            safe = self._safe_cap_for(s.index)
+            if dev is None or safe is None:
+                continue
+            if abs(s.cap_w - dev.default_cap_w) <= BOOT_DEFAULT_TOLERANCE_W and safe < s.cap_w:
+                cap = self._clamp(s.index, safe)
+                if s.index in bound:
+                    todo_bound[s.index] = cap
+                else:
+                    self._boot_cap_unbound(s.index, cap, dev.default_cap_w)
+        if todo_bound:
+            log.warning("boot: bound GPUs %s at their default limit; applying safe caps", sorted(todo_bound))
+            self._apply(todo_bound)
+            self.desired_w.update(todo_bound)
+        # keep bound GPUs where they are now (restart never resets caps)
+        self.last_samples = self.backend.telemetry_all()
+        for s in self.last_samples:
+            if s.index in bound and s.index not in self.desired_w and getattr(s, "error", None) is None:
+                self.desired_w[s.index] = s.cap_w
+
+    def _boot_cap_unbound(self, index: int, cap_w: float, default_w: float) -> None:
+        """Unbound GPU at its default limit: the safe cap ``cap_w`` (W) becomes its limit; no pre-job
+        limit is saved for it. A failure is logged and kept in ``gpu_error``."""
+        try:
+            self.backend.set_cap_w(index, cap_w)
+            log.warning("boot: GPU %d was at its default limit %.0f W; safe cap %.0f W applied",
+                        index, default_w, cap_w)
+        except CapctlError as err:
+            self.gpu_error[index] = str(err)
+            log.error("boot: GPU %d: cannot apply the safe cap: %s", index, err)
+
+    # ------------------------------------------------------------------------------------------
+    # link callbacks
+    def hello(self):
+        """The ``AgentHello`` for a (re)connect: GPUs re-read from the backend, bindings, last plan seq."""
+        with self.lock:
+            self.devices = {d.index: d for d in self.backend.devices()}
+            return messages.hello(
+                node=self.node, agent_version=AGENT_VERSION, driver_version=self.backend.driver_version,
+                simulated=bool(self.backend.simulated),
+                gpus=[self._gpu_info(d) for d in sorted(self.devices.values(), key=lambda d: d.index)],
+                jobs=[self._binding(j) for j in sorted(self.jobs)], last_plan_seq=self.last_plan_seq,
+            )
+
+    def on_welcome(self, welcome) -> None:
+        """Take the coordinator's interval (s) and initial safe caps (W); send telemetry right away."""
+        with self.lock:
+            if welcome.interval_s > 0:
+                self.interval_s = float(welcome.interval_s)
+            if welcome.coordinator_id != self.coordinator_id:
+                self.coordinator_id = welcome.coordinator_id
+            self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
+            self.save_state()
+        self.wake.set()  # telemetry right away: the coordinator needs our enforced caps before planning
+
+    def on_plan(self, plan):
+        """Apply a ``CapPlan`` (renew the lease, update safe caps, set caps clamped to the limit
+        constraints unless ``dry_run``) and return its ``CapAck`` with the read-back of the GPUs it
+        named (all GPUs for a plan without caps). Unknown GPUs or non-finite caps make ``ok`` false.
+        Never raises for a bad cap or a failed write: they are reported in the ack."""
+        with self.lock:
+            self.lease.renew(plan.lease_s, plan.lease_expiry_s)
+            before = dict(self.lease.safe_caps_w)
+            self.lease.set_safe_caps({c.index: c.cap_w for c in plan.safe_caps})
+            safe_changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
+            if self.safe_mode:
+                log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
+                self.safe_mode.clear()
+            errors: list[str] = []
+            ok = self._apply_plan_caps(plan, errors) if not plan.dry_run and plan.caps else True
+            self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
+            samples = self.backend.telemetry_all()
+            self.last_samples = samples
+            bound = self.bound_indices()
+            touched = {c.index for c in plan.caps}
+            states = self.caps.states()
+            gpus = [self._gpu_telemetry(s, bound, states) for s in samples if not touched or s.index in touched]
+            if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
+                self.save_state()
+        return messages.cap_ack(plan.seq, ok, gpus, errors)
+
+    def _apply_plan_caps(self, plan, errors: list[str]) -> bool:
+        """Apply the caps (W) of ``plan``, each the GPU's new allowance; append a line per refused
+        or failed GPU to ``errors``; True when every cap was applied."""
+        ok = True
+        wanted: dict[int, float] = {}
+        for c in plan.caps:
+            if c.index not in self.devices:
+                errors.append(f"GPU {c.index} does not exist on {self.node}")
+                ok = False
+                continue
+            if not math.isfinite(c.cap_w) or c.cap_w <= 0:
+                errors.append(f"GPU {c.index}: cap {c.cap_w!r} W refused")
+                ok = False
+                continue
+            wanted[c.index] = self._clamp(c.index, c.cap_w)
+        for i, cap in wanted.items():
+            self.allowed_w[i] = cap
+            self.caps.set_restore_ceiling(i, cap)  # a held restore may rise to the new allowance
+        results = self._apply(wanted)
+        for i, cap in wanted.items():
+            r = results.get(i)
+            if r is None or messages.result_error(r):
+                ok = False
+                errors.append(f"GPU {i}: {messages.result_error(r) if r is not None else 'not applied'}")
+            self.desired_w[i] = cap
+        return ok
+
+    def on_disconnect(self) -> None:
+        """The link went down: log whether the lease still holds (caps stay as they are)."""
+        log.warning("coordinator link down; lease %s", "held" if self.lease.active() else "not held")
+
+    # ------------------------------------------------------------------------------------------
+    # periodic work
+    def tick(self) -> None:
+        """One interval: retries, failsafe, drift reconcile, telemetry. CapManager errors are logged."""
+        with self.lock:
+            try:
+                self.caps.retry_pending()
+            except CapctlError as err:
+                log.error("retrying pending restores failed: %s", err)
+            if self.lease.expired() and not self.lease.expired_applied:
+                self._apply_failsafe()
+            try:
+                self.caps.reconcile(dict(self.desired_w))
+            except CapctlError as err:
+                log.error("reconcile failed: %s", err)
+            states = self.caps.states()
+            samples = self.backend.telemetry_all()
+            self.last_samples = samples
+            self.telemetry_seq += 1
+            bound = self.bound_indices()
+            msg = messages.node_telemetry(self.node, time.time(), self.telemetry_seq,
+                                          [self._gpu_telemetry(s, bound, states) for s in samples])
+        if self.link is not None:
+            self.link.send(msg, droppable=True)
+
+    def _apply_failsafe(self) -> None:
+        """Lease expired: move every managed GPU to min(current, safe cap) (W), never higher; hold
+        them in ``safe_mode`` and lower their allowance to the safe cap."""
+        managed = set(self.bound_indices()) | set(self.desired_w)
+        current = {s.index: s.cap_w for s in self.last_samples
+                   if getattr(s, "error", None) is None and s.index in managed}
+        for i, d in self.desired_w.items():
+            current[i] = min(current.get(i, d), d)
+        safe = {i: c for i in managed if (c := self._safe_cap_for(i)) is not None}
+        todo = {i: self._clamp(i, c) for i, c in failsafe_caps(current, safe).items()}
+        log.warning("lease expired: applying safe caps %s", {i: round(c) for i, c in sorted(todo.items())})
+        self._apply(todo)
+        for i in managed:
+            if i in safe:
+                self.desired_w[i] = min(self.desired_w.get(i, current.get(i, safe[i])), safe[i])
+                self.safe_mode.add(i)
+        for i, c in safe.items():
+            if i in self.allowed_w:
+                self.allowed_w[i] = min(self.allowed_w[i], c)
+                self.caps.set_restore_ceiling(i, self.allowed_w[i])
+        self.lease.expired_applied = True
+
+    def _loop(self) -> None:
+        """The loop thread: :meth:`tick` every ``interval_s`` s until ``stop_event``; a failed tick
+        is logged and the next one runs on the last good state."""
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 — the daemon keeps running on its last good state
+                log.exception("agent tick failed")
+            self._wait_next(started + self.interval_s)
+
+    def _wait_next(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (monotonic s), a lease expiry to act on, a wake-up or stop."""
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            rem = self.lease.remaining_s(now)
+            if rem is not None and rem <= 0 and not self.lease.expired_applied:
+                break
+            if self.wake.wait(min(WAKE_CHECK_S, deadline - now)):
+                self.wake.clear()
+                time.sleep(0.05)  # let the link finish its handshake before the telemetry goes out
+                break

@@ -1,0 +1,229 @@
+"""Agent logic in-process on a pure-Python device: no processes, no gRPC servers, no C library.
+
+The agent is built as ``nodeagent.daemon.run`` builds it (a CapManager on the backend and the state
+directory), but on :class:`tests.nodeagent.puredevice.PureDevice`; its link is a recorder and its
+methods (``on_plan``, ``job_start``, ``job_end``, ``tick``, ...) are called directly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from capctl import capstates
+from capctl.v1 import capctl_pb2
+from nodeagent.backend import GpuBackend, NvmlPermissionError
+from nodeagent.caps import CapManager
+from nodeagent.daemon import Agent
+from nodeagent.nvml import NvmlBackend
+from tests.nodeagent.puredevice import PureDevice
+
+
+def _as_backend(backend: NvmlBackend) -> GpuBackend:
+    """Static check (mypy/pyright): NvmlBackend is a GpuBackend."""
+    return backend
+
+
+class RecordingLink:
+    """Stands in for the AgentLink client: records what the agent sends."""
+
+    def __init__(self, connected: bool = True) -> None:
+        self.connected = connected
+        self.sent: list = []
+
+    def send(self, message, *, droppable: bool = False) -> bool:
+        self.sent.append(message)
+        return True
+
+
+def make_agent(tmp_path, device: PureDevice, *, start_cap_w: float = 300.0, safe_cap_w: float | None = None,
+               connected: bool = True) -> Agent:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700, exist_ok=True)
+    agent = Agent("n1", "unix:/nonexistent", str(tmp_path / "agent.sock"), state_dir, device,
+                  CapManager(device, state_dir), start_cap_w=start_cap_w, policy_safe_cap_w=safe_cap_w,
+                  interval_s=1.0)
+    agent.link = RecordingLink(connected)
+    return agent
+
+
+def plan(seq: int, caps: dict[int, float], *, safe: dict[int, float] | None = None, lease_s: float = 60.0):
+    return capctl_pb2.CapPlan(
+        seq=seq, lease_s=lease_s,
+        caps=[capctl_pb2.CapAssignment(index=i, cap_w=c) for i, c in caps.items()],
+        safe_caps=[capctl_pb2.CapAssignment(index=i, cap_w=c) for i, c in (safe or {}).items()])
+
+
+def job_start(agent: Agent, job_id: str, *gpus: int):
+    return agent.job_start(capctl_pb2.JobStartRequest(
+        job_id=job_id, gpu_ids=[str(g) for g in gpus], gpu_id_kind=capctl_pb2.GPU_ID_MINOR, user="alice"))
+
+
+def cap_states(message) -> dict[int, str]:
+    return {g.index: capctl_pb2.CapState.Name(g.cap_state) for g in message.gpus}
+
+
+# --- the protocol -------------------------------------------------------------------------------
+
+
+def test_nvml_backend_and_the_pure_device_implement_gpu_backend():
+    members = {n for n in vars(GpuBackend) if not n.startswith("_")} | set(GpuBackend.__annotations__)
+    assert members == {"driver_version", "simulated", "devices", "telemetry_all", "clamp_cap_w", "get_cap_w",
+                       "get_enforced_w", "set_cap_w"}
+    assert isinstance(NvmlBackend("simulated"), GpuBackend)  # not opened: the C library is not loaded
+    assert isinstance(PureDevice(), GpuBackend)
+    assert not isinstance(object(), GpuBackend)
+
+
+# --- plans --------------------------------------------------------------------------------------
+
+
+def test_plan_lowers_before_raising_and_reports_the_read_back(tmp_path):
+    dev = PureDevice(4, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    ack = agent.on_plan(plan(1, {0: 600.0, 1: 250.0, 2: 550.0, 3: 300.0}))
+    assert ack.ok and ack.seq == 1 and ack.error == ""
+    assert dev.writes == [(1, 250.0), (3, 300.0), (2, 550.0), (0, 600.0)]  # decreases first, largest first
+    assert {g.index: g.cap_w for g in ack.gpus} == {0: 600.0, 1: 250.0, 2: 550.0, 3: 300.0}
+    assert agent.allowed_w == agent.desired_w == {0: 600.0, 1: 250.0, 2: 550.0, 3: 300.0}
+    assert agent.last_plan_seq == 1
+
+
+def test_plan_clamps_to_the_constraints_and_refuses_bad_caps_per_gpu(tmp_path):
+    dev = PureDevice(3, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    ack = agent.on_plan(plan(1, {0: 900.0, 1: -5.0, 7: 300.0}))
+    assert not ack.ok
+    assert "GPU 1: cap -5.0 W refused" in ack.error and "GPU 7 does not exist on n1" in ack.error
+    assert dev.limits_w() == [700.0, 400.0, 400.0]  # 900 W clamped to the 700 W maximum
+
+
+def test_a_refused_write_fails_only_its_gpu(tmp_path):
+    dev = PureDevice(3, limit_w=400.0)
+    dev.fail("set", 1, NvmlPermissionError("GPU 1: setting the power limit failed: NO_PERMISSION", gpu_index=1))
+    agent = make_agent(tmp_path, dev)
+    ack = agent.on_plan(plan(1, {0: 300.0, 1: 300.0, 2: 350.0}))
+    assert not ack.ok and "NO_PERMISSION" in ack.error
+    assert dev.limits_w() == [300.0, 400.0, 350.0]
+    assert cap_states(ack)[1] == capstates.SET_FAILED and "NO_PERMISSION" in agent.gpu_error[1]
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def test_job_start_applies_the_start_cap_and_lowers_the_allowance(tmp_path):
+    dev = PureDevice(4)  # at the 700 W default (the site limit)
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0)
+    agent.on_plan(plan(1, {0: 500.0, 1: 250.0}))
+    reply = job_start(agent, "42", 0)
+    assert reply.ok and reply.coordinator_connected
+    assert dev.limit_w(0) == 300.0 and agent.allowed_w[0] == 300.0 and agent.desired_w[0] == 300.0
+    assert agent.caps.saved_limits_w() == {0: 700.0, 1: 700.0}
+    sent = agent.link.sent[-1]
+    assert sent.WhichOneof("body") == "job_started" and list(sent.job_started.binding.gpu_indices) == [0]
+    reply = job_start(agent, "43", 1)  # the start cap never goes above the coordinator's allowance
+    assert reply.ok and dev.limit_w(1) == 250.0 and agent.allowed_w[1] == 250.0
+    writes = len(dev.writes)
+    again = job_start(agent, "42", 0)  # idempotent: nothing written again
+    assert again.ok and "already bound" in again.message and len(dev.writes) == writes
+
+
+def test_job_start_without_a_lease_stays_at_or_below_the_safe_cap(tmp_path):
+    dev = PureDevice(2)
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0, safe_cap_w=260.0, connected=False)
+    reply = job_start(agent, "42", 0, 1)
+    assert reply.ok and not reply.coordinator_connected
+    assert dev.limits_w() == [260.0, 260.0] and agent.allowed_w == {}  # no allowance without a coordinator
+
+
+def test_job_end_restores_only_within_the_allowance(tmp_path):
+    dev = PureDevice(2)  # site (pre-job) limit 700 W
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0)
+    agent.on_plan(plan(1, {0: 500.0}))
+    job_start(agent, "42", 0)
+    writes = len(dev.writes)
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    assert reply.ok and agent.jobs == {} and 0 not in agent.desired_w
+    assert all(w <= 300.0 for _, w in dev.writes[writes:]) and dev.limit_w(0) == 300.0  # held at the allowance
+    assert agent.caps.saved_limits_w() == {0: 700.0}  # the restore is still to complete
+    assert agent.link.sent[-1].WhichOneof("body") == "job_ended"
+    agent.tick()
+    assert dev.limit_w(0) == 300.0  # a tick does not raise it either
+    agent.on_plan(plan(2, {0: 700.0}))  # the coordinator hands the watts back: the restore completes
+    assert dev.limit_w(0) == 700.0 and agent.caps.saved_limits_w() == {}
+
+
+def test_job_end_without_an_allowance_restores_the_site_limit(tmp_path):
+    dev = PureDevice(2, limit_w=250.0)  # site limit 250 W, default 700 W
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0, connected=False)
+    job_start(agent, "42", 1)
+    assert dev.limit_w(1) == 300.0
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    assert reply.ok and dev.limits_w() == [250.0, 250.0] and agent.caps.saved_limits_w() == {}
+    again = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))  # idempotent
+    assert again.ok and "nothing to restore" in again.message
+
+
+# --- failsafe and boot --------------------------------------------------------------------------
+
+
+def test_failsafe_on_lease_expiry_never_raises_a_cap(tmp_path):
+    dev = PureDevice(4)
+    agent = make_agent(tmp_path, dev)
+    agent.on_plan(plan(1, {0: 250.0, 1: 600.0, 2: 450.0}, safe={0: 400.0, 1: 400.0, 2: 400.0}))
+    before = dev.limits_w()
+    writes = len(dev.writes)
+    agent.lease.expiry_mono_s = time.monotonic() - 1.0
+    agent.tick()
+    assert dev.limits_w() == [250.0, 400.0, 400.0, 700.0]  # min(current, safe); GPU 3 unmanaged
+    assert all(w <= before[i] for i, w in dev.writes[writes:])
+    assert agent.safe_mode == {0, 1, 2} and agent.allowed_w == {0: 250.0, 1: 400.0, 2: 400.0}
+    telemetry = agent.link.sent[-1].telemetry
+    assert cap_states(telemetry) == {0: capstates.SAFE_CAP, 1: capstates.SAFE_CAP, 2: capstates.SAFE_CAP,
+                                     3: capstates.OK}
+    writes = len(dev.writes)
+    agent.tick()  # applied once per expiry
+    assert len(dev.writes) == writes
+    agent.on_plan(plan(2, {1: 450.0}))  # a new plan renews the lease and leaves the failsafe
+    assert agent.safe_mode == set() and dev.limit_w(1) == 450.0
+
+
+def test_a_lost_gpu_is_reported_and_does_not_stop_the_failsafe(tmp_path):
+    dev = PureDevice(3)
+    agent = make_agent(tmp_path, dev)
+    agent.on_plan(plan(1, {0: 600.0, 1: 600.0, 2: 600.0}, safe={0: 300.0, 1: 300.0, 2: 300.0}))
+    dev.lose(1)
+    agent.lease.expiry_mono_s = time.monotonic() - 1.0
+    agent.tick()
+    assert dev.limit_w(0) == 300.0 and dev.limit_w(2) == 300.0
+    states = cap_states(agent.link.sent[-1].telemetry)
+    assert states[1] == capstates.LOST and states[0] == states[2] == capstates.SAFE_CAP
+
+
+def test_boot_moves_gpus_at_their_default_to_the_saved_safe_cap(tmp_path):
+    dev = PureDevice(3)
+    dev.set_limit_w(1, 500.0)  # not at its default: left alone
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "agent-state.json").write_text(json.dumps(
+        {"safe_caps_w": {"0": 350.0, "1": 350.0}, "last_plan_seq": 17, "jobs": {}}))
+    agent = make_agent(tmp_path, dev)
+    agent.load_state()
+    agent.boot_safe_caps()
+    assert dev.limits_w() == [350.0, 500.0, 700.0] and agent.last_plan_seq == 17
+    assert agent.caps.saved_limits_w() == {}  # unbound GPUs: no pre-job limit saved
+    agent.save_state()
+    saved = json.loads((state_dir / "agent-state.json").read_text())
+    assert saved["safe_caps_w"] == {"0": 350.0, "1": 350.0} and saved["last_plan_seq"] == 17
+
+
+@pytest.mark.parametrize("kind, ids", [
+    (capctl_pb2.GPU_ID_UUID, ["GPU-PURE-0002"]),
+    (capctl_pb2.GPU_ID_PCI_BUS_ID, ["0000:1a:00.0"]),
+    (capctl_pb2.GPU_ID_MINOR, ["2", "2"]),
+])
+def test_gpu_ids_map_to_indices(tmp_path, kind, ids):
+    agent = make_agent(tmp_path, PureDevice(4))
+    assert agent.map_gpu_ids(ids, kind) == [2]
