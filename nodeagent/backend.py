@@ -5,7 +5,7 @@
 production implementation is :class:`nodeagent.nvml.NvmlBackend` (the only importer of
 ``pynvml``); logic tests use a pure-Python device (``tests/nodeagent/puredevice.py``).
 
-Units: W, °C, MHz, J; the one exception is :meth:`GpuBackend.clamp_cap_w`, which returns whole
+Units: W, °C, MHz, J; the one exception is :meth:`GpuBackend.clamp_cap_mw`, which returns whole
 milliwatts (the value the device will accept). The error family keeps the names of the production
 backend (``NvmlError`` ...): every backend raises these, so callers handle one set.
 """
@@ -181,7 +181,7 @@ class GpuBackend(Protocol):
         (never raises for one GPU)."""
         ...
 
-    def clamp_cap_w(self, index: int, cap_w: float) -> int:
+    def clamp_cap_mw(self, index: int, cap_w: float) -> int:
         """The cap ``cap_w`` (W) as whole milliwatts inside the GPU's limit constraints.
 
         Raises:

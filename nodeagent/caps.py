@@ -334,7 +334,7 @@ class CapManager:
         for index, cap_w in targets.items():
             try:
                 self._check_indices([index], action)
-                target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
+                target_w = self.backend.clamp_cap_mw(index, cap_w) / 1000.0
                 current_w = self.backend.get_cap_w(index)
             except GpuLostError as err:
                 results[index] = self._fail(index, action, cap_w, err, LOST)
@@ -401,7 +401,7 @@ class CapManager:
         """Apply caps (W) per GPU index: decreases first, each GPU independently.
 
         Each cap is clamped into the device's limit constraints (see
-        :meth:`~nodeagent.backend.GpuBackend.clamp_cap_w`). Before the first write to a GPU its
+        :meth:`~nodeagent.backend.GpuBackend.clamp_cap_mw`). Before the first write to a GPU its
         current limit is saved to the state file; if that save fails the GPU is not written. A
         NaN/inf cap or a bad index yields an error result for that GPU only.
 
@@ -574,7 +574,7 @@ class CapManager:
             return False
         rt = self._rt[index]
         try:
-            target_w = self.backend.clamp_cap_w(index, cap_w) / 1000.0
+            target_w = self.backend.clamp_cap_mw(index, cap_w) / 1000.0
             cap_now_w = self.backend.get_cap_w(index)
             enforced_now_w = self.backend.get_enforced_w(index)
         except GpuLostError as err:

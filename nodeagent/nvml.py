@@ -610,7 +610,7 @@ class NvmlBackend:
                 f"{index} ({name}); allowed {dev_min_w:g}..{dev_max_w:g} W"
             )
 
-    def clamp_cap_w(self, index: int, cap_w: float, *, policy_min_w: float | None = None) -> int:
+    def clamp_cap_mw(self, index: int, cap_w: float, *, policy_min_w: float | None = None) -> int:
         """Convert a cap in W to the milliwatts NVML will accept for GPU ``index``.
 
         The value is rounded DOWN to whole mW (after removing float noise below 1 µW, so
@@ -667,7 +667,7 @@ class NvmlBackend:
             GpuLostError: the GPU is lost.
             NvmlError: any other NVML failure.
         """
-        value_mw = self.clamp_cap_w(index, cap_w)
+        value_mw = self.clamp_cap_mw(index, cap_w)
         handle = self._handle(index)
         with self._set_lock:
             try:

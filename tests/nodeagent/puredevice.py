@@ -105,7 +105,7 @@ class PureDevice:
                 samples.append(GpuSample.failed(i, err, time.time()))
         return samples
 
-    def clamp_cap_w(self, index: int, cap_w: float) -> int:
+    def clamp_cap_mw(self, index: int, cap_w: float) -> int:
         g = self._gpu(index, "clamp")
         if isinstance(cap_w, bool) or not isinstance(cap_w, (int, float)) or not math.isfinite(cap_w):
             raise UserInputError(f"cap_w: {cap_w!r} is not a finite number of watts")
@@ -118,7 +118,7 @@ class PureDevice:
         return self._enforced_mw(self._gpu(index, "get_enforced")) / 1000.0
 
     def set_cap_w(self, index: int, cap_w: float) -> SetResult:
-        value_mw = self.clamp_cap_w(index, cap_w)
+        value_mw = self.clamp_cap_mw(index, cap_w)
         g = self._gpu(index, "set")
         g.limit_mw = value_mw
         self.writes.append((index, value_mw / 1000.0))

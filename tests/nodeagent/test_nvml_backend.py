@@ -148,7 +148,7 @@ def test_cap_below_device_minimum_is_never_requested(make_node, open_backend):
     assert result.clamped and result.written_w == 200.0 and result.cap_w == 200.0
     assert node.read(0)["limit_w"] == 200.0
     assert node.read(0)["set_count"] == before + 1  # exactly one set, accepted by the driver
-    assert backend.clamp_cap_w(0, 10_000.0) == 700_000
+    assert backend.clamp_cap_mw(0, 10_000.0) == 700_000
 
 
 def test_policy_minimum_below_device_minimum_is_rejected(make_node, open_backend):
@@ -156,13 +156,13 @@ def test_policy_minimum_below_device_minimum_is_rejected(make_node, open_backend
     backend = open_backend()
     before = node.read(0)["set_count"]
     with pytest.raises(UserInputError) as info:
-        backend.clamp_cap_w(0, 250.0, policy_min_w=150.0)
+        backend.clamp_cap_mw(0, 250.0, policy_min_w=150.0)
     message = str(info.value)
     assert "min_cap_w" in message and "150" in message and "200..700 W" in message
     with pytest.raises(UserInputError, match="max_cap_w: 800 W is above"):
         backend.validate_policy_limits_w(1, 200.0, 800.0, field="policy.gpu_models.H100")
     backend.validate_policy_limits_w(1, 200.0, 700.0)  # in range: no error
-    assert backend.clamp_cap_w(0, 250.0, policy_min_w=200.0) == 250_000
+    assert backend.clamp_cap_mw(0, 250.0, policy_min_w=200.0) == 250_000
     assert node.read(0)["set_count"] == before
 
 
@@ -177,10 +177,10 @@ def test_non_finite_caps_are_rejected(make_node, open_backend, bad):
 def test_rounding_keeps_caps_inside_a_100_w_minimum(make_node, open_backend):
     node = make_node(gpus=1, model="A100-SXM4")
     backend = open_backend()
-    assert backend.clamp_cap_w(0, 99.9999999999) == 100_000  # never 99 999 mW
-    assert backend.clamp_cap_w(0, 99.9994) == 100_000  # below the minimum: the minimum
-    assert backend.clamp_cap_w(0, 250.0004) == 250_000  # down to whole mW, never above the ask
-    assert backend.clamp_cap_w(0, 0.1 + 0.2 + 249.7) == 250_000  # float noise removed
+    assert backend.clamp_cap_mw(0, 99.9999999999) == 100_000  # never 99 999 mW
+    assert backend.clamp_cap_mw(0, 99.9994) == 100_000  # below the minimum: the minimum
+    assert backend.clamp_cap_mw(0, 250.0004) == 250_000  # down to whole mW, never above the ask
+    assert backend.clamp_cap_mw(0, 0.1 + 0.2 + 249.7) == 250_000  # float noise removed
     assert backend.set_cap_w(0, 99.9999999999).cap_w == 100.0
     assert node.read(0)["limit_w"] == 100.0
 
@@ -192,7 +192,7 @@ def test_clamped_caps_always_lie_inside_the_constraints(make_node, open_backend)
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False))
     def check(cap_w):
-        value_mw = backend.clamp_cap_w(0, cap_w)
+        value_mw = backend.clamp_cap_mw(0, cap_w)
         assert isinstance(value_mw, int) and 100_000 <= value_mw <= 400_000
         if 100.0 <= cap_w <= 400.0:
             assert value_mw <= cap_w * 1000.0 + 1e-3 and value_mw > cap_w * 1000.0 - 1.0
