@@ -160,9 +160,30 @@ def _gpu_results(results) -> list[dict]:
 
 
 def _run(run: Run) -> None:
-    from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
+    """The hook's work (see module docstring); every path ends in ``run.finish``."""
+    cfg = _configure(run)
+    if not run.job_id:
+        run.finish("bad-env", "SLURM_JOB_ID not set (not run by slurmd?)", failure=False)
+    gpus = None
+    if run.hook == "prolog":
+        gpus = _job_gpus(run)
+    else:
+        run.extra["gpu_ids"] = [g for g in (run.env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+
+    call_timeout_s = run.remaining_s() - MARGIN_S
+    if call_timeout_s <= 0.01:
+        run.finish("timeout", "no time left for the agent call", failure=True)
+    reply = _call_agent(run, cfg.socket_path, gpus, call_timeout_s)
+    if run.hook == "prolog":
+        _finish_prolog(run, reply)
+    else:
+        _finish_epilog(run, reply)
+
+
+def _configure(run: Run):
+    """Load the hook configuration (:func:`slurm.config.load_config`) into ``run``: fail-open
+    choice, time bound [s] (re-arming the watchdog), log path; logs "begin". Returns the config."""
     from slurm.config import load_config
-    from slurm.gpus import parse_job_gpus
 
     cfg = load_config(run.env)
     run.fail_open = cfg.fail_open
@@ -173,63 +194,79 @@ def _run(run: Run) -> None:
     if cfg.problems:
         run.extra["config_problems"] = cfg.problems
     run.log.event("begin", {"outcome": "begin"}, to_stderr=False)
+    return cfg
 
-    if not run.job_id:
-        run.finish("bad-env", "SLURM_JOB_ID not set (not run by slurmd?)", failure=False)
-    hook = run.hook
+
+def _job_gpus(run: Run):
+    """The job's GPUs on this node from ``SLURM_JOB_GPUS`` (:func:`slurm.gpus.parse_job_gpus`).
+
+    Finishes the run on unparsable ids (failure) or no GPU (nothing to bind)."""
+    from capctl.errors import UserInputError
+    from slurm.gpus import parse_job_gpus
+
     gpus = None
-    if hook == "prolog":
-        try:
-            gpus = parse_job_gpus(run.env.get("SLURM_JOB_GPUS"))
-        except UserInputError as err:
-            run.finish("bad-gpus", str(err), failure=True)
-        assert gpus is not None
-        run.extra.update(gpu_ids=list(gpus.ids), gpu_id_kind=gpus.kind_name)
-        if not gpus.ids:
-            run.finish("no-gpus", "job holds no GPU on this node: nothing to bind", failure=False)
-    else:
-        run.extra["gpu_ids"] = [g for g in (run.env.get("SLURM_JOB_GPUS") or "").split(",") if g]
+    try:
+        gpus = parse_job_gpus(run.env.get("SLURM_JOB_GPUS"))
+    except UserInputError as err:
+        run.finish("bad-gpus", str(err), failure=True)
+    assert gpus is not None
+    run.extra.update(gpu_ids=list(gpus.ids), gpu_id_kind=gpus.kind_name)
+    if not gpus.ids:
+        run.finish("no-gpus", "job holds no GPU on this node: nothing to bind", failure=False)
+    return gpus
 
-    call_timeout_s = run.remaining_s() - MARGIN_S
-    if call_timeout_s <= 0.01:
-        run.finish("timeout", "no time left for the agent call", failure=True)
 
+def _call_agent(run: Run, socket_path: str, gpus, call_timeout_s: float):
+    """``JobStart`` (prolog, for ``gpus``) or ``JobEnd`` (epilog) on the local agent at
+    ``socket_path`` with a ``call_timeout_s`` [s] deadline. Returns the reply; finishes the run
+    (failure) when the agent is unreachable, refuses or rejects the call."""
     from capctl.agentclient import LocalClient
+    from capctl.errors import PermissionDeniedError, UnreachableError, UserInputError
 
     try:
-        with LocalClient(cfg.socket_path, timeout_s=call_timeout_s) as client:
-            if hook == "prolog":
-                reply = client.job_start(
+        with LocalClient(socket_path, timeout_s=call_timeout_s) as client:
+            if run.hook == "prolog":
+                return client.job_start(
                     run.job_id, list(gpus.ids), gpus.kind,
                     user=run.env.get("SLURM_JOB_USER", ""), partition=run.env.get("SLURM_JOB_PARTITION", ""),
                     account=run.env.get("SLURM_JOB_ACCOUNT", ""), qos=run.env.get("SLURM_JOB_QOS", ""))
-            else:
-                reply = client.job_end(run.job_id)
+            return client.job_end(run.job_id)
     except UnreachableError as err:
         run.finish("agent-unreachable", str(err), failure=True)
     except PermissionDeniedError as err:
         run.finish("agent-refused", str(err), failure=True)
     except UserInputError as err:
         run.finish("agent-rejected", str(err), failure=True)
+    # run.finish returned: another thread (watchdog, signal) is already ending the process; end
+    # this path like any other error, in main's handler
+    raise RuntimeError("agent call failed while the run is being finished")
 
+
+def _finish_prolog(run: Run, reply) -> None:
+    """Finish the prolog from the agent's JobStart ``reply``: bound, start cap failed (failure) or
+    coordinator not connected (failure: the job runs at the start/safe cap)."""
     results = _gpu_results(reply.gpus)
-    if hook == "prolog":
-        connected = bool(reply.coordinator_connected)
-        if not reply.ok:
-            run.finish("start-cap-failed", f"agent could not apply the start cap: {reply.message}",
-                       failure=True, gpus=results, coordinator_connected=connected)
-        if not connected:
-            run.finish("coordinator-unreachable",
-                       "bound; coordinator not connected, the job runs at the start/safe cap",
-                       failure=True, gpus=results, coordinator_connected=False)
-        run.finish("bound", f"bound {len(results)} GPU(s), start cap applied", failure=False,
-                   gpus=results, coordinator_connected=True)
-    else:
-        if not reply.ok:
-            # The agent keeps retrying and reports RESTORE_FAILED; draining the node would not help.
-            run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
-                       failure=False, gpus=results)
-        run.finish("unbound", f"restored {len(results)} GPU(s) and unbound", failure=False, gpus=results)
+    connected = bool(reply.coordinator_connected)
+    if not reply.ok:
+        run.finish("start-cap-failed", f"agent could not apply the start cap: {reply.message}",
+                   failure=True, gpus=results, coordinator_connected=connected)
+    if not connected:
+        run.finish("coordinator-unreachable",
+                   "bound; coordinator not connected, the job runs at the start/safe cap",
+                   failure=True, gpus=results, coordinator_connected=False)
+    run.finish("bound", f"bound {len(results)} GPU(s), start cap applied", failure=False,
+               gpus=results, coordinator_connected=True)
+
+
+def _finish_epilog(run: Run, reply) -> None:
+    """Finish the epilog from the agent's JobEnd ``reply``: unbound, or some pre-job limits not
+    restored (not a failure: the agent keeps retrying and reports RESTORE_FAILED)."""
+    results = _gpu_results(reply.gpus)
+    if not reply.ok:
+        # The agent keeps retrying and reports RESTORE_FAILED; draining the node would not help.
+        run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
+                   failure=False, gpus=results)
+    run.finish("unbound", f"restored {len(results)} GPU(s) and unbound", failure=False, gpus=results)
 
 
 def main(argv: list[str] | None = None) -> int:

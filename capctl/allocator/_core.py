@@ -89,8 +89,57 @@ def ancestors(problem: AllocationProblem):
 
 
 def prepare(pb: AllocationProblem) -> Prep:
+    """Reduce ``pb`` to per-GPU cap boxes, deficits, job rate ranges and candidate domains.
+
+    Shapes and units: :class:`Prep` (watts). Never raises for infeasible limits: deficits are
+    recorded (GPUs held at their minimum) with alerts in ``Prep.alerts``. Raises ValueError only
+    for a cyclic domain tree (which ``AllocationProblem.validate`` already rejects)."""
     G, J, D = pb.n_gpus, pb.n_jobs, pb.n_domains
     alerts: list[str] = []
+    in_job = pb.job_of_gpu >= 0
+    lo, hi, hi_reason, mn, floor_cap = _cap_bounds(pb, in_job, alerts)
+    pair_dom, pair_gpu = ancestors(pb)
+    depth = domain_depth(pb.domain_parent)
+    limit = pb.domain_limit_w.astype(float)
+    lo, hi, min_load, dev_min_load = _relax_minimums(pb, lo, hi, mn, floor_cap, in_job, pair_dom, pair_gpu, limit)
+    in_deficit = (min_load > limit) & (dev_min_load > limit)
+    still_short = (min_load > limit) & ~in_deficit
+    if still_short.any():  # even the rate floor does not fit: plan down to the device minimum
+        g_short = np.zeros(G, bool)
+        g_short[pair_gpu[still_short[pair_dom]]] = True
+        lo = np.where(g_short & in_job, mn, lo)
+    deficit = np.where(in_deficit, dev_min_load - limit, 0.0)
+    held_by = np.full(G, -1, np.int64)
+    if in_deficit.any():
+        lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit, held_by,
+                                           pair_dom, pair_gpu, depth)
+        for d in np.nonzero(in_deficit)[0][:20]:
+            alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
+                          f"caps {min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
+    hi_reason = np.where((hi <= lo) & (hi_reason == HI_DEVICE_MAX), HI_MIN, hi_reason)
+
+    jg = np.nonzero(in_job)[0]
+    sigma, s_lo, s_max, s_max_gpu, has_gpu = _rate_ranges(pb, lo, hi, jg, alerts)
+
+    fixed_load = np.bincount(pair_dom, np.where(in_job, 0.0, lo)[pair_gpu], minlength=D)
+    # the most each GPU can usefully draw: power at its job's s_max
+    use_max = lo.copy()
+    if jg.size:
+        use_max[jg] = np.clip(cap_at_rate(pb, jg, sigma[jg], s_max[pb.job_of_gpu[jg]]), lo[jg], hi[jg])
+    max_load = np.bincount(pair_dom, use_max[pair_gpu], minlength=D)
+    candidates = np.nonzero((max_load > limit - LIMIT_MARGIN_W) & ~in_deficit & np.isfinite(limit))[0]
+    return Prep(G, J, D, lo, hi, hi_reason, sigma, in_job, pair_dom, pair_gpu, depth, limit,
+                deficit, in_deficit, held_by, fixed_load, s_lo, s_max, s_max_gpu, has_gpu,
+                candidates, alerts)
+
+
+def _cap_bounds(pb: AllocationProblem, in_job: np.ndarray, alerts: list):
+    """Per-GPU cap box before the domain limits, in whole milliwatts.
+
+    Applies the device range, the thermal ceiling (one below the minimum holds the minimum, with
+    an alert), the curve's valid range and rate floor, the slew limit and the idle cap. Returns
+    (lo, hi, hi_reason, mn, floor_cap), each [G]: bounds [W], HI_* code, the device minimum [W]
+    and the cap where the curve predicts RATE_FLOOR [W]."""
     name = (lambda g: pb.gpu_names[g] if g < len(pb.gpu_names) else f"#{g}")
     mn, mx, ceil = pb.min_cap_w, pb.max_cap_w, pb.thermal_ceiling_w
     # a ceiling at or above the device maximum is no constraint; one below the minimum (the model
@@ -105,7 +154,6 @@ def prepare(pb: AllocationProblem) -> Prep:
         alerts.append(f"{int(low_ceiling.sum()) - 20} more GPUs too hot to keep below slowdown−margin even at "
                       "their minimum cap: held at their minimum")
     hi = np.maximum(hi, mn)
-    in_job = pb.job_of_gpu >= 0
     lo = np.maximum(mn, np.minimum(pb.curve_min_w, hi))
     # never plan below the cap where the curve predicts RATE_FLOOR (extrapolated curves can reach 0)
     floor_cap = pb.curve_sat_w - pb.curve_k_w * np.log1p((1.0 - RATE_FLOOR) / pb.curve_a)
@@ -128,48 +176,55 @@ def prepare(pb: AllocationProblem) -> Prep:
     mn = np.minimum(_mw_ceil(mn), hi)
     floor_cap = _mw_ceil(floor_cap)
     lo = np.minimum(_mw_ceil(lo), hi)
+    return lo, hi, hi_reason, mn, floor_cap
 
-    pair_dom, pair_gpu = ancestors(pb)
-    depth = domain_depth(pb.domain_parent)
-    limit = pb.domain_limit_w.astype(float)
-    # feasibility of the minimums: first relax soft lower bounds (curve range, slew) to the device
-    # minimum under domains that cannot hold them, then hold the minimums where even that fails
+
+def _relax_minimums(pb, lo, hi, mn, floor_cap, in_job, pair_dom, pair_gpu, limit):
+    """Relax soft lower bounds (curve range, slew) to the rate floor under domains that cannot
+    hold them (idle GPUs there go to the device minimum).
+
+    Arrays [G] in watts, ``limit`` [D]. Returns (lo, hi, min_load, dev_min_load): the new bounds
+    and, per domain [D], the sum of lower bounds and the sum with job GPUs at the device minimum."""
+    D = pb.n_domains
     min_load = np.bincount(pair_dom, lo[pair_gpu], minlength=D)
     short = min_load > limit
     if short.any():
-        g_short = np.zeros(G, bool)
+        g_short = np.zeros(pb.n_gpus, bool)
         g_short[pair_gpu[short[pair_dom]]] = True
         lo = np.where(g_short, np.where(in_job, np.maximum(mn, np.minimum(floor_cap, hi)), mn), lo)
         hi = np.where(g_short & ~in_job, mn, hi)
         min_load = np.bincount(pair_dom, lo[pair_gpu], minlength=D)
     dev_min_load = np.bincount(pair_dom, np.where(in_job, mn, lo)[pair_gpu], minlength=D)
-    in_deficit = (min_load > limit) & (dev_min_load > limit)
-    still_short = (min_load > limit) & ~in_deficit
-    if still_short.any():  # even the rate floor does not fit: plan down to the device minimum
-        g_short = np.zeros(G, bool)
-        g_short[pair_gpu[still_short[pair_dom]]] = True
-        lo = np.where(g_short & in_job, mn, lo)
-    deficit = np.where(in_deficit, dev_min_load - limit, 0.0)
-    held_by = np.full(G, -1, np.int64)
-    if in_deficit.any():
-        sel = in_deficit[pair_dom]
-        # the highest deficit domain above each held GPU (smallest depth wins: written last)
-        order = np.argsort(-depth[pair_dom[sel]], kind="stable")
-        held_by[pair_gpu[sel][order]] = pair_dom[sel][order]
-        held = held_by >= 0
-        lo = np.where(held & in_job, mn, lo)
-        hi = np.where(held, lo, hi)
-        hi_reason = np.where(held, HI_MIN, hi_reason)
-        for d in np.nonzero(in_deficit)[0][:20]:
-            alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
-                          f"caps {min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
-    hi_reason = np.where((hi <= lo) & (hi_reason == HI_DEVICE_MAX), HI_MIN, hi_reason)
+    return lo, hi, min_load, dev_min_load
 
-    # job speed normalization and rate ranges
-    jg = np.nonzero(in_job)[0]
+
+def _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit, held_by, pair_dom, pair_gpu, depth):
+    """Hold every GPU under a deficit domain (``in_deficit`` [D]) at its device minimum.
+
+    Fills ``held_by`` [G] in place with the highest deficit domain above each held GPU. Returns
+    the new (lo, hi, hi_reason) [G] (bounds in watts; hi = lo and HI_MIN where held)."""
+    sel = in_deficit[pair_dom]
+    # the highest deficit domain above each held GPU (smallest depth wins: written last)
+    order = np.argsort(-depth[pair_dom[sel]], kind="stable")
+    held_by[pair_gpu[sel][order]] = pair_dom[sel][order]
+    held = held_by >= 0
+    lo = np.where(held & in_job, mn, lo)
+    hi = np.where(held, lo, hi)
+    hi_reason = np.where(held, HI_MIN, hi_reason)
+    return lo, hi, hi_reason
+
+
+def _rate_ranges(pb, lo, hi, jg, alerts):
+    """Job speed normalization and rate ranges for the cap boxes [lo, hi] [G] (watts).
+
+    ``jg``: indices of the GPUs in a job. Returns (sigma [G] speed relative to the job's slowest
+    GPU, s_lo [J] rate with every GPU at lo, s_max [J] highest reachable rate (<= 1), s_max_gpu
+    [J] GPU that limits s_max (-1 none), has_gpu [J] bool); a job whose ceiling allows no positive
+    rate is held at its minimum caps, with an alert. Jobs without GPUs get rate 1."""
+    J = pb.n_jobs
     job = pb.job_of_gpu[jg]
     slow_speed, _ = _seg_min(pb.speed[jg], job, J)
-    sigma = np.ones(G)
+    sigma = np.ones(pb.n_gpus)
     sigma[jg] = pb.speed[jg] / slow_speed[job]
     # the unclamped family here: the solver's cost max(lo, phi(s)) must stay continuous
     rho_lo = raw_rate(lo[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg])
@@ -191,17 +246,7 @@ def prepare(pb: AllocationProblem) -> Prep:
     has_gpu[job] = True
     s_max[~has_gpu] = 1.0
     s_lo[~has_gpu] = 1.0
-
-    fixed_load = np.bincount(pair_dom, np.where(in_job, 0.0, lo)[pair_gpu], minlength=D)
-    # the most each GPU can usefully draw: power at its job's s_max
-    use_max = lo.copy()
-    if jg.size:
-        use_max[jg] = np.clip(cap_at_rate(pb, jg, sigma[jg], s_max[job]), lo[jg], hi[jg])
-    max_load = np.bincount(pair_dom, use_max[pair_gpu], minlength=D)
-    candidates = np.nonzero((max_load > limit - LIMIT_MARGIN_W) & ~in_deficit & np.isfinite(limit))[0]
-    return Prep(G, J, D, lo, hi, hi_reason, sigma, in_job, pair_dom, pair_gpu, depth, limit,
-                deficit, in_deficit, held_by, fixed_load, s_lo, s_max, s_max_gpu, has_gpu,
-                candidates, alerts)
+    return sigma, s_lo, s_max, s_max_gpu, has_gpu
 
 
 def _mw_ceil(x):
@@ -241,13 +286,47 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
              t0: float, iterations: int = 0, alerts=()) -> AllocationResult:
     """Caps from job rates s[J] (minimal power keeping pace), milliwatt rounding with exact domain
     feasibility, rates/bindings/prices. ``price``[D] are the domain multipliers."""
-    G, J, D = prep.G, prep.J, prep.D
+    D = prep.D
     alerts = list(prep.alerts) + list(alerts)
     lo, hi = prep.lo, prep.hi
     cap = lo.copy()
     jg = np.nonzero(prep.in_job)[0]
     if jg.size:
         cap[jg] = np.clip(cap_at_rate(pb, jg, prep.sigma[jg], s[pb.job_of_gpu[jg]]), lo[jg], hi[jg])
+    cap_mw, cut_gpu = _round_caps_mw(pb, prep, cap, alerts)
+    cap_w = cap_mw / 1000.0
+    load_w = np.bincount(prep.pair_dom, cap_w[prep.pair_gpu], minlength=D)
+
+    # ---- rates from the rounded caps
+    job = pb.job_of_gpu[jg]
+    rho = curve_rate(cap_w[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg]) * prep.sigma[jg]
+    job_rate, arg = _seg_min(rho, job, prep.J)
+    job_rate = np.where(prep.has_gpu, np.minimum(job_rate, 1.0), 1.0)
+    slowest = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
+
+    price = _slack_prices(prep, price, load_w)
+    # ---- binding reasons, from the rates the rounded caps give (a repair may have cut a job
+    # below the solver's rate: then what binds is the domain that was repaired, not its s_max)
+    s_eff = np.asarray(s, float).copy()
+    if cut_gpu.any():
+        cut_jobs = np.unique(pb.job_of_gpu[cut_gpu & prep.in_job])
+        s_eff[cut_jobs] = np.minimum(s_eff[cut_jobs], job_rate[cut_jobs])
+    binding = _bindings(pb, prep, s_eff, _strongest_domain(pb, prep, price, jg))
+    feasible = not bool(prep.in_deficit.any())
+    return AllocationResult(
+        cap_w=cap_w, job_rate=job_rate, job_binding=binding, slowest_gpu=slowest,
+        domain_price=price, domain_load_w=load_w, domain_deficit_w=prep.deficit_w,
+        feasible=feasible, alerts=alerts, solve_time_s=time.perf_counter() - t0,
+        objective_value=job_objective(pb, job_rate), solver=solver, iterations=iterations)
+
+
+def _round_caps_mw(pb: AllocationProblem, prep: Prep, cap: np.ndarray, alerts: list):
+    """Round caps [G] in watts down to whole milliwatts within [lo, hi], then repair every domain
+    (not in deficit) left over its limit minus 1 mW, deepest first.
+
+    Returns (cap_mw [G] integral milliwatts as floats, cut_gpu [G] bool: GPUs the repair lowered,
+    whose job's rate is then below the solver's). Appends an alert when a repair was needed."""
+    lo, hi = prep.lo, prep.hi
     # ---- milliwatt rounding, exact: integers, floor, then repair any domain over its limit
     lo_mw = np.ceil(lo * 1000.0 - 1e-6)  # lo, hi are whole mW (prepare): no spurious round-up
     lo_mw += (lo_mw / 1000.0 < lo)
@@ -256,65 +335,65 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
     lo_mw = np.minimum(lo_mw, hi_mw)
     cap_mw = np.clip(np.floor(cap * 1000.0), lo_mw, hi_mw)
     lim_mw = np.where(np.isfinite(prep.limit), np.floor(np.nan_to_num(prep.limit, posinf=0) * 1000.0) - 1, np.inf)
-    load_mw = np.bincount(prep.pair_dom, cap_mw[prep.pair_gpu], minlength=D)
+    load_mw = np.bincount(prep.pair_dom, cap_mw[prep.pair_gpu], minlength=prep.D)
     over = np.nonzero((load_mw > lim_mw) & ~prep.in_deficit)[0]
-    cut_gpu = np.zeros(G, bool)  # GPUs the repair lowered (their job's rate is below s)
+    cut_gpu = np.zeros(prep.G, bool)  # GPUs the repair lowered (their job's rate is below s)
     if over.size:
         order = np.argsort(-prep.depth[over], kind="stable")
         members = {}
         for d in over[order]:
             if d not in members:
                 members[d] = prep.pair_gpu[prep.pair_dom == d]
-            gs = members[d]
-            excess = float(cap_mw[gs].sum() - lim_mw[d])
-            if excess <= 0:
-                continue
-            room = cap_mw[gs] - lo_mw[gs]
-            total = room.sum()
-            if total < excess:  # cannot happen unless the limit is within 1 mW of the minimums
-                cap_mw[gs] = lo_mw[gs]
-                alerts.append(f"domain {pb.domain_name(d)}: rounding left {excess - total:.0f} mW over")
-                continue
-            cut = np.minimum(room, np.ceil(room * (excess / total)))
-            # fix overshoot/undershoot of the proportional cut greedily
-            extra = excess - cut.sum()
-            if extra > 0:
-                idx = np.argsort(-(room - cut))
-                take = np.minimum(room[idx] - cut[idx], extra)
-                take = np.where(np.cumsum(take) - take < extra, take, 0)
-                cut[idx] += take
-            cap_mw[gs] -= cut
-            cut_gpu[gs[cut > 0]] = True
+            _repair_domain(pb, int(d), members[d], cap_mw, lo_mw, lim_mw, cut_gpu, alerts)
         if len(members):
             alerts.append(f"rounding repair lowered caps under {len(members)} domain(s)")
-    cap_w = cap_mw / 1000.0
-    load_w = np.bincount(prep.pair_dom, cap_w[prep.pair_gpu], minlength=D)
+    return cap_mw, cut_gpu
 
-    # ---- rates from the rounded caps
-    job = pb.job_of_gpu[jg]
-    rho = curve_rate(cap_w[jg], pb.curve_a[jg], pb.curve_k_w[jg], pb.curve_sat_w[jg]) * prep.sigma[jg]
-    job_rate, arg = _seg_min(rho, job, J)
-    job_rate = np.where(prep.has_gpu, np.minimum(job_rate, 1.0), 1.0)
-    slowest = np.where(arg >= 0, jg[np.maximum(arg, 0)], -1)
 
-    # ---- prices: complementary slackness. A domain with slack at the rounded caps has price 0
-    # (a solver stopped early may leave a positive multiplier on a slack domain).
+def _repair_domain(pb, d, gs, cap_mw, lo_mw, lim_mw, cut_gpu, alerts) -> None:
+    """Lower the caps of domain ``d``'s GPUs ``gs`` until their sum fits ``lim_mw[d]`` [mW].
+
+    The cut is proportional to each GPU's room above ``lo_mw`` (rounded up, the remainder given
+    greedily). Updates ``cap_mw`` and ``cut_gpu`` [G] in place; alerts if the room is too small."""
+    excess = float(cap_mw[gs].sum() - lim_mw[d])
+    if excess <= 0:
+        return
+    room = cap_mw[gs] - lo_mw[gs]
+    total = room.sum()
+    if total < excess:  # cannot happen unless the limit is within 1 mW of the minimums
+        cap_mw[gs] = lo_mw[gs]
+        alerts.append(f"domain {pb.domain_name(d)}: rounding left {excess - total:.0f} mW over")
+        return
+    cut = np.minimum(room, np.ceil(room * (excess / total)))
+    # fix overshoot/undershoot of the proportional cut greedily
+    extra = excess - cut.sum()
+    if extra > 0:
+        idx = np.argsort(-(room - cut))
+        take = np.minimum(room[idx] - cut[idx], extra)
+        take = np.where(np.cumsum(take) - take < extra, take, 0)
+        cut[idx] += take
+    cap_mw[gs] -= cut
+    cut_gpu[gs[cut > 0]] = True
+
+
+def _slack_prices(prep: Prep, price: np.ndarray, load_w: np.ndarray) -> np.ndarray:
+    """Domain prices [D] after complementary slackness at the rounded loads ``load_w`` [D] (W).
+
+    A domain with slack (beyond the < 1 mW per GPU that flooring loses) or no limit has price 0
+    (a solver stopped early may leave a positive multiplier on a slack domain); NaN in deficit."""
     price = np.nan_to_num(np.asarray(price, float))
     lim = prep.limit
-    n_under = np.bincount(prep.pair_dom, minlength=D)  # milliwatt flooring loses < 1 mW per GPU
+    n_under = np.bincount(prep.pair_dom, minlength=prep.D)  # milliwatt flooring loses < 1 mW per GPU
     slack_tol = 1.0 + 1e-3 * n_under + 1e-6 * np.where(np.isfinite(lim), np.abs(np.nan_to_num(lim, posinf=0.0)), 0.0)
     slack = np.isfinite(lim) & (load_w < lim - slack_tol)
     price = np.where(slack | ~np.isfinite(lim), 0.0, price)
-    price = np.where(prep.in_deficit, np.nan, price)
+    return np.where(prep.in_deficit, np.nan, price)
 
-    # ---- binding reasons, from the rates the rounded caps give (a repair may have cut a job
-    # below the solver's rate: then what binds is the domain that was repaired, not its s_max)
-    s_eff = np.asarray(s, float).copy()
-    if cut_gpu.any():
-        cut_jobs = np.unique(pb.job_of_gpu[cut_gpu & prep.in_job])
-        s_eff[cut_jobs] = np.minimum(s_eff[cut_jobs], job_rate[cut_jobs])
-    binding = [""] * J
-    # strongest priced domain per job: argmax over (domain, gpu) pairs of price * marginal watts
+
+def _strongest_domain(pb: AllocationProblem, prep: Prep, price: np.ndarray, jg: np.ndarray) -> np.ndarray:
+    """Per job [J]: the priced domain (price [D] > 0) above any of its GPUs with the highest
+    price, -1 for none. ``jg``: indices of the GPUs in a job."""
+    J = prep.J
     best_dom = np.full(J, -1, np.int64)
     if jg.size and np.any(np.nan_to_num(price) > 0):
         pj = pb.job_of_gpu[prep.pair_gpu]
@@ -324,8 +403,16 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
             _, a = _seg_min(-val, pj[sel], J)
             ok = a >= 0
             best_dom[ok] = prep.pair_dom[sel][a[ok]]
+    return best_dom
+
+
+def _bindings(pb: AllocationProblem, prep: Prep, s_eff: np.ndarray, best_dom: np.ndarray) -> list:
+    """Why each job is not faster (``AllocationResult.job_binding``, one string per job).
+
+    ``s_eff`` [J]: the rates the rounded caps give; ``best_dom`` [J]: from :func:`_strongest_domain`."""
+    binding = [""] * prep.J
     tol = 1e-7
-    for j in range(J):
+    for j in range(prep.J):
         if not prep.has_gpu[j]:
             binding[j] = "no_gpus"
             continue
@@ -342,12 +429,7 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
             binding[j] = f"domain:{pb.domain_name(int(best_dom[j]))}"
         else:
             binding[j] = "device_min"
-    feasible = not bool(prep.in_deficit.any())
-    return AllocationResult(
-        cap_w=cap_w, job_rate=job_rate, job_binding=binding, slowest_gpu=slowest,
-        domain_price=price, domain_load_w=load_w, domain_deficit_w=prep.deficit_w,
-        feasible=feasible, alerts=alerts, solve_time_s=time.perf_counter() - t0,
-        objective_value=job_objective(pb, job_rate), solver=solver, iterations=iterations)
+    return binding
 
 
 __all__ = ["prepare", "finalize", "Prep", "cap_at_rate", "job_objective", "ancestors", "LIMIT_MARGIN_W", "RATE_FLOOR"]

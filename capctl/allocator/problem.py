@@ -152,68 +152,12 @@ class AllocationProblem:
           = unlimited), optional "kind"}.
         Raises ValueError naming the offending item and field.
         """
-        if isinstance(jobs, Mapping):
-            job_items = [(str(k), float(v)) for k, v in jobs.items()]
-        else:
-            job_items = [(str(j["name"]), float(j.get("weight", 1.0))) for j in jobs]
+        job_items = _job_items(jobs)
         job_index = {n: i for i, (n, _) in enumerate(job_items)}
         if len(job_index) != len(job_items):
             raise ValueError("jobs: duplicate job name")
-        dom_index = {}
-        for i, d in enumerate(domains):
-            if d["name"] in dom_index:
-                raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
-            dom_index[d["name"]] = i
-        parent = []
-        for i, d in enumerate(domains):
-            p = d.get("parent")
-            if p is not None and p not in dom_index:
-                raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
-            parent.append(-1 if p is None else dom_index[p])
-        limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in domains]
-
-        G = len(gpus)
-        cols = {k: np.empty(G) for k in ("min_cap_w", "max_cap_w", "thermal_ceiling_w", "curve_a",
-                                          "curve_k_w", "curve_sat_w", "curve_min_w", "speed",
-                                          "prev_cap_w", "idle_cap_w")}
-        job_of = np.full(G, -1, dtype=np.int64)
-        dom_of = np.zeros(G, dtype=np.int64)
-        names = []
-        for g, spec in enumerate(gpus):
-            name = str(spec.get("name", g))
-            names.append(name)
-            try:
-                mn, mx = float(spec["min_cap_w"]), float(spec["max_cap_w"])
-            except KeyError as exc:
-                raise ValueError(f"gpus[{name}]: missing field {exc.args[0]!r}") from None
-            curve = spec.get("curve")
-            if curve is None:
-                model = spec.get("model", "H100")
-                if model not in DEFAULT_CURVES:
-                    raise ValueError(f"gpus[{name}].model: {model!r}, known {sorted(DEFAULT_CURVES)}")
-                curve = DEFAULT_CURVES[model]
-            elif isinstance(curve, Mapping):
-                curve = CurveParams(float(curve["a"]), float(curve["k_w"]), float(curve["sat_w"]),
-                                    float(curve.get("valid_min_w", mn)))
-            cols["min_cap_w"][g], cols["max_cap_w"][g] = mn, mx
-            tc = spec.get("thermal_ceiling_w")
-            cols["thermal_ceiling_w"][g] = math.inf if tc is None else float(tc)
-            cols["curve_a"][g], cols["curve_k_w"][g] = curve.a, curve.k_w
-            cols["curve_sat_w"][g], cols["curve_min_w"][g] = curve.sat_w, curve.valid_min_w
-            cols["speed"][g] = float(spec.get("speed", 1.0))
-            pc = spec.get("prev_cap_w")
-            cols["prev_cap_w"][g] = math.nan if pc is None else float(pc)
-            ic = spec.get("idle_cap_w", idle_cap_w)
-            cols["idle_cap_w"][g] = mn if ic is None else float(ic)
-            job = spec.get("job")
-            if job is not None:
-                if str(job) not in job_index:
-                    raise ValueError(f"gpus[{name}].job: unknown job {job!r}")
-                job_of[g] = job_index[str(job)]
-            dom = spec.get("domain")
-            if dom not in dom_index:
-                raise ValueError(f"gpus[{name}].domain: unknown domain {dom!r}")
-            dom_of[g] = dom_index[dom]
+        dom_index, parent, limit = _domain_tree(domains)
+        cols, job_of, dom_of, names = _gpu_columns(gpus, job_index, dom_index, idle_cap_w)
         return cls(
             **cols, job_of_gpu=job_of, domain_of_gpu=dom_of,
             job_weight=np.array([w for _, w in job_items], float),
@@ -227,6 +171,92 @@ class AllocationProblem:
 
 _GPU_FIELDS = {"min_cap_w", "max_cap_w", "thermal_ceiling_w", "curve_a", "curve_k_w", "curve_sat_w",
                "curve_min_w", "speed", "job_of_gpu", "prev_cap_w", "idle_cap_w", "domain_of_gpu"}
+
+
+def _job_items(jobs) -> list[tuple[str, float]]:
+    """(name, weight) per job from ``{name: weight}`` or a list of ``{"name", "weight"}`` dicts
+    (weight defaults to 1.0). Duplicates are left for the caller to reject."""
+    if isinstance(jobs, Mapping):
+        return [(str(k), float(v)) for k, v in jobs.items()]
+    return [(str(j["name"]), float(j.get("weight", 1.0))) for j in jobs]
+
+
+def _domain_tree(domains: Sequence[Mapping]) -> tuple[dict, list[int], list[float]]:
+    """(name -> index, parent index per domain (-1 root), limit [W] per domain (+inf none)).
+
+    Raises ValueError for a duplicate domain name or an unknown parent."""
+    dom_index = {}
+    for i, d in enumerate(domains):
+        if d["name"] in dom_index:
+            raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
+        dom_index[d["name"]] = i
+    parent = []
+    for i, d in enumerate(domains):
+        p = d.get("parent")
+        if p is not None and p not in dom_index:
+            raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
+        parent.append(-1 if p is None else dom_index[p])
+    limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in domains]
+    return dom_index, parent, limit
+
+
+def _gpu_columns(gpus: Sequence[Mapping], job_index: Mapping[str, int], dom_index: Mapping, idle_cap_w):
+    """Per-GPU arrays from the ``gpus`` dicts (fields as in :meth:`AllocationProblem.build`).
+
+    Returns (cols: field name -> float array [G] (watts for the *_w fields), job_of [G] (-1 idle),
+    dom_of [G] leaf domain index, names [G]). Raises ValueError naming the GPU and the field
+    (missing cap, unknown model, job or domain)."""
+    G = len(gpus)
+    cols = {k: np.empty(G) for k in ("min_cap_w", "max_cap_w", "thermal_ceiling_w", "curve_a",
+                                      "curve_k_w", "curve_sat_w", "curve_min_w", "speed",
+                                      "prev_cap_w", "idle_cap_w")}
+    job_of = np.full(G, -1, dtype=np.int64)
+    dom_of = np.zeros(G, dtype=np.int64)
+    names = []
+    for g, spec in enumerate(gpus):
+        name = str(spec.get("name", g))
+        names.append(name)
+        try:
+            mn, mx = float(spec["min_cap_w"]), float(spec["max_cap_w"])
+        except KeyError as exc:
+            raise ValueError(f"gpus[{name}]: missing field {exc.args[0]!r}") from None
+        curve = _gpu_curve(spec, name, mn)
+        cols["min_cap_w"][g], cols["max_cap_w"][g] = mn, mx
+        tc = spec.get("thermal_ceiling_w")
+        cols["thermal_ceiling_w"][g] = math.inf if tc is None else float(tc)
+        cols["curve_a"][g], cols["curve_k_w"][g] = curve.a, curve.k_w
+        cols["curve_sat_w"][g], cols["curve_min_w"][g] = curve.sat_w, curve.valid_min_w
+        cols["speed"][g] = float(spec.get("speed", 1.0))
+        pc = spec.get("prev_cap_w")
+        cols["prev_cap_w"][g] = math.nan if pc is None else float(pc)
+        ic = spec.get("idle_cap_w", idle_cap_w)
+        cols["idle_cap_w"][g] = mn if ic is None else float(ic)
+        job = spec.get("job")
+        if job is not None:
+            if str(job) not in job_index:
+                raise ValueError(f"gpus[{name}].job: unknown job {job!r}")
+            job_of[g] = job_index[str(job)]
+        dom = spec.get("domain")
+        if dom not in dom_index:
+            raise ValueError(f"gpus[{name}].domain: unknown domain {dom!r}")
+        dom_of[g] = dom_index[dom]
+    return cols, job_of, dom_of, names
+
+
+def _gpu_curve(spec: Mapping, name: str, mn: float) -> CurveParams:
+    """The GPU's rate curve: ``spec["curve"]`` (CurveParams or a dict with a, k_w, sat_w[,
+    valid_min_w], the latter defaulting to the minimum cap ``mn`` [W]), else its model's default.
+    Raises ValueError for an unknown model."""
+    curve = spec.get("curve")
+    if curve is None:
+        model = spec.get("model", "H100")
+        if model not in DEFAULT_CURVES:
+            raise ValueError(f"gpus[{name}].model: {model!r}, known {sorted(DEFAULT_CURVES)}")
+        return DEFAULT_CURVES[model]
+    if isinstance(curve, Mapping):
+        return CurveParams(float(curve["a"]), float(curve["k_w"]), float(curve["sat_w"]),
+                           float(curve.get("valid_min_w", mn)))
+    return curve
 
 
 def domain_depth(parent: np.ndarray) -> np.ndarray:

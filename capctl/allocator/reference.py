@@ -57,19 +57,11 @@ class ReferenceSolver:
         pb = problem
         self._key = self._structure(pb)
         self.jg = np.nonzero(pb.job_of_gpu >= 0)[0]
-        jg = self.jg
-        Ga = jg.size
-        self.jobs_with_gpu = np.unique(pb.job_of_gpu[jg])
-        remap = np.full(pb.n_jobs, -1, np.int64)
-        remap[self.jobs_with_gpu] = np.arange(self.jobs_with_gpu.size)
+        Ga = self.jg.size
+        self.jobs_with_gpu = np.unique(pb.job_of_gpu[self.jg])
         Jh = self.jobs_with_gpu.size
-        from ._core import ancestors
-        pdom, pgpu = ancestors(pb)
-        gpos = np.full(pb.n_gpus, -1, np.int64)
-        gpos[jg] = np.arange(Ga)
-        sel = gpos[pgpu] >= 0
         D = pb.n_domains
-        A = sp.csr_matrix((np.ones(int(sel.sum())), (pdom[sel], gpos[pgpu[sel]])), shape=(D, Ga))
+        A, S = _incidence(pb, self.jg, self.jobs_with_gpu)
         self._A = A
         self.p_sat = cp.Parameter(Ga)
         self.p_k = cp.Parameter(Ga, nonneg=True)
@@ -85,7 +77,6 @@ class ReferenceSolver:
             self.prob = None
             return
         P = self.p_sat - cp.multiply(self.p_k, self.x)
-        S = sp.csr_matrix((np.ones(Ga), (np.arange(Ga), remap[pb.job_of_gpu[jg]])), shape=(Ga, Jh))
         # s_lo <= s <= s_max are implied (rates at all-minimum / all-maximum caps); stating them
         # keeps the log barrier away from 0 and helps Clarabel on large jobs
         self.p_slo = cp.Parameter(Jh)
@@ -122,51 +113,81 @@ class ReferenceSolver:
         s_full = np.ones(pb.n_jobs)
         price = np.zeros(pb.n_domains)
         if self.prob is not None:
-            jg = self.jg
-            # powers enter the model in kW (keeps Clarabel's equilibration happy at cluster sums)
-            self.p_sat.value = pb.curve_sat_w[jg] / 1e3
-            self.p_k.value = pb.curve_k_w[jg] / 1e3
-            sig = prep.sigma[jg]
-            self.p_c1.value = sig * (1 + pb.curve_a[jg])
-            self.p_ca.value = sig * pb.curve_a[jg]
-            self.p_lo.value = prep.lo[jg] / 1e3
-            # a box of zero width (ceiling at the minimum, held GPUs) leaves no strict interior for
-            # the interior-point method: widen it by 1 mW; caps are clipped back to [lo, hi] after
-            self.p_hi.value = np.maximum(prep.hi[jg], prep.lo[jg] + 1e-3) / 1e3
-            B = prep.limit - prep.fixed_load - LIMIT_MARGIN_W
-            slack = self._A @ prep.hi[jg] + 1.0  # a bound that never binds, well scaled
-            B = np.where(np.isfinite(B) & ~prep.in_deficit, np.minimum(B, slack), slack)
-            self.p_B.value = B / 1e3
-            self.p_w.value = pb.job_weight[self.jobs_with_gpu]
-            self.p_tie.value = (TIE_BREAK * float(pb.job_weight.sum()) / max(1.0, float(np.sum(prep.hi[jg])) / 1e3)
-                                * pb.curve_k_w[jg] / 1e3)
-            smax = np.minimum(prep.s_max[self.jobs_with_gpu], 1.0)
-            slo = np.clip(prep.s_lo[self.jobs_with_gpu] * (1 - 1e-9), 0.0, smax)
+            slo, smax = self._set_parameters(pb, prep)
             opts = {"solver": cp.CLARABEL}
             opts.update(solver_opts)
-            # Clarabel occasionally stalls (InsufficientProgress) on large jobs with a speed
-            # spread; the same program with / without the implied rate bounds usually goes through
-            last = None
-            for lo_b, hi_b in ((slo, smax), (-np.ones_like(slo), np.ones_like(smax)),
-                               (np.zeros_like(slo), np.ones_like(smax)), (slo, np.ones_like(smax))):
-                self.p_slo.value, self.p_smax.value = lo_b, hi_b
-                try:
-                    self.prob.solve(**opts)
-                except cp.error.SolverError as exc:
-                    last = str(exc)
-                    continue
-                if self.prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
-                    last = None
-                    break
-                last = f"Clarabel status {self.prob.status}"
-            if last is not None:
-                raise ReferenceSolveError(last)
+            self._solve_with_fallbacks(slo, smax, opts)
             s = np.clip(self.s.value, prep.s_lo[self.jobs_with_gpu], prep.s_max[self.jobs_with_gpu])
             s_full[self.jobs_with_gpu] = s
             dual = self._dom_con.dual_value
             if dual is not None:
                 price = np.where(prep.in_deficit | ~np.isfinite(prep.limit), 0.0, np.maximum(np.asarray(dual), 0.0) / 1e3)
         return finalize(pb, prep, s_full, price, solver="reference", t0=t0)
+
+    def _set_parameters(self, pb: AllocationProblem, prep) -> tuple[np.ndarray, np.ndarray]:
+        """Load ``pb``'s values (powers in kW) into the cp.Parameters, except the rate bounds.
+
+        Returns (s_lo, s_max) [jobs with a GPU]: the implied rate bounds for
+        :meth:`_solve_with_fallbacks` (s_lo widened by 1e-9 relative, both clipped to [0, 1])."""
+        jg = self.jg
+        # powers enter the model in kW (keeps Clarabel's equilibration happy at cluster sums)
+        self.p_sat.value = pb.curve_sat_w[jg] / 1e3
+        self.p_k.value = pb.curve_k_w[jg] / 1e3
+        sig = prep.sigma[jg]
+        self.p_c1.value = sig * (1 + pb.curve_a[jg])
+        self.p_ca.value = sig * pb.curve_a[jg]
+        self.p_lo.value = prep.lo[jg] / 1e3
+        # a box of zero width (ceiling at the minimum, held GPUs) leaves no strict interior for
+        # the interior-point method: widen it by 1 mW; caps are clipped back to [lo, hi] after
+        self.p_hi.value = np.maximum(prep.hi[jg], prep.lo[jg] + 1e-3) / 1e3
+        B = prep.limit - prep.fixed_load - LIMIT_MARGIN_W
+        slack = self._A @ prep.hi[jg] + 1.0  # a bound that never binds, well scaled
+        B = np.where(np.isfinite(B) & ~prep.in_deficit, np.minimum(B, slack), slack)
+        self.p_B.value = B / 1e3
+        self.p_w.value = pb.job_weight[self.jobs_with_gpu]
+        self.p_tie.value = (TIE_BREAK * float(pb.job_weight.sum()) / max(1.0, float(np.sum(prep.hi[jg])) / 1e3)
+                            * pb.curve_k_w[jg] / 1e3)
+        smax = np.minimum(prep.s_max[self.jobs_with_gpu], 1.0)
+        slo = np.clip(prep.s_lo[self.jobs_with_gpu] * (1 - 1e-9), 0.0, smax)
+        return slo, smax
+
+    def _solve_with_fallbacks(self, slo: np.ndarray, smax: np.ndarray, opts: dict) -> None:
+        """Run Clarabel with the rate bounds (slo, smax), then looser ones if it fails.
+
+        Clarabel occasionally stalls (InsufficientProgress) on large jobs with a speed spread;
+        the same program with / without the implied rate bounds usually goes through. Raises
+        ReferenceSolveError with the last failure when no attempt reports an optimal solution."""
+        last = None
+        for lo_b, hi_b in ((slo, smax), (-np.ones_like(slo), np.ones_like(smax)),
+                           (np.zeros_like(slo), np.ones_like(smax)), (slo, np.ones_like(smax))):
+            self.p_slo.value, self.p_smax.value = lo_b, hi_b
+            try:
+                self.prob.solve(**opts)
+            except cp.error.SolverError as exc:
+                last = str(exc)
+                continue
+            if self.prob.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
+                last = None
+                break
+            last = f"Clarabel status {self.prob.status}"
+        if last is not None:
+            raise ReferenceSolveError(last)
+
+
+def _incidence(pb: AllocationProblem, jg: np.ndarray, jobs_with_gpu: np.ndarray):
+    """Sparse 0/1 incidence matrices over the job GPUs ``jg`` [Ga]: A [D, Ga] (domain at or above
+    the GPU) and S [Ga, Jh] (the GPU's job among ``jobs_with_gpu`` [Jh])."""
+    from ._core import ancestors
+    Ga = jg.size
+    remap = np.full(pb.n_jobs, -1, np.int64)
+    remap[jobs_with_gpu] = np.arange(jobs_with_gpu.size)
+    pdom, pgpu = ancestors(pb)
+    gpos = np.full(pb.n_gpus, -1, np.int64)
+    gpos[jg] = np.arange(Ga)
+    sel = gpos[pgpu] >= 0
+    A = sp.csr_matrix((np.ones(int(sel.sum())), (pdom[sel], gpos[pgpu[sel]])), shape=(pb.n_domains, Ga))
+    S = sp.csr_matrix((np.ones(Ga), (np.arange(Ga), remap[pb.job_of_gpu[jg]])), shape=(Ga, jobs_with_gpu.size))
+    return A, S
 
 
 def solve_reference(problem: AllocationProblem, **solver_opts) -> AllocationResult:

@@ -203,6 +203,43 @@ def _expected(types, unit: str | None) -> str:
     return " or ".join(words)
 
 
+_PATTERN_WORDS = {
+    "socket_path": "an absolute path (starting with /)",
+    "address": "unix:/absolute/path or host:port",
+    "admin_group": "a unix group name",
+    "status_group": "a unix group name",
+    "socket_group": "a unix group name",
+    "name": "a name of letters, digits and _ . : / -",
+}
+"""Key -> what its schema ``pattern`` asks for, in words (for a pattern mismatch)."""
+
+
+def _type_message(err: jsonschema.ValidationError, name: str, unit: str | None, last_key: str) -> str:
+    """Message for a ``type`` error at ``name`` (``unit``: the schema's x-unit), with a hint for
+    a string where a number of a unit belongs and a note for a boolean given as a number."""
+    instance = err.instance
+    text = f"{name}: expected {_expected(err.validator_value, unit)}, got {_show(instance)}"
+    if isinstance(instance, str):
+        hint = value_hint(last_key, instance)
+        if hint:
+            text += f"; {hint}"
+    elif isinstance(instance, bool) and "number" in str(err.validator_value):
+        text += " (a boolean is not a number)"
+    return text
+
+
+def _enum_message(err: jsonschema.ValidationError, name: str) -> str:
+    """Message for an ``enum`` error at ``name``: the allowed values, and a did-you-mean for text."""
+    instance = err.instance
+    allowed = err.validator_value
+    text = f"{name}: {_show(instance)} is not allowed; allowed: {', '.join(_show(a) for a in allowed)}"
+    if isinstance(instance, str):
+        guess = _suggest(instance, allowed)
+        if guess is not None:
+            text += f" (did you mean {guess!r}?)"
+    return text
+
+
 def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, bool]]:
     """Turn one jsonschema error into ``(path, message, at_key)`` items."""
     path = tuple(err.absolute_path)
@@ -218,22 +255,9 @@ def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, b
         where = dotted(path) if path else ""
         return [(path + (k,), unknown_key_message(str(k), known, instance[k], where), True) for k in extras]
     if kind == "type":
-        text = f"{name}: expected {_expected(err.validator_value, unit)}, got {_show(instance)}"
-        if isinstance(instance, str):
-            hint = value_hint(last_key, instance)
-            if hint:
-                text += f"; {hint}"
-        elif isinstance(instance, bool) and "number" in str(err.validator_value):
-            text += " (a boolean is not a number)"
-        return [(path, text, False)]
+        return [(path, _type_message(err, name, unit, last_key), False)]
     if kind == "enum":
-        allowed = err.validator_value
-        text = f"{name}: {_show(instance)} is not allowed; allowed: {', '.join(_show(a) for a in allowed)}"
-        if isinstance(instance, str):
-            guess = _suggest(instance, allowed)
-            if guess is not None:
-                text += f" (did you mean {guess!r}?)"
-        return [(path, text, False)]
+        return [(path, _enum_message(err, name), False)]
     if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[kind]
         suffix = f" {unit}" if unit else ""
@@ -244,14 +268,7 @@ def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, b
         hint = " (write version: 1)" if missing == ["version"] else ""
         return [(path, f"{name}: missing required key {k!r}{hint}", False) for k in missing]
     if kind == "pattern":
-        what = {
-            "socket_path": "an absolute path (starting with /)",
-            "address": "unix:/absolute/path or host:port",
-            "admin_group": "a unix group name",
-            "status_group": "a unix group name",
-            "socket_group": "a unix group name",
-            "name": "a name of letters, digits and _ . : / -",
-        }.get(last_key, f"text matching {err.validator_value}")
+        what = _PATTERN_WORDS.get(last_key, f"text matching {err.validator_value}")
         return [(path, f"{name}: {_show(instance)} is not allowed; expected {what}", False)]
     if kind in ("minLength", "maxLength"):
         return [(path, f"{name}: {_show(instance)} has a length outside {kind} {err.validator_value}", False)]
@@ -323,12 +340,40 @@ class _DomainDraft:
 
 
 def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_max) -> model.Domain | None:
+    """The checked domain tree of ``data`` (root limit set to ``budget_w`` [W]), or None when it
+    lists more than MAX_TOTAL_NODES nodes. Every other problem is reported to ``diag``."""
     raw = data.get("domains") or {"name": "cluster", "kind": "cluster"}
-    names: dict[str, tuple] = {}
-    owner: dict[str, tuple[str, tuple]] = {}  # node -> (domain name, path of its expression)
-    total = [0]
+    try:
+        draft = _DomainBuilder(diag, device_min, device_max).visit(raw, ("domains",), None, None, 0)
+    except _TooMany as too_many:
+        diag.error(too_many.path, f"{dotted(too_many.path)}: more than {MAX_TOTAL_NODES} nodes in the policy")
+        return None
+    root_limit = draft.limit_w if draft.limit_w is not None else budget_w
+    _check_limits(diag, draft, None, root_limit, draft.limit_w is not None)
+    root = _freeze(draft)
+    root = _replace(root, limit_w=float(budget_w))
+    return root
 
-    def expand(expr: str, expr_path: tuple, domain_name: str) -> list[str]:
+
+class _DomainBuilder:
+    """Turns the raw ``domains`` mapping into :class:`_DomainDraft` nodes, reporting to ``diag``.
+
+    Tracks domain names (each used once) and node owners (each node in exactly one domain)
+    across the whole tree; raises :class:`_TooMany` past MAX_TOTAL_NODES nodes.
+    """
+
+    def __init__(self, diag: _Diag, device_min, device_max) -> None:
+        self.diag = diag
+        self.device_min, self.device_max = device_min, device_max
+        self.names: dict[str, tuple] = {}
+        self.owner: dict[str, tuple[str, tuple]] = {}  # node -> (domain name, path of its expression)
+        self.total = 0
+
+    def expand(self, expr: str, expr_path: tuple, domain_name: str) -> list[str]:
+        """Node names of hostlist ``expr`` (at ``expr_path``) not already listed; [] on an error.
+
+        Raises _TooMany when the policy's node count passes MAX_TOTAL_NODES."""
+        diag = self.diag
         text = expr.strip()
         if not text:
             diag.error(expr_path, f"{dotted(expr_path)}: empty hostlist expression; give node names like gpu[001-032]")
@@ -345,35 +390,62 @@ def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_
         if bad:
             diag.error(expr_path, f"{dotted(expr_path)}: {_show(bad[0])} is not a valid node name (letters, digits, . _ -; no spaces)")
             return []
-        total[0] += len(names_)
-        if total[0] > MAX_TOTAL_NODES:
+        self.total += len(names_)
+        if self.total > MAX_TOTAL_NODES:
             raise _TooMany(expr_path)
+        return self._claim(names_, expr_path, domain_name)
+
+    def _claim(self, nodes: list[str], expr_path: tuple, domain_name: str) -> list[str]:
+        """Record ``nodes`` as owned by ``domain_name``; report the ones listed before (one error
+        per earlier expression). Returns the nodes not listed before, in order."""
         taken: dict[tuple, list[str]] = {}
         fresh = []
-        for node in names_:
-            if node in owner:
-                taken.setdefault(owner[node], []).append(node)
+        for node in nodes:
+            if node in self.owner:
+                taken.setdefault(self.owner[node], []).append(node)
             else:
-                owner[node] = (domain_name, expr_path)
+                self.owner[node] = (domain_name, expr_path)
                 fresh.append(node)
         for (other, other_path), dup in taken.items():
-            line, col = diag.positions.value(other_path)
+            line, col = self.diag.positions.value(other_path)
             shown = hostlist.collect_hostlist(dup)
             where = "earlier in this domain" if other == domain_name else f"in domain {other!r}"
-            diag.error(
+            self.diag.error(
                 expr_path,
                 f"{dotted(expr_path)}: node{'s' if len(dup) > 1 else ''} {shown} already listed {where} "
                 f"(line {line}, col {col}); each node belongs to exactly one domain",
             )
         return fresh
 
-    def visit(raw_domain: dict, path: tuple, parent_model, parent_gpus, depth: int) -> _DomainDraft:
+    def visit(self, raw_domain: dict, path: tuple, parent_model, parent_gpus, depth: int) -> _DomainDraft:
+        """Draft of ``raw_domain`` at ``path`` (``depth`` 0 = root) and, recursively, its children;
+        ``gpu_model`` and ``gpus_per_node`` are inherited from the parent when absent or null."""
         name = raw_domain["name"]
-        if name in names:
-            line, col = diag.positions.value(names[name] + ("name",))
+        kind = self._name_and_kind(raw_domain, path, depth)
+        gpu_model = self._gpu_model(raw_domain, path, parent_model)
+        gpus = raw_domain.get("gpus_per_node")
+        if gpus is None:  # absent or null: inherited
+            gpus = parent_gpus
+        raw_nodes = raw_domain.get("nodes")
+        nodes = self._nodes(raw_domain, path, kind)
+        children = [
+            self.visit(child, path + ("children", i), gpu_model, gpus, depth + 1)
+            for i, child in enumerate(raw_domain.get("children") or [])
+        ]
+        if depth > 0 and raw_nodes is None and not children and kind != "node":
+            self.diag.warn(path, f"{dotted(path)}: domain {name!r} holds no nodes")
+        return _DomainDraft(path, name, kind, raw_domain.get("limit_w"), gpu_model, gpus, nodes, children)
+
+    def _name_and_kind(self, raw_domain: dict, path: tuple, depth: int) -> str:
+        """Check the domain's name is unused and its kind allowed here; returns the kind (the root
+        defaults to 'cluster'; a missing kind elsewhere is an error, then treated as 'rack')."""
+        diag = self.diag
+        name = raw_domain["name"]
+        if name in self.names:
+            line, col = diag.positions.value(self.names[name] + ("name",))
             diag.error(path + ("name",), f"{dotted(path + ('name',))}: domain name {name!r} already used (line {line}, col {col})")
         else:
-            names[name] = path
+            self.names[name] = path
         kind = raw_domain.get("kind")
         if kind is None:
             if depth == 0:
@@ -383,90 +455,85 @@ def _build_domains(data: dict, diag: _Diag, budget_w: float, device_min, device_
                 kind = "rack"
         elif kind == "cluster" and depth > 0:
             diag.error(path + ("kind",), f"{dotted(path + ('kind',))}: only the root domain may be of kind 'cluster'; allowed here: {', '.join(model.DOMAIN_KINDS[1:])}")
+        return kind
+
+    def _gpu_model(self, raw_domain: dict, path: tuple, parent_model: str | None) -> str | None:
+        """The domain's GPU model (inherited when absent or null); warns on one given here whose
+        device limits are unknown."""
         gpu_model = raw_domain.get("gpu_model")
         if gpu_model is None:  # absent or null: inherited
             gpu_model = parent_model
         if "gpu_model" in raw_domain and gpu_model is not None:
-            low, high = device_limits_w(gpu_model, device_min, device_max)
+            low, high = device_limits_w(gpu_model, self.device_min, self.device_max)
             if low is None and high is None:
-                diag.warn(
+                self.diag.warn(
                     path + ("gpu_model",),
                     f"{dotted(path + ('gpu_model',))}: unknown GPU model {gpu_model!r}: device-limit checks skipped "
                     f"(known: {', '.join(KNOWN_DEVICE_LIMITS_W)})",
                 )
-        gpus = raw_domain.get("gpus_per_node")
-        if gpus is None:  # absent or null: inherited
-            gpus = parent_gpus
+        return gpu_model
+
+    def _nodes(self, raw_domain: dict, path: tuple, kind: str) -> list[str]:
+        """The domain's own nodes (hostlist string or list of them); a 'node' domain holds exactly
+        one node (its name when ``nodes`` is absent) and no children."""
+        diag = self.diag
+        name = raw_domain["name"]
         raw_nodes = raw_domain.get("nodes")
         errors_before = len(diag.errors)
         nodes: list[str] = []
         if isinstance(raw_nodes, str):
-            nodes = expand(raw_nodes, path + ("nodes",), name)
+            nodes = self.expand(raw_nodes, path + ("nodes",), name)
         elif isinstance(raw_nodes, list):
             for i, expr in enumerate(raw_nodes):
-                nodes.extend(expand(expr, path + ("nodes", i), name))
+                nodes.extend(self.expand(expr, path + ("nodes", i), name))
         if kind == "node":
             if raw_domain.get("children"):
                 diag.error(path + ("children",), f"{dotted(path + ('children',))}: a domain of kind 'node' cannot have child domains")
             if raw_nodes is None:
-                nodes = expand(name, path + ("name",), name)
+                nodes = self.expand(name, path + ("name",), name)
             elif len(nodes) != 1 and len(diag.errors) == errors_before:
                 diag.error(path + ("nodes",), f"{dotted(path + ('nodes',))}: a domain of kind 'node' holds exactly one node, got {len(nodes)}")
-        children = [
-            visit(child, path + ("children", i), gpu_model, gpus, depth + 1)
-            for i, child in enumerate(raw_domain.get("children") or [])
-        ]
-        if depth > 0 and raw_nodes is None and not children and kind != "node":
-            diag.warn(path, f"{dotted(path)}: domain {name!r} holds no nodes")
-        return _DomainDraft(path, name, kind, raw_domain.get("limit_w"), gpu_model, gpus, nodes, children)
+        return nodes
 
-    try:
-        draft = visit(raw, ("domains",), None, None, 0)
-    except _TooMany as too_many:
-        diag.error(too_many.path, f"{dotted(too_many.path)}: more than {MAX_TOTAL_NODES} nodes in the policy")
-        return None
 
-    root_limit = draft.limit_w if draft.limit_w is not None else budget_w
-
-    def check_limits(d: _DomainDraft, bound: tuple[float, str] | None) -> None:
-        own = d.limit_w if d.path != ("domains",) else root_limit
-        if d.path != ("domains",) and own is not None and bound is not None and own > bound[0]:
-            diag.error(
-                d.path + ("limit_w",),
-                f"{dotted(d.path + ('limit_w',))}: {format_number(own)} W is above the limit of enclosing domain "
-                f"{bound[1]!r} ({format_number(bound[0])} W); a child limit must not exceed its parent's",
-            )
-        if own is not None:
-            bound = (own, d.name)
-        child_limits = [c.limit_w for c in d.children]
-        if d.children and not d.nodes and all(x is not None for x in child_limits) and own is not None:
-            total = sum(child_limits)
-            if total < own:
-                where = d.path + ("limit_w",) if d.path != ("domains",) or draft.limit_w is not None else ("budget_w",)
-                diag.warn(
-                    where,
-                    f"{dotted(where)}: {format_number(own)} W can never be reached: the limits of domain "
-                    f"{d.name!r}'s children sum to {format_number(total)} W",
-                )
-        for child in d.children:
-            check_limits(child, bound)
-
-    check_limits(draft, None)
-
-    def freeze(d: _DomainDraft) -> model.Domain:
-        return model.Domain(
-            name=d.name,
-            kind=d.kind,
-            limit_w=float(d.limit_w) if d.limit_w is not None else None,
-            children=tuple(freeze(c) for c in d.children),
-            nodes=tuple(d.nodes),
-            gpu_model=d.gpu_model,
-            gpus_per_node=int(d.gpus_per_node) if d.gpus_per_node is not None else None,
+def _check_limits(diag: _Diag, d: _DomainDraft, bound: tuple[float, str] | None, root_limit, root_given: bool) -> None:
+    """Report child limits [W] above an enclosing domain's ``bound`` (limit, name) and warn where
+    the children's limits sum below their parent's. ``root_limit``: the root's effective limit
+    (its limit_w, else budget_w); ``root_given``: whether the root has its own limit_w."""
+    own = d.limit_w if d.path != ("domains",) else root_limit
+    if d.path != ("domains",) and own is not None and bound is not None and own > bound[0]:
+        diag.error(
+            d.path + ("limit_w",),
+            f"{dotted(d.path + ('limit_w',))}: {format_number(own)} W is above the limit of enclosing domain "
+            f"{bound[1]!r} ({format_number(bound[0])} W); a child limit must not exceed its parent's",
         )
+    if own is not None:
+        bound = (own, d.name)
+    child_limits = [c.limit_w for c in d.children]
+    if d.children and not d.nodes and all(x is not None for x in child_limits) and own is not None:
+        total = sum(child_limits)
+        if total < own:
+            where = d.path + ("limit_w",) if d.path != ("domains",) or root_given else ("budget_w",)
+            diag.warn(
+                where,
+                f"{dotted(where)}: {format_number(own)} W can never be reached: the limits of domain "
+                f"{d.name!r}'s children sum to {format_number(total)} W",
+            )
+    for child in d.children:
+        _check_limits(diag, child, bound, root_limit, root_given)
 
-    root = freeze(draft)
-    root = _replace(root, limit_w=float(budget_w))
-    return root
+
+def _freeze(d: _DomainDraft) -> model.Domain:
+    """The immutable :class:`model.Domain` tree of draft ``d`` (limits in watts as floats)."""
+    return model.Domain(
+        name=d.name,
+        kind=d.kind,
+        limit_w=float(d.limit_w) if d.limit_w is not None else None,
+        children=tuple(_freeze(c) for c in d.children),
+        nodes=tuple(d.nodes),
+        gpu_model=d.gpu_model,
+        gpus_per_node=int(d.gpus_per_node) if d.gpus_per_node is not None else None,
+    )
 
 
 class _TooMany(Exception):
@@ -485,8 +552,30 @@ def _f(value, default):
 
 
 def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max) -> model.Policy | None:
+    """Stage 2 (module docstring) on structurally valid ``data``: the Policy, or None with the
+    errors reported to ``diag``. ``device_min`` / ``device_max``: GPU model -> watts overrides."""
     domains_raw = data.get("domains") or {}
     root_limit = domains_raw.get("limit_w")
+    budget_w = _check_budget(data, diag, root_limit)
+    interval_s, lease_s = _check_lease(data, diag)
+    min_cap_w = data.get("min_cap_w")
+    caps = _check_cap_order(data, diag)
+
+    root = _build_domains(data, diag, float(budget_w), device_min, device_max)
+    if root is None:
+        return None
+    _check_device_limits(data, diag, root, caps, device_min, device_max)
+    _check_minimums(data, diag, root, min_cap_w, device_min)
+    socket_path = _check_socket_path(data, diag)
+    if diag.errors:
+        return None
+    return _make_policy(data, source, budget_w, root, interval_s, lease_s, root_limit, socket_path)
+
+
+def _check_budget(data: dict, diag: _Diag, root_limit) -> float:
+    """The cluster budget [W]: budget_w, else the root domain's limit_w [W] (``root_limit``).
+
+    Reports a missing budget (then 1.0 stands in) and a budget above the root limit."""
     budget_w = data.get("budget_w")
     if budget_w is None and root_limit is None:
         diag.error((), "missing budget_w: the cluster power budget in watts (or give domains.limit_w)")
@@ -498,7 +587,13 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
             ("budget_w",),
             f"budget_w: {format_number(budget_w)} W is above the root domain limit_w {format_number(root_limit)} W",
         )
+    return budget_w
 
+
+def _check_lease(data: dict, diag: _Diag) -> tuple[float, float]:
+    """(interval_s, lease_s) in seconds with their defaults (5 s; max(30 s, 3 intervals)).
+
+    Reports a lease not longer than the interval; warns on one shorter than two intervals."""
     interval_s = _f(data.get("interval_s"), 5.0)
     failsafe = data.get("failsafe") or {}
     lease_s = _f(failsafe.get("lease_s"), max(30.0, 3 * interval_s))
@@ -515,8 +610,15 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
             f"{dotted(lease_path)}: lease_s {format_number(lease_s)} s is less than two intervals "
             f"({format_number(2 * interval_s)} s): one late plan makes agents fall back",
         )
+    return interval_s, lease_s
 
+
+def _check_cap_order(data: dict, diag: _Diag) -> dict:
+    """The policy's caps, JSON path -> watts (None when absent; start_cap_w defaults to 300 W).
+
+    Reports every cap below min_cap_w."""
     min_cap_w = data.get("min_cap_w")
+    failsafe = data.get("failsafe") or {}
     caps = {
         ("min_cap_w",): min_cap_w,
         ("start_cap_w",): _f(data.get("start_cap_w"), 300.0),
@@ -531,12 +633,13 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
                     where,
                     f"{dotted(path)}: {format_number(value)} W is below min_cap_w {format_number(min_cap_w)} W",
                 )
+    return caps
 
-    root = _build_domains(data, diag, float(budget_w), device_min, device_max)
-    if root is None:
-        return None
 
-    # Device limits of every GPU model in the tree.
+def _check_device_limits(data: dict, diag: _Diag, root: model.Domain, caps: dict, device_min, device_max) -> None:
+    """Check ``caps`` (path -> watts, from :func:`_check_cap_order`) against the device limits of
+    every GPU model in the tree: below a minimum or min_cap_w above a maximum is an error, another
+    cap above a maximum a warning (agents clamp it)."""
     seen_models = []
     for d in root.walk():
         if d.gpu_model and d.gpu_model not in seen_models:
@@ -566,7 +669,9 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
                         f"of {gpu_model}; agents clamp it to {format_number(high)} W",
                     )
 
-    # Limits below the sum of minimum caps (infeasible).
+
+def _check_minimums(data: dict, diag: _Diag, root: model.Domain, min_cap_w, device_min) -> None:
+    """Report every domain whose limit [W] is below the sum of its GPUs' minimum caps (infeasible)."""
     for d in root.walk():
         limit = d.limit_w
         if limit is None:
@@ -584,6 +689,10 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
                 f"{d.name!r}: {gpus} GPUs need {format_number(floor_w)} W (deficit {format_number(floor_w - limit)} W)",
             )
 
+
+def _check_socket_path(data: dict, diag: _Diag) -> str:
+    """The agent socket path (default model.DEFAULT_SOCKET_PATH); reports % escapes other than
+    %n (node name) and %%."""
     agent = data.get("agent") or {}
     socket_path = agent.get("socket_path", model.DEFAULT_SOCKET_PATH)
     bad_escape = re.search(r"%(?:[^n%]|$)", re.sub(r"%[n%]", "", socket_path))
@@ -592,10 +701,14 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
             ("agent", "socket_path"),
             f"agent.socket_path: {_show(socket_path)} contains {bad_escape.group(0)!r}; allowed: %n (node name) and %%",
         )
+    return socket_path
 
-    if diag.errors:
-        return None
 
+def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval_s: float, lease_s: float,
+                 root_limit, socket_path: str) -> model.Policy:
+    """The :class:`model.Policy` of checked ``data`` with its defaults filled in (watts, seconds)."""
+    failsafe = data.get("failsafe") or {}
+    agent = data.get("agent") or {}
     weights = data.get("weights") or {}
     thermal = data.get("thermal") or {}
     prolog = data.get("prolog") or {}
@@ -610,7 +723,7 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
         slew_w=_f(data.get("slew_w"), None),
         idle_cap_w=_f(data.get("idle_cap_w"), None),
         start_cap_w=_f(data.get("start_cap_w"), 300.0),
-        min_cap_w=_f(min_cap_w, None),
+        min_cap_w=_f(data.get("min_cap_w"), None),
         failsafe=model.FailsafePolicy(lease_s=lease_s, safe_cap_w=_f(failsafe.get("safe_cap_w"), None)),
         prolog=model.PrologPolicy(
             on_unreachable=prolog.get("on_unreachable", "fail-open"), timeout_s=_f(prolog.get("timeout_s"), 5.0)
