@@ -165,39 +165,71 @@ def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dic
 def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_memory_s: float) -> SolveInputs:
     """Snapshot the registry and models into :class:`SolveInputs` (see module docstring).
 
-    The thermal ceilings of all GPUs come from one vectorized
-    :func:`~capctl.allocator.thermal.thermal_ceiling_w` call (same values as :func:`ceiling_w`
-    per GPU); the domain tree and its members are cached per policy and topology.
+    ``now_mono``: the registry clock (s); ``lease_s``: a node without a report for longer is stale
+    (s); ``ack_memory_s``: how long an acknowledged read-back counts (s). The thermal ceilings of
+    all GPUs come from one vectorized :func:`~capctl.allocator.thermal.thermal_ceiling_w` call (same
+    values as :func:`ceiling_w` per GPU); the domain tree and its members are cached per policy and
+    topology.
     """
     nodes = registry.nodes
-    node_names = sorted(nodes)
-    topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in node_names)
+    topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in sorted(nodes))
     domains, node_domain, members = _structure(policy, topology)
     jobs: dict[str, float] = {}
-    gpus: list[GpuInput] = []
-    policy_min = policy.min_cap_w
-    idle_policy = policy.idle_cap_w
-    curve_of = models.curve
-    # batched thermal ceilings: GPU positions and their (temp, R, tau, inlet, slowdown)
-    c_pos: list[int] = []
-    c_vals: list[tuple] = []
     weights: dict[tuple, float] = {}
+    rows = _GpuRows(policy, models, now_mono, ack_memory_s)
     for name, indices in topology:
         node = nodes[name]
         stale = node.stale(now_mono, lease_s)
-        thermal = models.thermal(name) if not stale else {}
-        job_of = {}
-        for b in node.bindings.values():
-            for i in b.gpu_indices:
-                job_of[i] = b.job_id
-            if b.job_id not in jobs:
-                wkey = (b.partition, b.account, b.qos)
-                w = weights.get(wkey)
-                if w is None:
-                    w = weights[wkey] = float(policy.job_weight(partition=b.partition or None, account=b.account or None,
-                                                                qos=b.qos or None))
-                jobs[b.job_id] = w
-        dom = node_domain[name]
+        job_of = _node_jobs(node, policy, jobs, weights)
+        rows.add_node(name, node, indices, node_domain[name], job_of, stale, models.thermal(name) if not stale else {})
+    gpus = rows.gpus
+    if rows.c_pos:
+        for pos, value in zip(rows.c_pos, ceilings_w(rows.c_vals, policy.interval_s, policy.thermal.margin_c)):
+            gpus[pos].thermal_ceiling_w = value
+    # jobs whose GPUs are all unknown to the registry cannot be allocated
+    used = {g.job for g in gpus if g.job}
+    jobs = {j: w for j, w in jobs.items() if j in used}
+    return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
+                       node_domain=node_domain, domain_members=members)
+
+
+def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
+    """GPU index -> job id of ``node``'s bindings; adds each new job's policy weight to ``jobs``
+    (``weights`` caches them per (partition, account, qos))."""
+    job_of = {}
+    for b in node.bindings.values():
+        for i in b.gpu_indices:
+            job_of[i] = b.job_id
+        if b.job_id not in jobs:
+            wkey = (b.partition, b.account, b.qos)
+            w = weights.get(wkey)
+            if w is None:
+                w = weights[wkey] = float(policy.job_weight(partition=b.partition or None, account=b.account or None,
+                                                            qos=b.qos or None))
+            jobs[b.job_id] = w
+    return job_of
+
+
+class _GpuRows:
+    """The :class:`GpuInput` list of :func:`build_inputs`, node by node, and the GPUs whose thermal
+    ceilings are to be computed: positions ``c_pos`` and ``(temp, R, tau, inlet, slowdown)`` rows."""
+
+    def __init__(self, policy, models, now_mono: float, ack_memory_s: float) -> None:
+        self.policy_min = policy.min_cap_w
+        self.idle_policy = policy.idle_cap_w
+        self.curve_of = models.curve
+        self.now_mono = now_mono
+        self.ack_memory_s = ack_memory_s
+        self.gpus: list[GpuInput] = []
+        self.c_pos: list[int] = []
+        self.c_vals: list[tuple] = []
+
+    def add_node(self, name: str, node, indices, dom: str, job_of: dict, stale: bool, thermal: dict) -> None:
+        """Append the GPUs ``indices`` of ``node`` (domain ``dom``): fixed at their accounted cap
+        (W) when the node is stale, without a reading, without limits or uncontrollable."""
+        gpus, c_pos, c_vals = self.gpus, self.c_pos, self.c_vals
+        policy_min, idle_policy, curve_of = self.policy_min, self.idle_policy, self.curve_of
+        now_mono, ack_memory_s = self.now_mono, self.ack_memory_s
         gpumap = node.gpus
         for idx in indices:
             g = gpumap[idx]
@@ -224,14 +256,6 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
                 key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
                 g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
             ))
-    if c_pos:
-        for pos, value in zip(c_pos, ceilings_w(c_vals, policy.interval_s, policy.thermal.margin_c)):
-            gpus[pos].thermal_ceiling_w = value
-    # jobs whose GPUs are all unknown to the registry cannot be allocated
-    used = {g.job for g in gpus if g.job}
-    jobs = {j: w for j, w in jobs.items() if j in used}
-    return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
-                       node_domain=node_domain, domain_members=members)
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
@@ -288,45 +312,15 @@ def build_problem(inputs: SolveInputs):
     from the GPU list (the same arrays :meth:`AllocationProblem.build` would make from one spec
     dict per GPU: curve None -> the H100 default, no ceiling -> +inf, fixed GPUs without a
     previous cap). Raises ValueError for an unknown job or domain, or a malformed value."""
-    from capctl.allocator.curves import DEFAULT_CURVES, CurveParams
     from capctl.allocator.problem import AllocationProblem
 
     gpus = inputs.gpus
     G = len(gpus)
     job_items = [(str(k), float(v)) for k, v in inputs.jobs.items()]
     job_index = {n: i for i, (n, _) in enumerate(job_items)}
-    dom_index = {}
-    for i, d in enumerate(inputs.domains):
-        if d["name"] in dom_index:
-            raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
-        dom_index[d["name"]] = i
-    parent = []
-    for i, d in enumerate(inputs.domains):
-        p = d.get("parent")
-        if p is not None and p not in dom_index:
-            raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
-        parent.append(-1 if p is None else dom_index[p])
-    limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in inputs.domains]
-    default_curve = DEFAULT_CURVES["H100"]
-    curves = []
-    for g in gpus:
-        c = g.curve
-        if c is None:
-            c = default_curve
-        elif isinstance(c, dict):
-            c = CurveParams(float(c["a"]), float(c["k_w"]), float(c["sat_w"]), float(c.get("valid_min_w", g.min_cap_w)))
-        curves.append(c)
-    names = [f"{g.key[0]}/{g.key[1]}" for g in gpus]
-    try:
-        job_of = np.fromiter((-1 if g.job is None else job_index[str(g.job)] for g in gpus), np.int64, G)
-    except KeyError as exc:
-        bad = next(g for g in gpus if g.job is not None and str(g.job) not in job_index)
-        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].job: unknown job {bad.job!r}") from exc
-    try:
-        dom_of = np.fromiter((dom_index[g.domain] for g in gpus), np.int64, G)
-    except KeyError as exc:
-        bad = next(g for g in gpus if g.domain not in dom_index)
-        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].domain: unknown domain {bad.domain!r}") from exc
+    dom_index, parent, limit = _domain_arrays(inputs.domains)
+    curves = _curves(gpus)
+    job_of, dom_of = _gpu_indices(gpus, job_index, dom_index)
     f = np.float64
     return AllocationProblem(
         min_cap_w=np.fromiter((g.min_cap_w for g in gpus), f, G),
@@ -345,10 +339,63 @@ def build_problem(inputs: SolveInputs):
         job_weight=np.array([w for _, w in job_items], float),
         domain_parent=np.array(parent, dtype=np.int64), domain_limit_w=np.array(limit, float),
         objective=inputs.objective, slew_w=None if inputs.slew_w is None else float(inputs.slew_w),
-        gpu_names=tuple(names), job_names=tuple(n for n, _ in job_items),
+        gpu_names=tuple(f"{g.key[0]}/{g.key[1]}" for g in gpus), job_names=tuple(n for n, _ in job_items),
         domain_names=tuple(str(d["name"]) for d in inputs.domains),
         domain_kinds=tuple(str(d.get("kind", "")) for d in inputs.domains),
     ).validate()
+
+
+def _domain_arrays(domains: list[dict]) -> tuple[dict[str, int], list[int], list[float]]:
+    """``(name -> position, parent position or -1, limit W or +inf)`` of the domain dicts.
+    Raises ValueError for a duplicate name or an unknown parent."""
+    dom_index = {}
+    for i, d in enumerate(domains):
+        if d["name"] in dom_index:
+            raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
+        dom_index[d["name"]] = i
+    parent = []
+    for i, d in enumerate(domains):
+        p = d.get("parent")
+        if p is not None and p not in dom_index:
+            raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
+        parent.append(-1 if p is None else dom_index[p])
+    limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in domains]
+    return dom_index, parent, limit
+
+
+def _curves(gpus: list[GpuInput]) -> list:
+    """The rate curve of every GPU: its model's, the H100 default when None, or built from a dict
+    (``a``, ``k_w``, ``sat_w``, optional ``valid_min_w``; W). Raises KeyError/ValueError for a
+    malformed dict."""
+    from capctl.allocator.curves import DEFAULT_CURVES, CurveParams
+
+    default_curve = DEFAULT_CURVES["H100"]
+    curves = []
+    for g in gpus:
+        c = g.curve
+        if c is None:
+            c = default_curve
+        elif isinstance(c, dict):
+            c = CurveParams(float(c["a"]), float(c["k_w"]), float(c["sat_w"]), float(c.get("valid_min_w", g.min_cap_w)))
+        curves.append(c)
+    return curves
+
+
+def _gpu_indices(gpus: list[GpuInput], job_index: dict, dom_index: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Job position (-1: idle) and domain position of every GPU. Raises ValueError naming the
+    first GPU with an unknown job or domain."""
+    G = len(gpus)
+    try:
+        job_of = np.fromiter((-1 if g.job is None else job_index[str(g.job)] for g in gpus), np.int64, G)
+    except KeyError as exc:
+        bad = next(g for g in gpus if g.job is not None and str(g.job) not in job_index)
+        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].job: unknown job {bad.job!r}") from exc
+    try:
+        dom_of = np.fromiter((dom_index[g.domain] for g in gpus), np.int64, G)
+    except KeyError as exc:
+        bad = next(g for g in gpus if g.domain not in dom_index)
+        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].domain: unknown domain {bad.domain!r}") from exc
+    return job_of, dom_of
 
 
 def minimum_needed_w(inputs: SolveInputs) -> float:

@@ -147,52 +147,59 @@ def _precheck_listen(address: str, flag: str = "--listen") -> None:
         UserInputError: ``cannot listen on ADDR: <reason>`` (address already in use, no such directory,
             not a socket, cannot assign requested address, unknown host).
     """
-    def fail(reason: str):
-        raise UserInputError(f"{flag}: cannot listen on {address}: {reason}")
-
     if address.startswith("unix-abstract:"):
         return
     if address.startswith("unix:"):
         path = address[len("unix:"):]
-        if path.startswith("//"):
-            path = path[2:]
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            fail(f"no such directory {parent}")
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            fail(exc.strerror or str(exc))
-        if not stat.S_ISSOCK(st.st_mode):
-            fail(f"{path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except OSError:
-            return  # stale socket file: gRPC replaces it
-        finally:
-            probe.close()
-        fail("address already in use (another process is serving on it)")
+        reason = _unix_listen_problem(path[2:] if path.startswith("//") else path)
+    else:
+        reason = _tcp_listen_problem(address)
+    if reason is not None:
+        raise UserInputError(f"{flag}: cannot listen on {address}: {reason}")
+
+
+def _unix_listen_problem(path: str) -> str | None:
+    """Why gRPC could not listen on the unix socket ``path`` (None when it can: absent, or a stale socket)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"no such directory {parent}"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISSOCK(st.st_mode):
+        return f"{path} exists and is not a socket"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:
+        return None  # stale socket file: gRPC replaces it
+    finally:
+        probe.close()
+    return "address already in use (another process is serving on it)"
+
+
+def _tcp_listen_problem(address: str) -> str | None:
+    """Why gRPC could not listen on ``HOST:PORT`` (None when one of its addresses binds, or none resolved)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
-        fail(f"unknown host {host!r} ({getattr(exc, 'strerror', None) or exc})")
+        return f"unknown host {host!r} ({getattr(exc, 'strerror', None) or exc})"
     errors = []
     for family, kind, proto, _, sockaddr in infos:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
             try:
                 s.bind(sockaddr)
-                return  # bindable (gRPC binds the first address that works)
+                return None  # bindable (gRPC binds the first address that works)
             except OSError as exc:
                 errors.append((exc.strerror or str(exc)).lower())
-    if errors:
-        fail(errors[0])
+    return errors[0] if errors else None
 
 
 def _local_address(listen: str) -> bool:
@@ -249,12 +256,15 @@ def _check_addresses(args) -> None:
 
 
 async def serve(args) -> int:
-    """Run the coordinator until SIGTERM/SIGINT. Returns the exit status."""
-    from coordinator import server as srv
+    """Run the coordinator until SIGTERM/SIGINT. Returns the exit status (0).
+
+    Raises:
+        UserInputError: a bad address, state directory, socket path or TLS/token file (exit 1).
+        PolicyError: the policy file is unreadable or invalid (exit 1 in :func:`main`).
+    """
+    from capctl.policy import load_policy
     from coordinator.loop import Coordinator
     from coordinator.metrics import Metrics
-    from coordinator.store import Store, StoreError
-    from capctl.policy import load_policy
 
     _check_addresses(args)
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
@@ -263,99 +273,164 @@ async def serve(args) -> int:
     metrics_addr = _metrics_addr(args)
     _check_state_dir(args.state_dir)
     _precheck_listen(args.listen)
-    store = Store(args.state_dir)
-    store_error = ""
-    try:
-        store.open()
-    except StoreError as exc:
-        store_error = str(exc)
-        log.error("%s; running on in-memory state (admin changes will not persist)", exc)
+    store, store_error = _open_store(args.state_dir)
     metrics = Metrics()
     coord = Coordinator(policy, os.path.abspath(args.policy), store=store, dry_run=args.dry_run,
                         store_error=store_error, metrics=metrics)
     metrics.attach(coord)
+    sockets = _Sockets(args)
+    servers, listen_addr, port = await _start_servers(coord, args, sockets, policy)
+    metrics_port = _serve_metrics(coord, metrics, metrics_addr)
+    from coordinator import server as srv
 
+    for s in servers:
+        await srv.set_serving(s, True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    metrics_at = f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None
+    _write_ready_file(args.ready_file, {
+        "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": sockets.admin,
+        "metrics": metrics_at, "metrics_port": metrics_port, "coordinator_id": coord.coordinator_id,
+        "dry_run": coord.dry_run, "state_dir": args.state_dir, "time_s": time.time(),
+    })
+    log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
+             coord.coordinator_id, listen_addr, f"unix:{sockets.admin}" if sockets.admin else "off",
+             metrics_at or "off", args.policy, coord.policy.budget_w, coord.interval_s,
+             ", DRY RUN" if coord.dry_run else "")
+    runner = asyncio.ensure_future(coord.run(stop))
+    await stop.wait()
+    await _shut_down(coord, servers, runner)
+    metrics.close()
+    store.close()
+    _remove(sockets.admin, sockets.status, args.ready_file)
+    log.info("stopped")
+    return 0
+
+
+def _remove(*paths: str | None) -> None:
+    """Unlink every path given (None and "" skipped; errors ignored)."""
+    for path in paths:
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _open_store(state_dir: str):
+    """The state database of ``state_dir`` and the error met opening it ("" when none): a broken
+    database is logged and the daemon runs on in-memory state."""
+    from coordinator.store import Store, StoreError
+
+    store = Store(state_dir)
+    try:
+        store.open()
+    except StoreError as exc:
+        log.error("%s; running on in-memory state (admin changes will not persist)", exc)
+        return store, str(exc)
+    return store, ""
+
+
+class _Sockets:
+    """The unix sockets of ``args``: admin (root-only admin RPCs) and status (read-only), None when off."""
+
+    def __init__(self, args) -> None:
+        self.admin = None if args.admin_socket in ("", "none") else args.admin_socket
+        self.status = args.status_socket if args.status_socket not in (None, "", "none") else None
+
+
+async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, str, int]:
+    """Build and start the gRPC servers: ``--listen`` (agents, read-only admin; TLS and token from
+    ``args``), the admin and status sockets (modes and groups from the policy). Returns (servers,
+    the bound listen address, its port).
+
+    Raises:
+        UserInputError: an address or socket that cannot be bound, or an unreadable TLS/token file.
+    """
     from capctl.security import authz
     from capctl.security import tls as tlsmod
+    from coordinator import server as srv
 
-    admin_socket = None if args.admin_socket in ("", "none") else args.admin_socket
-    status_socket = args.status_socket if args.status_socket not in (None, "", "none") else None
     tls_config = tlsmod.tls_from_args(args)
     credentials = tlsmod.server_credentials(tls_config) if tls_config is not None else None
     token = authz.load_token_file(args.admin_token_file) if args.admin_token_file else None
-    tcp_auth = authz.listener_authorizer(tls=credentials is not None, token=token, admin_socket=admin_socket)
+    tcp_auth = authz.listener_authorizer(tls=credentials is not None, token=token, admin_socket=sockets.admin)
     if credentials is None and not _local_address(args.listen):
         log.warning("--listen %s is a network address without TLS: anyone who can reach it may register as an "
                     "agent; give --tls-ca/--tls-cert/--tls-key (docs/security.md)", args.listen)
     admin_gid = _group_id("coordinator.admin_group", policy.coordinator.admin_group)
     status_gid = _group_id("coordinator.status_group", policy.coordinator.status_group)
-
-    servers = []
     try:
         listen_server, port = srv.build_server(coord, args.listen, tcp_auth, agent_link=True, credentials=credentials)
     except RuntimeError as exc:
         raise UserInputError(f"--listen: {exc}") from None
-    servers.append(listen_server)
+    servers = [listen_server]
     listen_addr = args.listen
     if not args.listen.startswith("unix") and port:
-        host = args.listen.rpartition(":")[0]
-        listen_addr = f"{host}:{port}"
-    if admin_socket:
-        servers.append(_unix_socket_server(coord, admin_socket, "--admin-socket",
-                                           authz.TrustedTransport(f"the admin socket unix:{admin_socket}")))
-    if status_socket:
+        listen_addr = f"{args.listen.rpartition(':')[0]}:{port}"
+    if sockets.admin:
+        servers.append(_unix_socket_server(coord, sockets.admin, "--admin-socket",
+                                           authz.TrustedTransport(f"the admin socket unix:{sockets.admin}")))
+    if sockets.status:
         servers.append(_unix_socket_server(
-            coord, status_socket, "--status-socket",
-            authz.NoOne(f"the admin socket (unix:{admin_socket})" if admin_socket else "the admin socket")))
+            coord, sockets.status, "--status-socket",
+            authz.NoOne(f"the admin socket (unix:{sockets.admin})" if sockets.admin else "the admin socket")))
     for s in servers:
         await s.start()
-    if admin_socket:
-        os.chmod(admin_socket, 0o600)
+    _socket_modes(sockets, admin_gid, status_gid)
+    return servers, listen_addr, port
+
+
+def _socket_modes(sockets: _Sockets, admin_gid: int | None, status_gid: int | None) -> None:
+    """Admin socket 0600 (0660 for the policy's admin group); status socket 0660 for the policy's
+    status group, else 0600."""
+    if sockets.admin:
+        os.chmod(sockets.admin, 0o600)
         if admin_gid is not None:  # policy coordinator.admin_group: its members are admins too
-            os.chown(admin_socket, -1, admin_gid)
-            os.chmod(admin_socket, 0o660)
-    if status_socket:
+            os.chown(sockets.admin, -1, admin_gid)
+            os.chmod(sockets.admin, 0o660)
+    if sockets.status:
         if status_gid is not None:  # policy coordinator.status_group: read-only status
-            os.chown(status_socket, -1, status_gid)
-            os.chmod(status_socket, 0o660)
+            os.chown(sockets.status, -1, status_gid)
+            os.chmod(sockets.status, 0o660)
         else:
-            os.chmod(status_socket, 0o600)
-    metrics_port = None
-    if metrics_addr is not None:
-        try:
-            metrics_port = metrics.serve(*metrics_addr)
-        except OSError as exc:  # metrics are not worth stopping the budget enforcement for
-            msg = f"metrics on {metrics_addr[0]}:{metrics_addr[1]} not served: {exc.strerror or exc}"
-            log.error("%s", msg)
-            coord.persistent_alerts["metrics"] = msg
-    for s in servers:
-        await srv.set_serving(s, True)
+            os.chmod(sockets.status, 0o600)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    ready = {
-        "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": admin_socket,
-        "metrics": f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None,
-        "metrics_port": metrics_port, "coordinator_id": coord.coordinator_id, "dry_run": coord.dry_run,
-        "state_dir": args.state_dir, "time_s": time.time(),
-    }
-    if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(ready, f)
-            os.replace(tmp, args.ready_file)
-        except OSError as exc:
-            log.error("--ready-file %s: %s (serving anyway)", args.ready_file, exc.strerror or exc)
-    log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
-             coord.coordinator_id, listen_addr, f"unix:{admin_socket}" if admin_socket else "off",
-             ready["metrics"] or "off", args.policy, coord.policy.budget_w, coord.interval_s,
-             ", DRY RUN" if coord.dry_run else "")
 
-    runner = asyncio.ensure_future(coord.run(stop))
-    await stop.wait()
+def _serve_metrics(coord, metrics, metrics_addr: tuple[str, int] | None) -> int | None:
+    """Serve Prometheus metrics on ``metrics_addr``; returns the bound port, or None when off or
+    when it cannot be bound (then logged and raised as an alert: enforcement goes on)."""
+    if metrics_addr is None:
+        return None
+    try:
+        return metrics.serve(*metrics_addr)
+    except OSError as exc:  # metrics are not worth stopping the budget enforcement for
+        msg = f"metrics on {metrics_addr[0]}:{metrics_addr[1]} not served: {exc.strerror or exc}"
+        log.error("%s", msg)
+        coord.persistent_alerts["metrics"] = msg
+        return None
+
+
+def _write_ready_file(path: str | None, ready: dict) -> None:
+    """Write ``ready`` as JSON to ``path`` atomically (logged, not raised, when it fails)."""
+    if not path:
+        return
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(ready, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("--ready-file %s: %s (serving anyway)", path, exc.strerror or exc)
+
+
+async def _shut_down(coord, servers: list, runner) -> None:
+    """Stop serving, stop the loop (at most :data:`STOP_TIMEOUT_S` s), close every agent stream,
+    stop the servers (grace period ``server.GRACE_S`` s)."""
+    from coordinator import server as srv
+
     log.info("shutting down")
     for s in servers:
         await srv.set_serving(s, False)
@@ -368,21 +443,6 @@ async def serve(args) -> int:
         if node.session is not None:
             node.session.close("coordinator shutting down")
     await asyncio.gather(*(s.stop(srv.GRACE_S) for s in servers), return_exceptions=True)
-    metrics.close()
-    store.close()
-    for path in (admin_socket, status_socket):
-        if path:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-    if args.ready_file:
-        try:
-            os.unlink(args.ready_file)
-        except OSError:
-            pass
-    log.info("stopped")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,11 @@ Dry run (``--dry-run`` or policy ``dry_run: true``): steps 1-3 run and are repor
 agents get only "hold" plans with ``dry_run = true``, no caps and no safe caps, so nothing changes on
 the devices (the lease is still renewed so that agents do not fall back while we watch).
 
+What is decided (steps 2-5: desired caps, safe caps, the decreases, the increases within headroom,
+the holds) is computed by the pure functions of :mod:`coordinator.decide` from a snapshot taken by
+:mod:`coordinator.observe`; :meth:`Coordinator.tick` does the I/O around them (models, plans,
+acknowledgements, ledger, view).
+
 Admin operations (:meth:`Coordinator.set_budget`, :meth:`Coordinator.reload_policy`) run on the
 same event loop; the budget persists in the state directory (:mod:`coordinator.store`).
 """
@@ -37,12 +42,11 @@ import statistics
 import time
 import uuid
 
-import numpy as np
-
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, planner
+from coordinator import allocation, decide, observe, planner
+from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.models import Models
 from coordinator.registry import Registry
 from coordinator.store import StoreError
@@ -59,10 +63,6 @@ LEDGER_PERIOD_S = 30.0
 NODE_FORGET_S = 86400.0
 """A node whose agent has not been heard of for this long (s) is forgotten: no longer counted.
 Its agent, if alive, fell back to its safe caps long ago (lease)."""
-REPLACED_WINDOW_S = 60.0
-REPLACED_MAX = 3
-"""More than ``REPLACED_MAX`` replacements of a node's open stream within ``REPLACED_WINDOW_S``
-seconds raise the "two agents claim node X?" alert (an agent restart replaces it once)."""
 GC_THRESHOLDS = (20000, 10, 10)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2
@@ -330,223 +330,127 @@ class Coordinator:
                     next_t = time.monotonic()
                     break
 
-    def _plan_arrays(self, inputs, desired, now) -> planner.PlanArrays:
-        """What the planner needs of every GPU of ``inputs``, read from the registry now, as
-        :class:`~coordinator.planner.PlanArrays` (one :class:`~coordinator.planner.GpuPlanInput`
-        per GPU, as arrays): desired (``desired``, else the accounted cap), observed (latest
-        enforced read-back), accounted, limit constraints, live (node connected and reporting, GPU
-        not fixed), last safe cap. GPUs that left the registry since the snapshot are left out."""
-        ack_mem = self.ack_memory_s()
-        lease = self.lease_s
-        nodes = self.registry.nodes
-        rows = []
-        keys = []
-        cur_name = None
-        gpumap: dict = {}
-        node_live = False
-        for gi in inputs.gpus:  # grouped by node (build_inputs order)
-            key = gi.key
-            if key[0] != cur_name:
-                cur_name = key[0]
-                node = nodes.get(cur_name)
-                gpumap = node.gpus if node is not None else {}
-                node_live = node is not None and node.session is not None and not node.stale(now, lease)
-            g = gpumap.get(key[1])
-            if g is None:
-                continue
-            acc = g.accounted_w(now, ack_mem)
-            keys.append(key)
-            rows.append((desired.get(key, acc), g.enforced_w if g.have_reading else acc, acc, g.min_cap_w, g.max_cap_w,
-                         1.0 if (node_live and not gi.fixed) else 0.0, g.safe_cap_w))
-        a = np.array(rows, dtype=float).reshape(-1, 7).T.copy()
-        return planner.PlanArrays(keys=keys, desired_w=a[0], observed_w=a[1], accounted_w=a[2], min_cap_w=a[3],
-                                  max_cap_w=a[4], live=a[5] > 0.5, prev_safe_w=a[6])
-
-    def _domain_specs(self, inputs) -> list[planner.DomainSpec]:
-        members = inputs.domain_members
-        out = []
-        for d in inputs.domains:
-            lim = d["limit_w"]
-            out.append(planner.DomainSpec(d["name"], d.get("kind", ""), None if lim is None or not math.isfinite(lim) else float(lim),
-                                          frozenset(members.get(d["name"], ()))))
-        return out
-
+    # -- one interval: snapshot -> decide -> send ----------------------------------------------
     async def tick(self) -> None:
-        """One reconcile interval (see module docstring)."""
+        """One reconcile interval (see module docstring): I/O around :mod:`coordinator.decide`.
+
+        Feeds the models, snapshots the problem, solves it in a worker thread, re-reads the fleet's
+        accounting (acknowledgements arrive during the solve), decides, sends phase 1, waits for its
+        acknowledgements (at most :meth:`ack_wait_s`), sends phase 2, then publishes the view."""
         t0 = time.monotonic()
+        problem = self._observe_problem()
+        solution = await asyncio.to_thread(decide.solve, problem)
+        self._record_solution(solution)
+        decision = decide.plan(solution, self._observations(problem))
+        if decision.waiting:
+            log.debug("holding caps until %s report(s)", ", ".join(sorted(decision.waiting)))
+        plans_sent = await self._send(decision, problem.inputs)
+        self._after_plans(decision)
+        self.tick_count += 1
+        self._publish(problem.inputs, solution.out, solution.desired_w, list(decision.alerts), time.monotonic() - t0,
+                      plans_sent)
+
+    def _observe_problem(self) -> decide.Problem:
+        """Feed the telemetry received since the last interval to the models, then snapshot the problem."""
         policy = self.policy
         reg = self.registry
         self.models.update(reg, policy.interval_s)
         self.models.forget_missing(reg)
-        now = reg.clock()
-        inputs = allocation.build_inputs(reg, self.models, policy, now, self.lease_s, self.ack_memory_s())
-        alerts: list[str] = self._watch_alerts(now)
-        try:
-            out = await asyncio.to_thread(allocation.solve, inputs)
-        except (ValueError, ArithmeticError) as exc:
-            log.error("solve failed: %s; holding every cap", exc)
-            alerts.append(f"solve failed: {exc}; caps held")
-            out = None
-        domains = self._domain_specs(inputs)
-        plans_sent = 0
-        if out is not None:
-            self.solve_s.append(out.solve_s)
-            if self.metrics is not None:
-                self.metrics.observe_solve(out.solve_s)
-            alerts.extend(out.alerts)
-            desired = out.desired_w
-        else:
-            desired = {gi.key: gi.accounted_w for gi in inputs.gpus}
-        now = reg.clock()
-        # planning on arrays (planner.*_arrays: the rules of planner.plan_decreases /
-        # plan_increases / safe_caps, one numpy pass per power domain instead of Python per GPU)
-        pa = self._plan_arrays(inputs, desired, now)
-        keys = pa.keys
-        doms = planner.domain_index(domains, keys)
-        live_pos = np.nonzero(pa.live)[0].tolist()
-        live_nodes = sorted({keys[i][0] for i in live_pos} |
-                            {n for n, node in reg.nodes.items() if node.session is not None and not node.stale(now, self.lease_s)})
-        targets0 = np.minimum(pa.desired_w, pa.accounted_w)
-        safe = planner.safe_caps_arrays(targets0, pa, doms, policy.failsafe.safe_cap_w).tolist()
-        safe_by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
-        for i in live_pos:
-            n, x = keys[i]
-            safe_by_node[n][x] = safe[i]
-        # a node that just said hello has not reported its caps yet (counted at its maximum limit):
-        # hold every cap until its first telemetry (at most one interval) instead of squeezing the
-        # others for a moment
-        waiting = [n for n, node in reg.nodes.items()
-                   if node.session is not None and node.gpus and not any(g.have_reading for g in node.gpus.values())
-                   and now - node.connected_mono < self.interval_s]
-        if waiting:
-            log.debug("holding caps until %s report(s)", ", ".join(sorted(waiting)))
-        # startup hold: policy nodes whose agents have not reported yet may be enforcing anything up
-        # to their maximum limit; until they report (or one lease after start, when an agent that
-        # still has not reported is presumed down and flagged) no cap is raised anywhere.
-        unreported = self._unreported_policy_nodes()
-        hold_increases = bool(unreported) and now - self._start_clock < self.lease_s
-        if unreported:
-            alerts.append(
-                f"{len(unreported)} policy node(s) have not reported ({', '.join(unreported[:5])}"
-                f"{', ...' if len(unreported) > 5 else ''}): "
-                + ("no cap is raised until they report or one lease has passed" if hold_increases
-                   else "their GPUs are not counted against the budget"))
-        if self.dry_run or out is None or waiting:
-            for n in live_nodes:
-                if self.dry_run:
-                    self.send_plan(n, "hold", {}, {}, dry_run=True)
-                else:
-                    self.send_plan(n, "hold", {}, safe_by_node.get(n, {}))
-                plans_sent += 1
-        else:
-            sel, caps_w = planner.plan_decreases_arrays(pa)
-            by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
-            for i, c in zip(sel.tolist(), caps_w.tolist()):
-                n, x = keys[i]
-                by_node[n][x] = c
-            waits = []
-            for n, caps in sorted(by_node.items()):
-                fut = self.send_plan(n, "decrease", caps, safe_by_node.get(n, {}))
-                plans_sent += 1
-                if fut is not None:
-                    waits.append(fut)
-            # nodes with no decrease and no GPU that could get an increase this interval (the
-            # candidate rule of plan_increases: desired above the read-back by more than the
-            # deadband) get their hold now rather than after the phase-1 wait: same plan, same
-            # safe caps, sooner. Should one become a candidate during the wait (a new read-back),
-            # it also gets its increase plan below.
-            held_early: set = set()
-            if waits:
-                if hold_increases:
-                    wanting: set = set()
-                else:
-                    target = np.minimum(np.maximum(pa.desired_w, pa.min_cap_w),
-                                        np.where(pa.max_cap_w > 0, pa.max_cap_w, np.inf))
-                    cand = np.nonzero(pa.live & ~(target <= pa.observed_w + planner.DEADBAND_W))[0].tolist()
-                    wanting = {keys[i][0] for i in cand}
-                for n in live_nodes:
-                    if n not in by_node and n not in wanting:
-                        self.send_plan(n, "hold", {}, safe_by_node.get(n, {}))
-                        plans_sent += 1
-                        held_early.add(n)
-                await asyncio.wait(waits, timeout=self.ack_wait_s())
-            now = reg.clock()
-            pa2 = self._plan_arrays(inputs, desired, now)
-            inc = {}
-            if not hold_increases:
-                doms2 = doms if pa2.keys == keys else planner.domain_index(domains, pa2.keys)
-                sel, caps_w = planner.plan_increases_arrays(pa2, doms2)
-                inc = {pa2.keys[i]: c for i, c in zip(sel.tolist(), caps_w.tolist())}
-            if inc:  # write-ahead: a restart must count these caps even for nodes not back yet
-                self._save_ledger(inc)
-            inc_by_node: dict[str, dict[int, float]] = collections.defaultdict(dict)
-            for (n, i), c in inc.items():
-                inc_by_node[n][i] = c
-            for n in live_nodes:
-                if n in inc_by_node:
-                    self.send_plan(n, "increase", inc_by_node[n], safe_by_node.get(n, {}))
-                    plans_sent += 1
-                elif n not in by_node and n not in held_early:
-                    self.send_plan(n, "hold", {}, safe_by_node.get(n, {}))
-                    plans_sent += 1
-        for key, want in zip(keys, pa.desired_w.tolist()):
-            node = reg.nodes.get(key[0])
+        return observe.problem(reg, self.models, policy, reg.clock(), self.lease_s, self.ack_memory_s())
+
+    def _observations(self, problem: decide.Problem) -> decide.Observations:
+        """``problem`` with the fleet's accounting and the settings in force now."""
+        return observe.observations(self.registry, problem, self.registry.clock(), dry_run=self.dry_run,
+                                    lease_s=self.lease_s, interval_s=self.interval_s,
+                                    ack_memory_s=self.ack_memory_s(), start_s=self._start_clock)
+
+    def _record_solution(self, solution: decide.Solution) -> None:
+        """Log the watch alerts (once) and a failed solve; record the solve's duration (s)."""
+        self._note_watch(dict(solution.watch))
+        out = solution.out
+        if out is None:
+            log.error("solve failed: %s; holding every cap", solution.error)
+            return
+        self.solve_s.append(out.solve_s)
+        if self.metrics is not None:
+            self.metrics.observe_solve(out.solve_s)
+
+    async def _send(self, decision: decide.Decision, inputs) -> int:
+        """Send ``decision``'s plans (``inputs``: its problem's); returns how many were sent. Holds
+        only unless the decision is APPLY."""
+        if decision.mode != decide.APPLY:
+            dry = decision.mode == decide.DRY_RUN
+            for n in decision.live_nodes:
+                self.send_plan(n, "hold", {}, {} if dry else decision.safe_for(n), dry_run=dry)
+            return len(decision.live_nodes)
+        sent, held_early = await self._send_phase1(decision)
+        inc = {} if decision.hold_increases else decide.plan_increases(decision, self._fleet_state(inputs))
+        if inc:  # write-ahead: a restart must count these caps even for nodes not back yet
+            self._save_ledger(inc)
+        inc_by_node = decide.increases_by_node(inc)
+        for n in decision.live_nodes:
+            if n in inc_by_node:
+                self.send_plan(n, "increase", inc_by_node[n], decision.safe_for(n))
+                sent += 1
+            elif n not in decision.decreases and n not in held_early:
+                self.send_plan(n, "hold", {}, decision.safe_for(n))
+                sent += 1
+        return sent
+
+    async def _send_phase1(self, decision: decide.Decision) -> tuple[int, frozenset]:
+        """Send the decreases; while any is in flight, hold the nodes with nothing to raise now
+        (same plan, same safe caps, sooner: should one become a candidate during the wait, it also
+        gets its increase plan) and wait for the acknowledgements (at most :meth:`ack_wait_s`, s).
+        Returns (plans sent, nodes held early)."""
+        sent = 0
+        waits = []
+        for n, caps in decision.decreases.items():
+            fut = self.send_plan(n, "decrease", caps, decision.safe_for(n))
+            sent += 1
+            if fut is not None:
+                waits.append(fut)
+        if not waits:
+            return sent, frozenset()
+        for n in decision.early_holds:
+            self.send_plan(n, "hold", {}, decision.safe_for(n))
+        await asyncio.wait(waits, timeout=self.ack_wait_s())
+        return sent + len(decision.early_holds), frozenset(decision.early_holds)
+
+    def _fleet_state(self, inputs) -> decide.FleetState:
+        """The fleet's accounting now, for the GPUs of ``inputs`` (the interval's problem)."""
+        return observe.fleet_state(self.registry, inputs, self.registry.clock(), self.lease_s,
+                                   self.ack_memory_s(), with_nodes=False)
+
+    def _after_plans(self, decision: decide.Decision) -> None:
+        """Record the targets, rewrite the node ledger when due, forget long-silent nodes."""
+        reg = self.registry
+        nodes = reg.nodes
+        for key, want in decision.desired_w.items():
+            node = nodes.get(key[0])
             g = node.gpus.get(key[1]) if node else None
             if g is not None:
                 g.target_w = want
-        reporting = frozenset(n for n, node in reg.nodes.items() if any(g.have_reading for g in node.gpus.values()))
+        reporting = frozenset(n for n, node in nodes.items() if any(g.have_reading for g in node.gpus.values()))
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
             self._ledger_nodes = reporting
         for name in reg.forget_silent(NODE_FORGET_S):
             log.warning("node %s forgotten: no agent contact for %.0f s", name, NODE_FORGET_S)
-        # deficits below minimum caps
-        if out is not None:
-            for name, deficit in out.domain_deficit_w.items():
-                if deficit > 0:
-                    alerts.append(f"domain {name}: minimum caps exceed its limit by {deficit:.0f} W")
-        self.tick_count += 1
-        self._publish(inputs, out, desired, alerts, time.monotonic() - t0, plans_sent)
 
     def _watch_alerts(self, now: float) -> list[str]:
-        """Alerts about the cluster's configuration, shown every interval while they hold and
-        logged at WARNING once (again only after they cleared and came back):
-
-        * a node whose agent registered but that the policy's domain tree does not list: it is
-          placed under the root (``Policy.domain_path``), so it counts against the cluster budget
-          only, outside every PDU/rack limit it may really be under;
-        * a node whose open stream was replaced by a new hello more than
-          :data:`REPLACED_MAX` times in :data:`REPLACED_WINDOW_S` seconds: two agents (two hosts,
-          or a copied ``--node``) claiming the same node take its stream in turns.
-        """
+        """The configuration alerts of the registry at ``now`` (s) (:func:`coordinator.decide.watch_alerts`),
+        each logged at WARNING once (again only after it cleared and came back)."""
         reg = self.registry
-        listed = set(self.policy.domains.all_nodes())
-        found: dict = {}
-        for name in sorted(reg.nodes):
-            if name not in listed and reg.nodes[name].gpus:
-                found[("unlisted", name)] = (
-                    f"node {name} is not in the policy: counted only against the cluster budget, outside every "
-                    "PDU/rack limit — fix the policy or the agent's --node")
-        for name, n in sorted(reg.replacements(REPLACED_WINDOW_S, now).items()):
-            if n > REPLACED_MAX:
-                found[("replaced", name)] = (f"two agents claim node {name}? its stream was replaced {n} times in "
-                                             f"{REPLACED_WINDOW_S:.0f} s")
+        found = decide.watch_alerts(self.policy, observe.node_gpus(reg), reg.replacements(REPLACED_WINDOW_S, now))
+        self._note_watch(found)
+        return list(found.values())
+
+    def _note_watch(self, found: dict) -> None:
+        """Log the alerts of ``found`` (key -> text) not already logged; forget the cleared ones."""
         for key, text in found.items():
             if key not in self._warned:
                 log.warning("%s", text)
         self._warned = set(found)
-        return list(found.values())
-
-    def _unreported_policy_nodes(self) -> list[str]:
-        """Nodes the policy lists whose agents have sent no telemetry (and no ledger entry counts)."""
-        reg = self.registry
-        out = []
-        for name in self.policy.domains.all_nodes():
-            node = reg.nodes.get(name)
-            if node is None or not node.gpus:
-                out.append(name)
-        return sorted(out)
-
     def _save_ledger(self, planned: dict) -> None:
         """Persist the node ledger: each GPU at max(accounted, ``planned`` cap) (W)."""
         if self.store is None or not self.store.ok:
@@ -718,80 +622,108 @@ class _Snapshot:
     plans_sent: int
 
 
+@dataclasses.dataclass
+class _Tally:
+    """What :func:`build_view` gathers over the nodes (W, s, degC), for its job and domain rows."""
+
+    accounted: dict = dataclasses.field(default_factory=dict)  # GPU key -> accounted cap (W)
+    draw: dict = dataclasses.field(default_factory=dict)  # GPU key -> power draw (W; 0 without a reading)
+    extras: list = dataclasses.field(default_factory=list)  # GpuExtra per GPU
+    node_means: list = dataclasses.field(default_factory=list)  # mean GPU temperature of each live node (degC)
+    stale_age: dict = dataclasses.field(default_factory=dict)  # node -> seconds since its last report (-1: never)
+    gpu_sets: dict = dataclasses.field(default_factory=dict)  # node -> its GPU indices
+    jobs_by_id: dict = dataclasses.field(default_factory=dict)  # job id -> its bindings
+    alerts: list = dataclasses.field(default_factory=list)
+
+
 def build_view(snap: _Snapshot) -> View:
     """The :class:`View` of one interval from its snapshot (pure; any thread)."""
     policy = snap.policy
     out = snap.out
-    desired = snap.desired
-    inputs = snap.inputs
-    now = snap.now
-    alerts = list(snap.alerts)
     st = pb.StatusReply(
         budget_w=policy.budget_w, interval_s=policy.interval_s, dry_run=snap.dry_run,
         policy_path=snap.policy_path, coordinator_id=snap.coordinator_id,
         last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
     )
-    ceil_of = {gi.key: gi.thermal_ceiling_w for gi in inputs.gpus}
-    accounted: dict = {}
-    draw: dict = {}
-    extras = []
-    node_means = []
-    stale_age = {}
-    gpu_sets: dict = {}
-    jobs_by_id: dict = {}
-    for name, stale, last_report_mono, simulated, bindings, rows in snap.nodes:
-        age = max(0.0, now - last_report_mono) if last_report_mono > -1e17 else -1.0
-        stale_age[name] = age
-        ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
-        job_of: dict = {}
-        for b in bindings:
-            jobs_by_id.setdefault(b.job_id, []).append(b)
-            for i in b.gpu_indices:
-                job_of.setdefault(i, b.job_id)
-        gpu_sets[name] = {r[0][0] for r in rows}
-        temps = []
-        for fields, acc, (th_n, th_t, th_p) in rows:
-            (idx, uuid_, have_reading, power_w, enforced_w, temp_c, slowdown_c, sm_clock, reasons, min_w, max_w,
-             cap_state, max_sm_clock, util, energy_j, error) = fields
-            key = (name, idx)
-            accounted[key] = acc
-            draw[key] = power_w if have_reading else 0.0
-            job = job_of.get(idx, "")
-            ns.gpus.add(
-                node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
-                power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
-                clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
-                thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=capstates.to_wire(cap_state or ("" if have_reading else capstates.NO_READING)),
-                max_sm_clock_mhz=max_sm_clock,
-            )
-            busy = util >= 20.0 and max_sm_clock > 0
-            extras.append(GpuExtra(
-                node=name, index=idx, uuid=uuid_, job_id=job,
-                thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,
-                throttle_intensity=max(0.0, 1.0 - sm_clock / max_sm_clock) if busy else 0.0,
-                hotspot_margin_c=(slowdown_c - temp_c) if (have_reading and slowdown_c > 0) else math.nan,
-                energy_j=energy_j,
-            ))
-            if have_reading:
-                temps.append(temp_c)
-                if cap_state and cap_state not in capstates.NORMAL:
-                    alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
-        if temps and not stale:
-            node_means.append(statistics.fmean(temps))
-        if stale and rows:
-            alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
-    st.allocated_w = sum(desired.get(k, v) for k, v in accounted.items())
-    st.enforced_w = sum(accounted.values())
-    st.draw_w = sum(draw.values())
-    # jobs
+    tally = _Tally(alerts=list(snap.alerts))
+    ceil_of = {gi.key: gi.thermal_ceiling_w for gi in snap.inputs.gpus}
+    for node in snap.nodes:
+        _add_node(st, tally, snap, node, ceil_of)
+    desired = snap.desired
+    st.allocated_w = sum(desired.get(k, v) for k, v in tally.accounted.items())
+    st.enforced_w = sum(tally.accounted.values())
+    st.draw_w = sum(tally.draw.values())
+    jobs_extra, lost = _add_jobs(st, tally, snap)
+    _add_domains(st, tally, snap)
+    all_alerts = snap.persistent_alerts + tally.alerts
+    seen: set = set()
+    st.alerts.extend([a for a in all_alerts if not (a in seen or seen.add(a))][:200])
+    means = tally.node_means
+    return View(
+        status=st, gpus=tuple(tally.extras), jobs=jobs_extra,
+        temp_spread_c=(max(means) - min(means)) if len(means) >= 2 else 0.0,
+        throughput_lost=lost, stale_age_s=tally.stale_age, tick_s=snap.tick_s, plans_sent=snap.plans_sent,
+    )
+
+
+def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) -> None:
+    """One node of the snapshot: its status row and GPUs, its GPU extras, its alerts (cap states
+    outside normal, stale). ``ceil_of``: GPU key -> thermal ceiling (W)."""
+    name, stale, last_report_mono, simulated, bindings, rows = node
+    desired = snap.desired
+    age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else -1.0
+    tally.stale_age[name] = age
+    ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
+    job_of: dict = {}
+    for b in bindings:
+        tally.jobs_by_id.setdefault(b.job_id, []).append(b)
+        for i in b.gpu_indices:
+            job_of.setdefault(i, b.job_id)
+    tally.gpu_sets[name] = {r[0][0] for r in rows}
+    temps = []
+    for fields, acc, (th_n, th_t, th_p) in rows:
+        (idx, uuid_, have_reading, power_w, enforced_w, temp_c, slowdown_c, sm_clock, reasons, min_w, max_w,
+         cap_state, max_sm_clock, util, energy_j, error) = fields
+        key = (name, idx)
+        tally.accounted[key] = acc
+        tally.draw[key] = power_w if have_reading else 0.0
+        job = job_of.get(idx, "")
+        ns.gpus.add(
+            node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
+            power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
+            clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
+            thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=capstates.to_wire(cap_state or ("" if have_reading else capstates.NO_READING)),
+            max_sm_clock_mhz=max_sm_clock,
+        )
+        busy = util >= 20.0 and max_sm_clock > 0
+        tally.extras.append(GpuExtra(
+            node=name, index=idx, uuid=uuid_, job_id=job,
+            thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,
+            throttle_intensity=max(0.0, 1.0 - sm_clock / max_sm_clock) if busy else 0.0,
+            hotspot_margin_c=(slowdown_c - temp_c) if (have_reading and slowdown_c > 0) else math.nan,
+            energy_j=energy_j,
+        ))
+        if have_reading:
+            temps.append(temp_c)
+            if cap_state and cap_state not in capstates.NORMAL:
+                tally.alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
+    if temps and not stale:
+        tally.node_means.append(statistics.fmean(temps))
+    if stale and rows:
+        tally.alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+
+
+def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
+    """The job rows; returns (job id -> :class:`JobExtra`, GPU-weighted mean of 1 - predicted rate)."""
+    policy, out, desired, inputs = snap.policy, snap.out, snap.desired, snap.inputs
     gpu_domains: dict = collections.defaultdict(list)
     for name, members in inputs.domain_members.items():
         for k in members:
             gpu_domains[k].append(name)
     jobs_extra = {}
     lost_num = lost_den = 0.0
-    for job_id, bindings in jobs_by_id.items():
-        keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in gpu_sets.get(b.node, ())]
+    for job_id, bindings in tally.jobs_by_id.items():
+        keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in tally.gpu_sets.get(b.node, ())]
         first = bindings[0]
         weight = float(policy.job_weight(partition=first.partition or None, account=first.account or None,
                                          qos=first.qos or None))
@@ -810,9 +742,14 @@ def build_view(snap: _Snapshot) -> View:
         if keys and out and job_id in out.job_rate:
             lost_num += len(keys) * max(0.0, 1.0 - rate)
             lost_den += len(keys)
-    # domains
-    for d in inputs.domains:
-        mem = inputs.domain_members.get(d["name"], set())
+    return jobs_extra, (lost_num / lost_den if lost_den else 0.0)
+
+
+def _add_domains(st, tally: _Tally, snap: _Snapshot) -> None:
+    """The domain rows: limit, allocated, accounted and drawn watts, price, deficit (W)."""
+    out, desired, accounted, draw = snap.out, snap.desired, tally.accounted, tally.draw
+    for d in snap.inputs.domains:
+        mem = snap.inputs.domain_members.get(d["name"], set())
         lim = d["limit_w"]
         st.domains.add(
             name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
@@ -821,15 +758,6 @@ def build_view(snap: _Snapshot) -> View:
             price_rate_per_w=finite(out.domain_price.get(d["name"], 0.0)) if out else 0.0,
             deficit_w=finite(out.domain_deficit_w.get(d["name"], 0.0)) if out else 0.0,
         )
-    all_alerts = snap.persistent_alerts + alerts
-    seen: set = set()
-    st.alerts.extend([a for a in all_alerts if not (a in seen or seen.add(a))][:200])
-    return View(
-        status=st, gpus=tuple(extras), jobs=jobs_extra,
-        temp_spread_c=(max(node_means) - min(node_means)) if len(node_means) >= 2 else 0.0,
-        throughput_lost=lost_num / lost_den if lost_den else 0.0, stale_age_s=stale_age, tick_s=snap.tick_s,
-        plans_sent=snap.plans_sent,
-    )
 
 
 def _deficit_from_message(text: str) -> float:

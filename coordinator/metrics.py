@@ -32,102 +32,135 @@ class ViewCollector:
     def describe(self):
         return []
 
-    def collect(self):  # noqa: C901 (one family per metric, flat on purpose)
+    def collect(self):
+        """Every family of the latest view: cluster, GPU, agent, domain, job and fleet figures."""
         view = self.coord.view
         st = view.status
-        g = lambda name, doc, labels=(): GaugeMetricFamily(name, doc, labels=list(labels))  # noqa: E731
-        for name, doc, value in (
-            ("capctl_budget_watts", "Cluster power budget in force (W).", st.budget_w),
-            ("capctl_allocated_watts", "Sum of allocated (desired) caps (W).", st.allocated_w),
-            ("capctl_enforced_watts", "Sum of the caps the GPUs may be enforcing (accounted caps, W).", st.enforced_w),
-            ("capctl_draw_watts", "Sum of GPU power draw (NVML power usage, W).", st.draw_w),
-            ("capctl_dry_run", "1 when the coordinator applies nothing (dry run).", 1.0 if st.dry_run else 0.0),
-            ("capctl_interval_seconds", "Reconcile interval (s).", st.interval_s),
-            ("capctl_last_solve_timestamp_seconds", "Unix time of the last solve (s).", st.last_solve_time_s),
-            ("capctl_reconcile_duration_seconds", "Duration of the last reconcile interval's work (s).", view.tick_s),
-            ("capctl_alerts", "Number of active alerts.", len(st.alerts)),
-        ):
-            family = g(name, doc)
-            family.add_metric([], value)
-            yield family
+        yield from _cluster_families(view)
+        yield from _gpu_families(view)
+        yield from _agent_families(st)
+        yield from _domain_families(st)
+        yield from _job_families(st)
+        yield from _fleet_families(view)
 
-        cap = g("capctl_gpu_cap_watts", "Allocated (desired) power cap of a GPU (W).", GPU_LABELS)
-        ecap = g("capctl_gpu_enforced_cap_watts", "Enforced power limit read back from NVML (W).", GPU_LABELS)
-        pw = g("capctl_gpu_power_watts", "GPU power draw, NVML power usage (W).", GPU_LABELS)
-        tmp = g("capctl_gpu_temperature_celsius", "GPU core temperature (degC).", GPU_LABELS)
-        clk = g("capctl_gpu_sm_clock_hertz", "SM clock (Hz).", GPU_LABELS)
-        ceil = g("capctl_gpu_thermal_ceiling_watts", "Largest cap the thermal model allows (W; absent when unbounded).", GPU_LABELS)
-        margin = g("capctl_gpu_hotspot_margin_celsius", "Slowdown temperature minus temperature (degC).", GPU_LABELS)
-        inten = g("capctl_gpu_throttle_intensity_ratio", "Clock lost vs the maximum SM clock, 1 - sm/max (0..1, busy GPUs).", GPU_LABELS)
-        thf = g("capctl_gpu_thermal_throttle_time_ratio",
-                "Fraction of telemetry samples in the last 60 s with a thermal slowdown reason (0..1).", GPU_LABELS)
-        pwf = g("capctl_gpu_power_throttle_time_ratio",
-                "Fraction of telemetry samples in the last 60 s with a power-cap reason (0..1).", GPU_LABELS)
-        energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
-                                     labels=GPU_LABELS)
-        extra = {(e.node, e.index): e for e in view.gpus}
-        for n in st.nodes:
-            for gs in n.gpus:
-                lab = [n.name, str(gs.index), gs.uuid]
-                cap.add_metric(lab, gs.cap_w)
-                ecap.add_metric(lab, gs.enforced_w)
-                pw.add_metric(lab, gs.power_w)
-                tmp.add_metric(lab, gs.temp_c)
-                clk.add_metric(lab, gs.sm_clock_mhz * 1e6)
-                if gs.thermal_ceiling_w > 0:
-                    ceil.add_metric(lab, gs.thermal_ceiling_w)
-                e = extra.get((n.name, gs.index))
-                if e is not None:
-                    if not math.isnan(e.hotspot_margin_c):
-                        margin.add_metric(lab, e.hotspot_margin_c)
-                    inten.add_metric(lab, e.throttle_intensity)
-                    thf.add_metric(lab, e.thermal_fraction)
-                    pwf.add_metric(lab, e.power_fraction)
-                    energy.add_metric(lab, e.energy_j)
-        yield from (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
 
-        stale = g("capctl_agent_staleness_seconds", "Seconds since the node's agent last reported.", ["node"])
-        up = g("capctl_agent_up", "1 when the node's agent is connected and reporting within its lease.", ["node"])
-        for n in st.nodes:
-            stale.add_metric([n.name], max(0.0, n.last_report_age_s))
-            up.add_metric([n.name], 0.0 if n.stale else 1.0)
-        yield from (stale, up)
+def _gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
 
-        lim = g("capctl_domain_limit_watts", "Power domain limit (W; absent when the domain has none).", ["domain", "kind"])
-        dal = g("capctl_domain_allocated_watts", "Sum of allocated caps in the domain (W).", ["domain", "kind"])
-        den = g("capctl_domain_enforced_watts", "Sum of accounted (possibly enforced) caps in the domain (W).", ["domain", "kind"])
-        ddr = g("capctl_domain_draw_watts", "Sum of GPU power draw in the domain (W).", ["domain", "kind"])
-        dpr = g("capctl_domain_price", "Marginal objective value of one more watt in the domain (per W).", ["domain", "kind"])
-        dde = g("capctl_domain_deficit_watts", "Minimum caps minus the domain limit when positive (W).", ["domain", "kind"])
-        for d in st.domains:
-            lab = [d.name, d.kind]
-            if d.limit_w > 0:
-                lim.add_metric(lab, d.limit_w)
-            dal.add_metric(lab, d.allocated_w)
-            den.add_metric(lab, d.enforced_w)
-            ddr.add_metric(lab, d.draw_w)
-            dpr.add_metric(lab, d.price_rate_per_w)
-            dde.add_metric(lab, d.deficit_w)
-        yield from (lim, dal, den, ddr, dpr, dde)
 
-        rate = g("capctl_job_predicted_step_rate", "Predicted synchronous step rate relative to uncapped (0..1).", ["job"])
-        jal = g("capctl_job_allocated_watts", "Sum of the job's allocated caps (W).", ["job"])
-        jw = g("capctl_job_weight", "Job weight from the policy.", ["job"])
-        jen = CounterMetricFamily("capctl_job_energy_joules", "Energy used by the job's GPUs since the coordinator saw it start "
-                                  "(NVML energy counter deltas, J).", labels=["job"])
-        for j in st.jobs:
-            rate.add_metric([j.job_id], j.predicted_step_rate)
-            jal.add_metric([j.job_id], j.allocated_w)
-            jw.add_metric([j.job_id], j.weight)
-            jen.add_metric([j.job_id], j.energy_j)
-        yield from (rate, jal, jw, jen)
+def _cluster_families(view):
+    """Cluster-wide gauges: budget, allocated, enforced and drawn watts, settings, durations (W, s)."""
+    st = view.status
+    for name, doc, value in (
+        ("capctl_budget_watts", "Cluster power budget in force (W).", st.budget_w),
+        ("capctl_allocated_watts", "Sum of allocated (desired) caps (W).", st.allocated_w),
+        ("capctl_enforced_watts", "Sum of the caps the GPUs may be enforcing (accounted caps, W).", st.enforced_w),
+        ("capctl_draw_watts", "Sum of GPU power draw (NVML power usage, W).", st.draw_w),
+        ("capctl_dry_run", "1 when the coordinator applies nothing (dry run).", 1.0 if st.dry_run else 0.0),
+        ("capctl_interval_seconds", "Reconcile interval (s).", st.interval_s),
+        ("capctl_last_solve_timestamp_seconds", "Unix time of the last solve (s).", st.last_solve_time_s),
+        ("capctl_reconcile_duration_seconds", "Duration of the last reconcile interval's work (s).", view.tick_s),
+        ("capctl_alerts", "Number of active alerts.", len(st.alerts)),
+    ):
+        family = _gauge(name, doc)
+        family.add_metric([], value)
+        yield family
 
-        spread = g("capctl_node_temperature_spread_celsius", "Max minus min over reporting nodes of the mean GPU temperature (degC).")
-        spread.add_metric([], view.temp_spread_c)
-        lost = g("capctl_throughput_lost_ratio",
-                 "Estimated throughput lost to capping: GPU-weighted mean over jobs of 1 - predicted step rate (0..1).")
-        lost.add_metric([], view.throughput_lost)
-        yield from (spread, lost)
+
+def _gpu_families(view):
+    """Per-GPU families (W, degC, Hz, ratios, J)."""
+    g = _gauge
+    cap = g("capctl_gpu_cap_watts", "Allocated (desired) power cap of a GPU (W).", GPU_LABELS)
+    ecap = g("capctl_gpu_enforced_cap_watts", "Enforced power limit read back from NVML (W).", GPU_LABELS)
+    pw = g("capctl_gpu_power_watts", "GPU power draw, NVML power usage (W).", GPU_LABELS)
+    tmp = g("capctl_gpu_temperature_celsius", "GPU core temperature (degC).", GPU_LABELS)
+    clk = g("capctl_gpu_sm_clock_hertz", "SM clock (Hz).", GPU_LABELS)
+    ceil = g("capctl_gpu_thermal_ceiling_watts", "Largest cap the thermal model allows (W; absent when unbounded).", GPU_LABELS)
+    margin = g("capctl_gpu_hotspot_margin_celsius", "Slowdown temperature minus temperature (degC).", GPU_LABELS)
+    inten = g("capctl_gpu_throttle_intensity_ratio", "Clock lost vs the maximum SM clock, 1 - sm/max (0..1, busy GPUs).", GPU_LABELS)
+    thf = g("capctl_gpu_thermal_throttle_time_ratio",
+            "Fraction of telemetry samples in the last 60 s with a thermal slowdown reason (0..1).", GPU_LABELS)
+    pwf = g("capctl_gpu_power_throttle_time_ratio",
+            "Fraction of telemetry samples in the last 60 s with a power-cap reason (0..1).", GPU_LABELS)
+    energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
+                                 labels=GPU_LABELS)
+    extra = {(e.node, e.index): e for e in view.gpus}
+    for n in view.status.nodes:
+        for gs in n.gpus:
+            lab = [n.name, str(gs.index), gs.uuid]
+            cap.add_metric(lab, gs.cap_w)
+            ecap.add_metric(lab, gs.enforced_w)
+            pw.add_metric(lab, gs.power_w)
+            tmp.add_metric(lab, gs.temp_c)
+            clk.add_metric(lab, gs.sm_clock_mhz * 1e6)
+            if gs.thermal_ceiling_w > 0:
+                ceil.add_metric(lab, gs.thermal_ceiling_w)
+            e = extra.get((n.name, gs.index))
+            if e is not None:
+                if not math.isnan(e.hotspot_margin_c):
+                    margin.add_metric(lab, e.hotspot_margin_c)
+                inten.add_metric(lab, e.throttle_intensity)
+                thf.add_metric(lab, e.thermal_fraction)
+                pwf.add_metric(lab, e.power_fraction)
+                energy.add_metric(lab, e.energy_j)
+    return (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
+
+
+def _agent_families(st):
+    """Per-node agent staleness (s) and up (0/1)."""
+    stale = _gauge("capctl_agent_staleness_seconds", "Seconds since the node's agent last reported.", ["node"])
+    up = _gauge("capctl_agent_up", "1 when the node's agent is connected and reporting within its lease.", ["node"])
+    for n in st.nodes:
+        stale.add_metric([n.name], max(0.0, n.last_report_age_s))
+        up.add_metric([n.name], 0.0 if n.stale else 1.0)
+    return (stale, up)
+
+
+def _domain_families(st):
+    """Per-domain limit, allocated, enforced and drawn watts, price (per W), deficit (W)."""
+    g = _gauge
+    lim = g("capctl_domain_limit_watts", "Power domain limit (W; absent when the domain has none).", ["domain", "kind"])
+    dal = g("capctl_domain_allocated_watts", "Sum of allocated caps in the domain (W).", ["domain", "kind"])
+    den = g("capctl_domain_enforced_watts", "Sum of accounted (possibly enforced) caps in the domain (W).", ["domain", "kind"])
+    ddr = g("capctl_domain_draw_watts", "Sum of GPU power draw in the domain (W).", ["domain", "kind"])
+    dpr = g("capctl_domain_price", "Marginal objective value of one more watt in the domain (per W).", ["domain", "kind"])
+    dde = g("capctl_domain_deficit_watts", "Minimum caps minus the domain limit when positive (W).", ["domain", "kind"])
+    for d in st.domains:
+        lab = [d.name, d.kind]
+        if d.limit_w > 0:
+            lim.add_metric(lab, d.limit_w)
+        dal.add_metric(lab, d.allocated_w)
+        den.add_metric(lab, d.enforced_w)
+        ddr.add_metric(lab, d.draw_w)
+        dpr.add_metric(lab, d.price_rate_per_w)
+        dde.add_metric(lab, d.deficit_w)
+    return (lim, dal, den, ddr, dpr, dde)
+
+
+def _job_families(st):
+    """Per-job predicted step rate (0..1), allocated watts, weight, energy (J)."""
+    rate = _gauge("capctl_job_predicted_step_rate", "Predicted synchronous step rate relative to uncapped (0..1).", ["job"])
+    jal = _gauge("capctl_job_allocated_watts", "Sum of the job's allocated caps (W).", ["job"])
+    jw = _gauge("capctl_job_weight", "Job weight from the policy.", ["job"])
+    jen = CounterMetricFamily("capctl_job_energy_joules", "Energy used by the job's GPUs since the coordinator saw it start "
+                              "(NVML energy counter deltas, J).", labels=["job"])
+    for j in st.jobs:
+        rate.add_metric([j.job_id], j.predicted_step_rate)
+        jal.add_metric([j.job_id], j.allocated_w)
+        jw.add_metric([j.job_id], j.weight)
+        jen.add_metric([j.job_id], j.energy_j)
+    return (rate, jal, jw, jen)
+
+
+def _fleet_families(view):
+    """Node temperature spread (degC) and estimated throughput lost to capping (0..1)."""
+    spread = _gauge("capctl_node_temperature_spread_celsius",
+                    "Max minus min over reporting nodes of the mean GPU temperature (degC).")
+    spread.add_metric([], view.temp_spread_c)
+    lost = _gauge("capctl_throughput_lost_ratio",
+                  "Estimated throughput lost to capping: GPU-weighted mean over jobs of 1 - predicted step rate (0..1).")
+    lost.add_metric([], view.throughput_lost)
+    return (spread, lost)
 
 
 class Metrics:

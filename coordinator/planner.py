@@ -92,7 +92,8 @@ def plan_increases(
 
     ``gpus`` must carry ``accounted_w`` as recorded after the phase-1 acknowledgements. A live GPU
     whose desired cap is above its read-back but not above its accounted cap (e.g. an increase of
-    an earlier interval not yet read back) is re-sent without using headroom.
+    an earlier interval not yet read back) is re-sent without using headroom. ``margin_w`` (W) is
+    kept free in every domain; ``passes``: water-filling passes at most.
     """
     gpus = list(gpus)
     doms = [d for d in domains if d.limit_w is not None]
@@ -105,6 +106,22 @@ def plan_increases(
         for i in member_of.get(g.key, ()):
             used[i] += g.accounted_w
     headroom = [max(0.0, d.limit_w - margin_w - used[i]) for i, d in enumerate(doms)]
+    out, want, base = _wanted_increases(gpus, deadband_w)
+    grant = _water_fill(want, headroom, member_of, passes)
+    gpu_by_key = {g.key: g for g in gpus}
+    for k, gr in grant.items():
+        g = gpu_by_key[k]
+        cap = clamp(base[k] + gr, g.min_cap_w, g.max_cap_w)
+        # floor to 1 mW so rounding never creates watts a domain does not have
+        cap = int(cap * 1000) / 1000.0
+        if cap > g.observed_w + deadband_w:
+            out[k] = cap
+    return out
+
+
+def _wanted_increases(gpus: list[GpuPlanInput], deadband_w: float) -> tuple[dict, dict, dict]:
+    """The increase candidates of :func:`plan_increases`: ``(re-sent caps, wanted watts above the
+    accounted cap, accounted cap)``, each keyed by GPU (W)."""
     want: dict[GpuKey, float] = {}
     base: dict[GpuKey, float] = {}
     out: dict[GpuKey, float] = {}
@@ -119,18 +136,25 @@ def plan_increases(
             continue
         want[g.key] = target - g.accounted_w
         base[g.key] = g.accounted_w
+    return out, want, base
+
+
+def _water_fill(want: dict, headroom: list[float], member_of: dict, passes: int) -> dict[GpuKey, float]:
+    """Grants (W) of the ``want``-ed watts within ``headroom`` (W per domain, consumed in place):
+    each pass scales every domain's demand down to its headroom; at most ``passes`` passes."""
     grant = dict.fromkeys(want, 0.0)
+    n_doms = len(headroom)
     for _ in range(passes):
         # GPUs under a full domain cannot get more: leave them out of every domain's demand
         rest = {k: w - grant[k] for k, w in want.items()
                 if w - grant[k] > 1e-9 and all(headroom[i] > 1e-9 for i in member_of.get(k, ()))}
         if not rest:
             break
-        demand = [0.0] * len(doms)
+        demand = [0.0] * n_doms
         for k, w in rest.items():
             for i in member_of.get(k, ()):
                 demand[i] += w
-        scale = [1.0 if demand[i] <= headroom[i] else headroom[i] / demand[i] for i in range(len(doms))]
+        scale = [1.0 if demand[i] <= headroom[i] else headroom[i] / demand[i] for i in range(n_doms)]
         progress = 0.0
         for k, w in rest.items():
             s = min((scale[i] for i in member_of.get(k, ())), default=1.0)
@@ -143,15 +167,7 @@ def plan_increases(
                 headroom[i] = max(0.0, headroom[i] - add)
         if progress <= 1e-6:
             break
-    gpu_by_key = {g.key: g for g in gpus}
-    for k, gr in grant.items():
-        g = gpu_by_key[k]
-        cap = clamp(base[k] + gr, g.min_cap_w, g.max_cap_w)
-        # floor to 1 mW so rounding never creates watts a domain does not have
-        cap = int(cap * 1000) / 1000.0
-        if cap > g.observed_w + deadband_w:
-            out[k] = cap
-    return out
+    return grant
 
 
 def safe_caps(

@@ -1,0 +1,227 @@
+"""The coordinator's decision step (:mod:`coordinator.decide`), called directly.
+
+Hand-built observations (registry objects made from plain values, snapshotted with
+:mod:`coordinator.observe` at a ``now`` passed in): no process, no stream, no sleep and no clock;
+the models have fixed clocks (no sample: the prior rate curve of every GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from capctl.policy.validate import parse_policy
+from coordinator import decide, observe
+from coordinator.models import Models
+from coordinator.planner import DEADBAND_W
+from coordinator.registry import Binding, GpuObs, NodeObs, Registry
+
+NOW = 1000.0
+LEASE_S = 10.0
+INTERVAL_S = 2.0
+ACK_MEMORY_S = 2.0
+
+
+def policy_text(budget_w: float, nodes: str = "node1,node2", pdu_w: float | None = None) -> str:
+    """Two GPUs per node, all under one PDU (limit ``pdu_w``, default the budget), W and s."""
+    pdu_w = budget_w if pdu_w is None else pdu_w
+    return f"""
+version: 1
+budget_w: {budget_w:g}
+interval_s: {INTERVAL_S:g}
+objective: proportional
+thermal: {{margin_c: 5}}
+slew_w: null
+idle_cap_w: 200
+min_cap_w: null
+failsafe: {{lease_s: {LEASE_S:g}, safe_cap_w: null}}
+weights: {{default: 1.0}}
+domains:
+  name: cluster
+  kind: cluster
+  gpu_model: H100-SXM
+  gpus_per_node: 2
+  children:
+    - {{name: pdu-a, kind: pdu, limit_w: {pdu_w:g}, nodes: "{nodes}"}}
+"""
+
+
+def add_node(reg: Registry, name: str, enforced_w: list[float], *, reading: bool = True, connected: bool = True,
+             report_age_s: float = 0.5, connected_age_s: float = 100.0) -> NodeObs:
+    """A node with one job over its GPUs (200..700 W devices), each enforcing ``enforced_w[i]``."""
+    node = NodeObs(name=name, session=object() if connected else None, last_report_mono=NOW - report_age_s,
+                   last_telemetry_mono=NOW - report_age_s, connected_mono=NOW - connected_age_s)
+    for i, e in enumerate(enforced_w):
+        node.gpus[i] = GpuObs(node=name, index=i, min_cap_w=200.0, max_cap_w=700.0, default_cap_w=700.0,
+                              slowdown_temp_c=87.0, have_reading=reading, power_w=e - 10.0 if reading else 0.0,
+                              cap_w=e if reading else 0.0, enforced_w=e if reading else 0.0, temp_c=60.0)
+    job = f"job-{name}"
+    node.bindings[job] = Binding(job, name, tuple(range(len(enforced_w))))
+    reg.nodes[name] = node
+    return node
+
+
+def registry(**nodes: list[float]) -> Registry:
+    reg = Registry(clock=lambda: NOW)
+    for name, enforced in nodes.items():
+        add_node(reg, name, enforced)
+    return reg
+
+
+def snapshot(reg: Registry, policy, *, now: float = NOW, dry_run: bool = False, start_s: float = 0.0):
+    models = Models(clock=lambda: 0.0, budget_clock=lambda: 0.0)
+    return observe.snapshot(reg, models, policy, now, dry_run=dry_run, lease_s=LEASE_S, interval_s=INTERVAL_S,
+                            ack_memory_s=ACK_MEMORY_S, start_s=start_s)
+
+
+def state(reg: Registry, obs: decide.Observations, now: float) -> decide.FleetState:
+    return observe.fleet_state(reg, obs.problem.inputs, now, LEASE_S, ACK_MEMORY_S)
+
+
+def test_budget_is_respected_by_the_desired_caps_and_every_excess_is_decreased():
+    reg = registry(node1=[700.0, 700.0], node2=[700.0, 700.0])
+    obs = snapshot(reg, parse_policy(policy_text(2000.0)))
+    d = decide.decide(obs)
+    assert d.mode == decide.APPLY and d.hold_reasons == ()
+    assert set(d.desired_w) == {("node1", 0), ("node1", 1), ("node2", 0), ("node2", 1)}
+    assert sum(d.desired_w.values()) <= 2000.0 + 1e-6
+    assert all(200.0 <= w <= 700.0 for w in d.desired_w.values())
+    assert sum(d.desired_w.values()) == pytest.approx(2000.0, abs=1.0)  # four busy GPUs use the whole budget
+    # every GPU is above its desired cap: all are lowered in phase 1, nothing is raised
+    assert d.decreases == {"node1": {0: d.desired_w[("node1", 0)], 1: d.desired_w[("node1", 1)]},
+                           "node2": {0: d.desired_w[("node2", 0)], 1: d.desired_w[("node2", 1)]}}
+    assert d.increase_candidates == frozenset() and d.early_holds == ()
+    assert decide.plan_increases(d, state(reg, obs, NOW + 0.1)) == {}
+    # the failsafe caps hold the budget too, were every agent to fall back at once
+    assert sum(c for caps in d.safe_caps.values() for c in caps.values()) <= 2000.0 + 1e-6
+    assert d.live_nodes == ("node1", "node2")
+
+
+def test_decreases_come_first_and_increases_only_within_the_headroom_as_accounted():
+    policy = parse_policy(policy_text(1800.0))
+    reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
+    obs = snapshot(reg, policy)
+    d = decide.decide(obs)
+    want = d.desired_w
+    assert sum(want.values()) <= 1800.0 + 1e-6
+    assert set(d.decreases) == {"node1"}  # phase 1: only the GPUs above their desired cap
+    assert d.decreases["node1"] == {0: want[("node1", 0)], 1: want[("node1", 1)]}
+    assert d.increase_candidates == frozenset({"node2"})
+    assert d.early_holds == ()  # node1 is lowered, node2 waits for phase 2
+    # phase 2 before any acknowledgement: the decreases still count at 700 W, the budget is spent
+    assert decide.plan_increases(d, state(reg, obs, NOW + 0.1)) == {}
+    # node1 acknowledged only GPU 0 (GPU 1 still enforces 700 W): the headroom is what GPU 0 freed
+    reg.nodes["node1"].gpus[0].enforced_w = want[("node1", 0)]
+    inc = decide.plan_increases(d, state(reg, obs, NOW + 0.2))
+    freed = 700.0 - want[("node1", 0)]
+    assert set(inc) == {("node2", 0), ("node2", 1)}
+    assert sum(inc.values()) - 400.0 <= freed + 1e-6
+    assert sum(inc.values()) == pytest.approx(400.0 + freed, abs=1e-2)  # all of it granted, in proportion
+    assert inc[("node2", 0)] == pytest.approx(inc[("node2", 1)], abs=1e-3)
+    # both acknowledged: node2 gets its desired caps, and the sum of caps respects the budget
+    reg.nodes["node1"].gpus[1].enforced_w = want[("node1", 1)]
+    inc = decide.plan_increases(d, state(reg, obs, NOW + 0.3))
+    assert inc == pytest.approx({("node2", 0): want[("node2", 0)], ("node2", 1): want[("node2", 1)]}, abs=1e-3)
+    assert want[("node1", 0)] + want[("node1", 1)] + sum(inc.values()) <= 1800.0 + 1e-6
+    assert decide.increases_by_node(inc).keys() == {"node2"}
+
+
+def test_same_observations_same_decision_and_nothing_to_send_at_the_desired_caps():
+    policy = parse_policy(policy_text(1800.0))
+    reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
+    obs = snapshot(reg, policy)
+    first = decide.decide(obs)
+    assert decide.decide(obs) == first  # same snapshot
+    assert decide.decide(snapshot(reg, policy)) == first  # a new snapshot of the same registry
+    # the fleet applied the decision (read back within the deadband): only holds are left
+    for (n, i), w in first.desired_w.items():
+        reg.nodes[n].gpus[i].enforced_w = w + (0.9 if i == 0 else -0.9) * DEADBAND_W
+    obs2 = snapshot(reg, policy)
+    again = decide.plan(first.solution, obs2)
+    assert again.decreases == {} and again.increase_candidates == frozenset()
+    assert again.early_holds == again.live_nodes == ("node1", "node2")
+    assert decide.plan_increases(again, obs2.state) == {}
+    # and a new solve of the converged fleet decides the same caps: still nothing to send
+    settled = decide.decide(obs2)
+    assert settled.desired_w == pytest.approx(first.desired_w, abs=1e-6)
+    assert settled.decreases == {} and settled.increase_candidates == frozenset()
+    assert decide.plan_increases(settled, obs2.state) == {}
+    assert decide.decide(obs2) == settled
+
+
+def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lease_passed():
+    policy = parse_policy(policy_text(1800.0, nodes="node1,node2,node3"))  # node3 never said hello
+    reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
+    obs = snapshot(reg, policy, start_s=NOW - 1.0)
+    d = decide.decide(obs)
+    assert d.mode == decide.APPLY and d.hold_increases
+    assert any(r.startswith("startup hold: 1 policy node(s)") for r in d.hold_reasons)
+    assert "1 policy node(s) have not reported (node3): no cap is raised until they report or one lease has passed" in d.alerts
+    assert set(d.decreases) == {"node1"}  # decreases are never held
+    assert d.increase_candidates == frozenset() and d.early_holds == ("node2",)
+    for gpu in reg.nodes["node1"].gpus.values():  # even with the headroom freed, nothing is raised
+        gpu.enforced_w = 200.0
+    assert decide.plan_increases(d, state(reg, obs, NOW + 0.2)) == {}
+    # one lease after the start the missing node is presumed down: increases resume
+    late = decide.decide(snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0))
+    assert not late.hold_increases and late.increase_candidates
+    assert "1 policy node(s) have not reported (node3): their GPUs are not counted against the budget" in late.alerts
+
+
+def test_a_stale_node_is_held_at_its_accounted_caps_and_gets_no_plan():
+    policy = parse_policy(policy_text(2000.0))
+    reg = registry(node1=[700.0, 700.0])
+    stale = add_node(reg, "node2", [600.0, 500.0], report_age_s=LEASE_S + 5.0)
+    stale.gpus[0].pending[9] = 650.0  # a cap sent, never acknowledged: counts at 650 W
+    d = decide.decide(snapshot(reg, policy))
+    assert d.desired_w[("node2", 0)] == 650.0 and d.desired_w[("node2", 1)] == 500.0
+    assert d.live_nodes == ("node1",)
+    assert "node2" not in d.decreases and "node2" not in d.safe_caps and "node2" not in d.increase_candidates
+    # the live node shares what the stale one leaves: the held caps are spent, never free
+    assert d.desired_w[("node1", 0)] + d.desired_w[("node1", 1)] <= 2000.0 - 1150.0 + 1e-6
+    assert sum(d.desired_w.values()) <= 2000.0 + 1e-6
+
+
+def test_a_node_without_its_first_telemetry_holds_every_cap_and_dry_run_applies_nothing():
+    policy = parse_policy(policy_text(1800.0))
+    reg = registry(node1=[700.0, 700.0])
+    add_node(reg, "node2", [0.0, 0.0], reading=False, connected_age_s=0.5)  # said hello just now
+    d = decide.decide(snapshot(reg, policy))
+    assert d.mode == decide.HOLD and d.waiting == ("node2",)
+    assert "waiting for the first telemetry of node2" in d.hold_reasons
+    assert d.decreases == {} and d.increase_candidates == frozenset()
+    assert d.desired_w[("node2", 0)] == d.desired_w[("node2", 1)] == 700.0  # counted at the maximum limit
+    assert d.safe_caps.keys() == {"node1"}  # holds still renew the lease with safe caps
+    dry = decide.decide(snapshot(registry(node1=[700.0, 700.0]), policy, dry_run=True))
+    assert dry.mode == decide.DRY_RUN and dry.decreases == {} and dry.hold_reasons[0].startswith("dry run")
+    assert decide.plan_increases(dry, snapshot(registry(node1=[200.0, 200.0]), policy).state) == {}
+
+
+def test_a_failed_solve_holds_every_cap_at_its_accounted_value():
+    policy = parse_policy(policy_text(1800.0))
+    reg = registry(node1=[700.0, 600.0])
+    obs = snapshot(reg, policy)
+    gpus = list(obs.problem.inputs.gpus)
+    gpus[0] = dataclasses.replace(gpus[0], domain="no-such-domain")  # a malformed problem
+    bad = dataclasses.replace(obs.problem, inputs=dataclasses.replace(obs.problem.inputs, gpus=gpus))
+    d = decide.plan(decide.solve(bad), obs)
+    assert d.mode == decide.HOLD and d.solution.out is None
+    assert d.desired_w == {("node1", 0): 700.0, ("node1", 1): 600.0}
+    assert any(a.startswith("solve failed: ") and a.endswith("; caps held") for a in d.alerts)
+    assert d.decreases == {}
+
+
+def test_deciding_reads_no_clock(monkeypatch):
+    policy = parse_policy(policy_text(1800.0))
+    obs = snapshot(registry(node1=[700.0, 700.0], node2=[200.0, 200.0]), policy)
+
+    def no_clock():
+        raise AssertionError("the decision step read a clock")
+
+    monkeypatch.setattr(time, "time", no_clock)
+    monkeypatch.setattr(time, "monotonic", no_clock)
+    d = decide.decide(obs)
+    assert decide.plan_increases(d, obs.state) == {}
+    assert d.now == NOW
