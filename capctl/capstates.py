@@ -2,7 +2,9 @@
 (protos/capctl/v1/capctl.proto, one doc line per value) and named here for the Python code.
 
 Inside capctl a state is its name (a ``str``: what status JSON, tables, logs and alerts show); on the
-wire it is the enum value. :func:`to_wire` / :func:`from_wire` convert at the protocol's edge.
+wire it is the enum value. :func:`wire_fields` / :func:`of` convert at the protocol's edge. Until
+every peer speaks the enum, messages also carry the name in the deprecated ``cap_state_name``
+field (peers from before the enum send and read only that), so a rolling upgrade keeps agreeing.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ ERROR = _name("ERROR")
 UNCONFIRMED = _name("UNCONFIRMED")
 NO_READING = _name("NO_READING")
 
-AGENT_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, SAFE_CAP, LOST, SET_FAILED, ERROR)
-"""States a node agent reports."""
 UNCONTROLLABLE = frozenset({SET_FAILED, ERROR, LOST, FOREIGN_WRITER})
 """States in which the coordinator holds a GPU at its accounted cap instead of optimizing it."""
 NORMAL = frozenset({OK, SAFE_CAP})
@@ -43,6 +43,20 @@ def to_wire(name: str) -> int:
         ValueError: a name the protocol does not define.
     """
     return 0 if not name else _ENUM.Value(name)
+
+
+def wire_fields(name: str) -> dict:
+    """Keyword arguments setting a message's cap state (``GpuTelemetry``, ``GpuStatus``): the enum
+    and, for peers from before it, the name."""
+    return {"cap_state": to_wire(name), "cap_state_name": name}
+
+
+def of(msg) -> str:
+    """The cap state name of a ``GpuTelemetry`` / ``GpuStatus``: the enum, else the name a peer
+    from before the enum sent ("" when neither is set)."""
+    if msg.cap_state:
+        return from_wire(msg.cap_state)
+    return msg.cap_state_name
 
 
 def from_wire(value: int) -> str:

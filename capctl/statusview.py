@@ -42,7 +42,7 @@ def gpu_dict(g) -> dict:
         "min_cap_w": _num(g.min_cap_w),
         "max_cap_w": _num(g.max_cap_w),
         "thermal_ceiling_w": _num(g.thermal_ceiling_w),
-        "cap_state": capstates.from_wire(g.cap_state),
+        "cap_state": capstates.of(g),
         "node": g.node,
     }
 

@@ -2,7 +2,7 @@
 with address resolution and gRPC errors mapped to :mod:`capctl.errors`.
 
 Used by the ``capctl`` CLI (through :func:`capctl.cli.rpc.admin_client`, which adds TLS and the
-admin token from the command line), the demo and the tests::
+admin token from the command line) and the tests::
 
     from coordinator.client import AdminClient
     with AdminClient("unix:/run/capctl/coordinator.sock") as c:

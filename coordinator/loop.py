@@ -692,8 +692,9 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
             power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
             clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
-            thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w), cap_state=capstates.to_wire(cap_state or ("" if have_reading else capstates.NO_READING)),
+            thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w),
             max_sm_clock_mhz=max_sm_clock,
+            **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),
         )
         busy = util >= 20.0 and max_sm_clock > 0
         tally.extras.append(GpuExtra(

@@ -375,16 +375,17 @@ class Registry:
         so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
         first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
         and a GPU that never had a reading stays fixed at its accounted cap."""
+        state = capstates.of(t)
         if not t.enforced_w > 0:
-            if t.cap_state:
-                g.cap_state = capstates.from_wire(t.cap_state)
+            if state:
+                g.cap_state = state
             g.error = t.error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
         g.enforced_w = t.enforced_w
-        if t.cap_state:
-            g.cap_state = capstates.from_wire(t.cap_state)
+        if state:
+            g.cap_state = state
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error

@@ -52,10 +52,9 @@ import grpc
 
 from capctl import lifeline
 from capctl.errors import CapctlError, UserInputError, run_for_person
-from nodeagent.agentstate import STATE_FILE  # noqa: F401 — re-exported (the agent's state file name)
 from nodeagent.jobs import JobBinding
 from nodeagent.link import AgentLinkClient
-from nodeagent.loop import AGENT_VERSION, BOOT_DEFAULT_TOLERANCE_W, AgentLoop  # noqa: F401 — re-exported
+from nodeagent.loop import AgentLoop
 
 log = logging.getLogger("capctl.agent")
 

@@ -132,7 +132,7 @@ def gpu_telemetry(s: GpuSample, *, state: str, job_ids: Sequence[str], error: st
         index=s.index, power_w=finite(s.power_w), cap_w=finite(s.cap_w), enforced_w=finite(s.enforced_w),
         temp_c=finite(s.temp_c), sm_clock_mhz=int(s.sm_clock_mhz or 0),
         clocks_event_reasons=list(s.clocks_event_reasons or ()), utilization_pct=finite(s.utilization_pct),
-        energy_j=finite(s.energy_j), job_id=",".join(job_ids), cap_state=capstates.to_wire(state),
+        energy_j=finite(s.energy_j), job_id=",".join(job_ids), **capstates.wire_fields(state),
         error=getattr(s, "error", None) or error, pre_job_cap_w=finite(pre_job_cap_w),
     )
 

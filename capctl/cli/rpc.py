@@ -21,13 +21,7 @@ from collections.abc import Iterator
 import grpc
 
 from capctl.errors import UserInputError
-from coordinator.client import (  # noqa: F401 — the CLI's names for the client API's
-    DEFAULT_COORDINATOR,
-    DEFAULT_TIMEOUT_S,
-    AdminClient,
-    coordinator_address,
-    map_rpc_error,
-)
+from coordinator.client import AdminClient, coordinator_address
 
 _CONNECTION: dict = {"tls": None, "token_file": None}
 """TLS config and token file from the command line (:func:`configure`); the environment otherwise."""

@@ -19,8 +19,6 @@ from pathlib import Path
 from capctl import lifeline
 from capctl.errors import CapctlError, UnreachableError
 
-AGENT_MAIN = "import sys; from nodeagent.daemon import main; sys.exit(main())"
-COORDINATOR_MAIN = "import sys; from coordinator.daemon import main; sys.exit(main())"
 AGENT_MODULE = "nodeagent.daemon"
 """Module of ``capctl-agent`` (see :func:`daemon_argv`: named processes, not ``python -c``)."""
 COORDINATOR_MODULE = "coordinator.daemon"

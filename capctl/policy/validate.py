@@ -33,7 +33,7 @@ import jsonschema
 from capctl.errors import UserInputError
 from capctl.policy import model
 from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
-from capctl.policy.minimums import minimum_w, per_gpu_minimum_w  # noqa: F401 — public here too
+from capctl.policy.minimums import minimum_w
 from capctl.policy.units import UNIT_NAMES, format_number, split_unit_key, value_hint
 from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
 

@@ -33,7 +33,7 @@ MAX_NAME_LEN = 253
 """Node / host name length (RFC 1035)."""
 MAX_JOB_ID_LEN = 128
 MAX_LABEL_LEN = 128
-"""user, partition, account, qos, versions."""
+"""user, partition, account, qos, versions, cap_state_name."""
 MAX_ERROR_LEN = 1024
 """Error strings carried in telemetry and acks."""
 MAX_CLOCK_REASONS = 32
@@ -120,7 +120,8 @@ def validate_gpu_telemetry(g, field: str = "gpus") -> str:
         return f"{field}[{g.index}].clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
     if len(g.error) > MAX_ERROR_LEN:
         return f"{field}[{g.index}].error: {len(g.error)} characters, at most {MAX_ERROR_LEN} allowed"
-    return check_label(g.job_id, f"{field}[{g.index}].job_id", MAX_LABEL_LEN * 8)  # cap_state: an enum
+    return _first(check_label(g.cap_state_name, f"{field}[{g.index}].cap_state_name"),
+                  check_label(g.job_id, f"{field}[{g.index}].job_id", MAX_LABEL_LEN * 8))
 
 
 def validate_hello(hello) -> str:

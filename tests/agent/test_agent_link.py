@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from capctl.capstates import from_wire as state_name
+from capctl.capstates import of as cap_state_of
 from tests.agent.fakecoord import FakeCoordinator
 from tests.support.processes import sim_node, start_agent, wait_until, write_policy
 
@@ -59,7 +59,7 @@ def test_hello_telemetry_plan_ack(rig):
     assert ack.ok, ack.error
     got = {g.index: g for g in ack.gpus}
     assert got[0].enforced_w == 420.0 and got[1].enforced_w == 333.5 and got[3].cap_w == g0["max_limit_w"]
-    assert state_name(got[0].cap_state) == "OK"
+    assert cap_state_of(got[0]) == "OK"
     assert node.read(0)["enforced_w"] == 420.0 and node.read(1)["limit_w"] == 333.5
     # a plan naming a GPU the node does not have: refused in the ack, the others applied
     seq = fc.push_plan("n1", {0: 410.0, 7: 300.0})
@@ -93,7 +93,7 @@ def test_lease_expiry_moves_to_safe_caps_never_up(rig):
     assert node.read(2)["limit_w"] == 450.0  # already at the safe cap
     assert node.read(0)["limit_w"] != node.read(0)["default_limit_w"]
     st = a.status()
-    states = {g.index: state_name(g.cap_state) for g in st.gpus}
+    states = {g.index: cap_state_of(g) for g in st.gpus}
     assert states[0] == "SAFE_CAP" and states[1] == "SAFE_CAP"
     assert states[3] == "OK"  # not managed: untouched
     assert node.read(3)["limit_w"] == node.read(3)["default_limit_w"]
@@ -104,7 +104,7 @@ def test_lease_expiry_moves_to_safe_caps_never_up(rig):
     seq = fc.push_plan("n1", {0: 480.0}, lease_s=30.0)
     wait_until(lambda: fc.ack_for(seq), 5, what="ack after expiry")
     assert node.read(0)["limit_w"] == 480.0
-    wait_until(lambda: {g.index: state_name(g.cap_state) for g in a.status().gpus}[0] == "OK", 5, what="state OK again")
+    wait_until(lambda: {g.index: cap_state_of(g) for g in a.status().gpus}[0] == "OK", 5, what="state OK again")
 
 
 def test_reconnect_resync_and_restart_keeps_bindings(rig, tmp_path):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import grpc
 
-from capctl.capstates import from_wire as state_name
+from capctl.capstates import of as cap_state_of
 from capctl.demo.processes import CoordinatorProc, ProcessGroup, start_agent, wait_until
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
@@ -239,7 +239,7 @@ class Sampler:
             if local.ready and not want <= have:
                 self._violation(f"agent {node} lost binding(s) {sorted(want - have)}")
             for g in local.gpus:
-                if state_name(g.cap_state) == "SAFE_CAP":
+                if cap_state_of(g) == "SAFE_CAP":
                     rig.safe_cap_seen.add(node)
 
 
@@ -390,7 +390,7 @@ class FaultRig:
     def wait_no_safe_caps(self, timeout_s: float = 10.0) -> None:
         """Wait until no agent reports a GPU in ``SAFE_CAP`` (leases renewed everywhere)."""
         def ok():
-            return not any(state_name(g.cap_state) == "SAFE_CAP" for a in self.agents.values() for g in a.status().gpus)
+            return not any(cap_state_of(g) == "SAFE_CAP" for a in self.agents.values() for g in a.status().gpus)
         wait_until(ok, timeout_s, 0.05, "no agent in its failsafe")
 
     def assert_invariants(self) -> None:

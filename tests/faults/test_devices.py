@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from capctl.capstates import from_wire as state_name
+from capctl.capstates import of as cap_state_of
 from capctl.demo.processes import wait_until
 from capctl.v1 import capctl_pb2 as pb
 from tests.faults.rig import DOMAINS, INTERVAL_S, NODES
@@ -51,7 +51,7 @@ def test_gpu_lost_is_counted_at_its_cap(rig):
         def reported_lost():
             st = rig.status()
             g = next(x for n in st.nodes if n.name == "n2" for x in n.gpus if x.index == 3)
-            return state_name(g.cap_state) == "LOST"
+            return cap_state_of(g) == "LOST"
         wait_until(reported_lost, 5.0, 0.05, "GPU n2/3 reported LOST")
         # the budget keeps counting the lost GPU at its cap: the others cannot take its watts
         time.sleep(4 * INTERVAL_S)
@@ -60,7 +60,7 @@ def test_gpu_lost_is_counted_at_its_cap(rig):
         assert sum(rig.enforced("n2")) <= DOMAINS["rack-b"][0] + 0.5
     finally:
         sim.clear(3, "gpu_lost")
-    wait_until(lambda: all(state_name(g.cap_state) in ("OK", "") for n in rig.status().nodes for g in n.gpus), 10.0, 0.1,
+    wait_until(lambda: all(cap_state_of(g) in ("OK", "") for n in rig.status().nodes for g in n.gpus), 10.0, 0.1,
                "GPU n2/3 back")
     rig.wait_settled()
 

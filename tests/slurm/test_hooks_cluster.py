@@ -15,7 +15,7 @@ from pathlib import Path
 import hostlist
 import pytest
 
-from capctl.capstates import from_wire as state_name
+from capctl.capstates import of as cap_state_of
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -307,14 +307,14 @@ def test_epilog_restore_failure_is_visible_and_retried(capctl_cluster):
         c.wait_nodes_idle(("n1",))
         assert_not_drained(c)
         # Visible: agent LocalStatus and the coordinator's status both say RESTORE_FAILED.
-        assert {g.index: state_name(g.cap_state) for g in c.agent_status("n1").gpus}[bad] == "RESTORE_FAILED"
-        wait_for(lambda: {g.index: state_name(g.cap_state) for g in
+        assert {g.index: cap_state_of(g) for g in c.agent_status("n1").gpus}[bad] == "RESTORE_FAILED"
+        wait_for(lambda: {g.index: cap_state_of(g) for g in
                           next(n for n in c.coordinator_status().nodes if n.name == "n1").gpus}.get(bad)
                  == "RESTORE_FAILED", 20, "coordinator shows RESTORE_FAILED")
         # Retried: once the GPU accepts writes again, the agent restores it by itself.
         sim.clear(bad, "set_no_permission")
         wait_for(lambda: c.sim_limits_w("n1")[bad] == c.pre_job_limit_w, 30, "restore retried")
-        wait_for(lambda: {g.index: state_name(g.cap_state) for g in c.agent_status("n1").gpus}[bad] == "OK", 20,
+        wait_for(lambda: {g.index: cap_state_of(g) for g in c.agent_status("n1").gpus}[bad] == "OK", 20,
                  "cap state back to OK")
     finally:
         try:
