@@ -24,6 +24,8 @@ log = logging.getLogger("capctl.agent")
 
 AGENT_VERSION = "0.1.0"
 BOOT_DEFAULT_TOLERANCE_W = 1.0
+PHASE_DECREASE = "decrease"
+"""``CapPlan.phase`` of the first phase of a reallocation: caps only come down (docs/protocol.md)."""
 """A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 WAKE_CHECK_S = 0.5
 """The loop wakes at least this often (s) so that a lease expiry is acted on promptly."""
@@ -140,6 +142,8 @@ class AgentLoop(AgentCore):
                 ok = False
                 continue
             wanted[c.index] = self._clamp(c.index, c.cap_w)
+        if plan.phase == PHASE_DECREASE:
+            self._hold_raises(wanted)
         for i, cap in wanted.items():
             self.allowed_w[i] = cap
             self.caps.set_restore_ceiling(i, cap)  # a held restore may rise to the new allowance
@@ -151,6 +155,20 @@ class AgentLoop(AgentCore):
                 errors.append(f"GPU {i}: {messages.result_error(r) if r is not None else 'not applied'}")
             self.desired_w[i] = cap
         return ok
+
+    def _hold_raises(self, wanted: dict[int, float]) -> None:
+        """Phase 1 of a plan only lowers caps: a cap above a GPU's current limit (W) is held at
+        that limit. The coordinator computed it from an accounting that is higher than the device
+        (the agent lowered the GPU itself since, e.g. a start cap), and raising it now, before the
+        other nodes' decreases, is how a cluster sum reached 3,300 W over a 3,200 W budget. The
+        ack reports the limit kept; the coordinator raises it in a phase 2, after its decreases."""
+        for i, cap in list(wanted.items()):
+            try:
+                current_w = self.backend.get_cap_w(i)
+            except CapctlError:
+                continue  # unreadable: the write below reports the GPU's error
+            if cap > current_w:
+                wanted[i] = current_w
 
     def on_disconnect(self) -> None:
         """The link went down: log whether the lease still holds (caps stay as they are)."""

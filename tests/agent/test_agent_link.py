@@ -82,7 +82,7 @@ def test_lease_expiry_moves_to_safe_caps_never_up(rig):
     a.wait_ready(20, connected=True)
     with a.client() as c:
         c.job_start("7", ["0", "1", "2"])  # minor numbers
-    seq = fc.push_plan("n1", {0: 500.0, 1: 260.0, 2: 450.0}, lease_s=1.0,
+    seq = fc.push_plan("n1", {0: 500.0, 1: 260.0, 2: 450.0}, lease_s=1.0, phase="increase",  # raises: phase 2
                        safe_caps={0: 300.0, 1: 350.0, 2: 450.0})
     wait_until(lambda: fc.ack_for(seq), 5, what="ack")
     assert node.read(0)["limit_w"] == 500.0
@@ -101,7 +101,7 @@ def test_lease_expiry_moves_to_safe_caps_never_up(rig):
     time.sleep(0.6)
     assert node.read(0)["limit_w"] == 300.0
     # a new plan renews the lease and leaves the failsafe
-    seq = fc.push_plan("n1", {0: 480.0}, lease_s=30.0)
+    seq = fc.push_plan("n1", {0: 480.0}, lease_s=30.0, phase="increase")
     wait_until(lambda: fc.ack_for(seq), 5, what="ack after expiry")
     assert node.read(0)["limit_w"] == 480.0
     wait_until(lambda: {g.index: cap_state_of(g) for g in a.status().gpus}[0] == "OK", 5, what="state OK again")
@@ -120,7 +120,7 @@ def test_reconnect_resync_and_restart_keeps_bindings(rig, tmp_path):
     ev = wait_until(lambda: [e for e in fc.events if e.WhichOneof("body") == "job_started"], 5, what="JobStarted")
     assert ev[0].job_started.binding.job_id == "100" and list(ev[0].job_started.binding.gpu_indices) == [2]
     assert ev[0].job_started.binding.user == "alice"
-    seq = fc.push_plan("n1", {2: 380.0})
+    seq = fc.push_plan("n1", {2: 380.0}, phase="increase")  # above the start cap: a phase-2 raise
     wait_until(lambda: fc.ack_for(seq), 5, what="ack")
 
     # coordinator restart on the same address: the agent reconnects and resyncs with a new hello
@@ -263,3 +263,23 @@ def test_job_end_never_restores_above_the_start_cap_the_coordinator_has_seen(rig
     fc.push_plan("n1", {2: 700.0, 3: 700.0}, phase="increase")  # the coordinator hands the watts back
     wait_until(lambda: [node.read(i)["enforced_w"] for i in (2, 3)] == [700.0, 700.0], 5,
                what="restore completed by the coordinator's plan")
+
+
+def test_a_decrease_plan_never_raises_a_gpu(rig):
+    """Regression (found by the enforced-limit journal: 3,300 W over a 3,200 W budget): the
+    coordinator, whose accounting still had a GPU at 700 W, sent 600 W in phase 1 to a GPU the
+    agent had already lowered to its 300 W start cap. Phase 1 only lowers: the cap is kept and
+    acked at 300 W; a phase-2 plan raises it."""
+    node, fc, agent = rig
+    policy = write_policy(node.path.parent / "p.yaml", nodes=["n1"], budget_w=2800, start_cap_w=300.0)
+    a = agent(policy=policy)
+    a.wait_ready(20, connected=True)
+    with a.client() as c:
+        assert c.job_start("9", ["0", "1"]).ok
+    seq = fc.push_plan("n1", {0: 600.0, 1: 250.0, 2: 650.0}, phase="decrease")
+    ack = wait_until(lambda: fc.ack_for(seq), 5, what="ack")
+    got = {g.index: g.enforced_w for g in ack.gpus}
+    assert got == {0: 300.0, 1: 250.0, 2: 650.0}  # 0 held at its start cap, 1 and 2 lowered
+    seq = fc.push_plan("n1", {0: 600.0}, phase="increase")
+    ack = wait_until(lambda: fc.ack_for(seq), 5, what="ack")
+    assert {g.index: g.enforced_w for g in ack.gpus} == {0: 600.0}
