@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from capctl import capstates
+from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
 
 GpuKey = tuple[str, int]
@@ -318,7 +319,7 @@ def build_problem(inputs: SolveInputs):
     G = len(gpus)
     job_items = [(str(k), float(v)) for k, v in inputs.jobs.items()]
     job_index = {n: i for i, (n, _) in enumerate(job_items)}
-    dom_index, parent, limit = _domain_arrays(inputs.domains)
+    dom_index, parent, limit = domain_tree(inputs.domains)
     curves = _curves(gpus)
     job_of, dom_of = _gpu_indices(gpus, job_index, dom_index)
     f = np.float64
@@ -343,24 +344,6 @@ def build_problem(inputs: SolveInputs):
         domain_names=tuple(str(d["name"]) for d in inputs.domains),
         domain_kinds=tuple(str(d.get("kind", "")) for d in inputs.domains),
     ).validate()
-
-
-def _domain_arrays(domains: list[dict]) -> tuple[dict[str, int], list[int], list[float]]:
-    """``(name -> position, parent position or -1, limit W or +inf)`` of the domain dicts.
-    Raises ValueError for a duplicate name or an unknown parent."""
-    dom_index = {}
-    for i, d in enumerate(domains):
-        if d["name"] in dom_index:
-            raise ValueError(f"domains[{i}].name: duplicate domain {d['name']!r}")
-        dom_index[d["name"]] = i
-    parent = []
-    for i, d in enumerate(domains):
-        p = d.get("parent")
-        if p is not None and p not in dom_index:
-            raise ValueError(f"domains[{i}].parent: unknown domain {p!r}")
-        parent.append(-1 if p is None else dom_index[p])
-    limit = [math.inf if d.get("limit_w") is None else float(d["limit_w"]) for d in domains]
-    return dom_index, parent, limit
 
 
 def _curves(gpus: list[GpuInput]) -> list:

@@ -156,7 +156,7 @@ class AllocationProblem:
         job_index = {n: i for i, (n, _) in enumerate(job_items)}
         if len(job_index) != len(job_items):
             raise ValueError("jobs: duplicate job name")
-        dom_index, parent, limit = _domain_tree(domains)
+        dom_index, parent, limit = domain_tree(domains)
         cols, job_of, dom_of, names = _gpu_columns(gpus, job_index, dom_index, idle_cap_w)
         return cls(
             **cols, job_of_gpu=job_of, domain_of_gpu=dom_of,
@@ -181,7 +181,7 @@ def _job_items(jobs) -> list[tuple[str, float]]:
     return [(str(j["name"]), float(j.get("weight", 1.0))) for j in jobs]
 
 
-def _domain_tree(domains: Sequence[Mapping]) -> tuple[dict, list[int], list[float]]:
+def domain_tree(domains: Sequence[Mapping]) -> tuple[dict, list[int], list[float]]:
     """(name -> index, parent index per domain (-1 root), limit [W] per domain (+inf none)).
 
     Raises ValueError for a duplicate domain name or an unknown parent."""
