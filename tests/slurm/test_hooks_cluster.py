@@ -175,7 +175,7 @@ def test_two_jobs_on_one_node_get_their_own_gpus(capctl_cluster):
     c.wait_job(a)
     wait_hooks(c, a, "epilog", ["n2"])
     # A's GPUs back: at once, or (restore held at the coordinator's allowance) in its next intervals
-    lim = wait_for(lambda: (x := c.sim_limits_w("n2")) if all(x[i] == c.pre_job_limit_w for i in ga) else None,
+    lim = wait_for(lambda: (lambda x: x if all(x[i] == c.pre_job_limit_w for i in ga) else None)(c.sim_limits_w("n2")),
                    20, "A's GPUs back at their pre-job limit")
     assert [bd.job_id for bd in c.agent_status("n2").jobs] == [b]  # B still bound
     assert all(lim[i] != c.pre_job_limit_w for i in gb), lim  # B's GPUs still capped
