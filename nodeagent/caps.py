@@ -44,6 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from capctl.capstates import (  # the one vocabulary (the protocol's CapState enum)
+    ERROR,
+    FOREIGN_WRITER,
+    LOST,
+    OK,
+    OOB_LIMITED,
+    RESTORE_FAILED,
+    SET_FAILED,
+)
 from capctl.errors import CapctlError, UserInputError
 from nodeagent.backend import GpuBackend, GpuLostError, NvmlError
 from nodeagent.savedstate import (
@@ -57,16 +66,6 @@ from nodeagent.savedstate import (
 )
 
 LOG = logging.getLogger("capctl.nodeagent.caps")
-
-from capctl.capstates import (  # noqa: E402 — the one vocabulary (the protocol's CapState enum)
-    ERROR,
-    FOREIGN_WRITER,
-    LOST,
-    OK,
-    OOB_LIMITED,
-    RESTORE_FAILED,
-    SET_FAILED,
-)
 
 CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR)
 """Every value :meth:`CapManager.states` / :meth:`CapManager.reconcile` can report."""
