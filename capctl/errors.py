@@ -60,9 +60,13 @@ def run_for_person(prog: str, func, *args) -> int:
     """Call ``func(*args)`` as a command-line entry point and return the process exit status.
 
     :class:`CapctlError` is printed as ``<prog>: <message>`` on stderr and yields its
-    ``exit_code`` (no traceback for a person's error); Ctrl-C yields 130. Other exceptions propagate.
+    ``exit_code`` (no traceback for a person's error); Ctrl-C yields 130. A module of an extra that
+    is not installed (:mod:`capctl.extras`) is one line naming the extra, exit 1. Other exceptions
+    propagate.
     """
     import sys
+
+    from capctl.extras import missing_extra_message
 
     try:
         return int(func(*args) or 0)
@@ -71,3 +75,9 @@ def run_for_person(prog: str, func, *args) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(prog, exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 1

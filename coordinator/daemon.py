@@ -45,10 +45,12 @@ STOP_TIMEOUT_S = 5.0
 
 def build_parser() -> argparse.ArgumentParser:
     """The daemon's command line."""
-    p = argparse.ArgumentParser(
+    from capctl.progdoc import add_standard_arguments
+
+    p = add_standard_arguments(argparse.ArgumentParser(
         prog="capctl-coordinator",
         description="capctl coordinator: allocates the power budget across GPUs every interval (W, degC, s).",
-    )
+    ))
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="FILE", help=f"policy YAML (default {DEFAULT_POLICY})")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR",
                    help=f"gRPC address for agents and read-only admin: HOST:PORT or unix:PATH (default {DEFAULT_LISTEN}; port 0 = any)")

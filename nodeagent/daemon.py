@@ -156,7 +156,9 @@ class _LocalServicer:
 # command line
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="capctl-agent", description="capctl node agent (one per compute node).")
+    from capctl.progdoc import add_standard_arguments
+
+    p = add_standard_arguments(argparse.ArgumentParser(prog="capctl-agent", description="capctl node agent (one per compute node)."))
     p.add_argument("--node", required=True, help="Slurm node name of this host")
     p.add_argument("--coordinator", required=True, help="coordinator gRPC address (host:port or unix:/path)")
     p.add_argument("--socket", default=None,

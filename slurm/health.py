@@ -88,7 +88,9 @@ def set_drain(node: str, reason: str | None, timeout_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns :data:`EXIT_HEALTHY` or :data:`EXIT_UNHEALTHY`."""
-    parser = argparse.ArgumentParser(prog="capctl-healthcheck", description=__doc__.splitlines()[0])
+    from capctl.progdoc import add_standard_arguments
+
+    parser = add_standard_arguments(argparse.ArgumentParser(prog="capctl-healthcheck", description=__doc__.splitlines()[0]))
     parser.add_argument("--drain", action="store_true",
                         help="drain the node while unhealthy and lift only this check's own drain")
     parser.add_argument("--timeout-s", type=float, default=2.0, help="deadline of the agent call (s)")

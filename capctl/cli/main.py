@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "capctl.cli.policy",  # policy validate, policy reload
     "capctl.cli.demo",  # demo
     "capctl.cli.sim",  # sim
+    "capctl.cli.install",  # install hooks|units|examples|completion|man DIR
 )
 
 
@@ -34,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="capctl: power-capping coordinator for Slurm GPU clusters (watts, degrees C).",
     )
     from capctl.cli.rpc import add_connection_arguments
+    from capctl.progdoc import add_standard_arguments
 
+    add_standard_arguments(parser)
     add_connection_arguments(parser)
     # common options, accepted before the subcommand too (subcommands declare them with default=SUPPRESS)
     parser.add_argument("--coordinator", metavar="ADDR", default=None,

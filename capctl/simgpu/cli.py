@@ -180,7 +180,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``capctl-simgpu`` argument parser."""
-    p = _Parser(prog="capctl-simgpu", description="Create and drive simulated GPU nodes.")
+    from capctl.progdoc import add_standard_arguments
+
+    p = add_standard_arguments(_Parser(prog="capctl-simgpu", description="Create and drive simulated GPU nodes."))
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("init", help="create a simulated node in DIR and print export lines")

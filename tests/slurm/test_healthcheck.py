@@ -13,14 +13,12 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slurm
 
-HEALTHCHECK = Path(__file__).resolve().parents[2] / "slurm" / "healthcheck"
-
 
 def run_check(c, node: str, *args: str) -> subprocess.CompletedProcess:
     env = c.env()
     env["SLURMD_NODENAME"] = node
     env.pop("PATH", None)  # slurmd gives HealthCheckProgram no PATH; the wrapper sets its own
-    return subprocess.run([str(HEALTHCHECK), *args], env=env, capture_output=True, text=True, timeout=20)
+    return subprocess.run([c.hook_script("healthcheck"), *args], env=env, capture_output=True, text=True, timeout=20)
 
 
 def test_healthcheck_drains_only_while_the_agent_is_down_and_lifts_its_own_drain(capctl_cluster):

@@ -389,7 +389,6 @@ def test_hooks_are_idempotent(capctl_cluster):
     import subprocess
 
     c = capctl_cluster
-    repo = Path(__file__).resolve().parents[2]
 
     def hook(kind: str, job: str, gpus: str | None) -> subprocess.CompletedProcess:
         # CUDA_VISIBLE_DEVICES as a job with ConstrainDevices sees it: renumbered from 0. Never used.
@@ -397,7 +396,7 @@ def test_hooks_are_idempotent(capctl_cluster):
                "SLURM_JOB_PARTITION": "gpu", "SLURM_CONF": str(c.conf_path), "CUDA_VISIBLE_DEVICES": "0,1"}
         if gpus is not None:
             env["SLURM_JOB_GPUS"] = gpus
-        return subprocess.run([str(repo / "slurm" / kind)], env=env, capture_output=True, text=True, timeout=30, cwd="/")
+        return subprocess.run([c.hook_script(kind)], env=env, capture_output=True, text=True, timeout=30, cwd="/")
 
     for _ in range(2):
         assert hook("prolog", "990001", "5,6").returncode == 0

@@ -12,22 +12,20 @@ Layout under the cluster's run directory::
 
 Processes are started through :mod:`tests.slurmcluster.procs` (recorded by pid, marked by
 environment) so that ``python -m tests.slurmcluster down`` stops them from another process. The
-command lines are those of :mod:`capctl.demo.processes` (one way to start the daemons).
+command lines are those of :mod:`capctl.demo.processes` (one way to start the daemons); the
+programs come from the source tree or from installed wheels (:mod:`tests.slurmcluster.installed`).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING
 
-from tests.slurmcluster import procs
+from tests.slurmcluster import installed, procs
 
 if TYPE_CHECKING:
     from tests.slurmcluster.cluster import SlurmCluster
 
-AGENT_MAIN = "import sys; from nodeagent.daemon import main; sys.exit(main())"
-COORDINATOR_MAIN = "import sys; from coordinator.daemon import main; sys.exit(main())"
 
 TDP_W = 700.0
 """H100 SXM5 TDP (NVIDIA H100 datasheet); the simulated model's default limit."""
@@ -104,7 +102,7 @@ def sim_env(cluster: SlurmCluster, node: str) -> dict[str, str]:
 def start_coordinator(cluster: SlurmCluster, wait_s: float = 30.0) -> None:
     """Start the coordinator and wait until its Admin service answers."""
     state = cluster.run_dir / "state" / "coordinator"
-    argv = [sys.executable, "-c", COORDINATOR_MAIN, "--policy", str(cluster.policy_path),
+    argv = [*installed.coordinator_argv(), "--policy", str(cluster.policy_path),
             "--listen", cluster.coordinator_address, "--state-dir", str(state),
             "--admin-socket", str(cluster.run_dir / "coordinator" / "admin.sock"), "--metrics-port", "-1"]
     procs.start(cluster.run_dir, "coordinator", argv, _python_env(), cluster.log_dir / "coordinator.log")
@@ -133,7 +131,7 @@ def coordinator_status(cluster: SlurmCluster, timeout_s: float = 2.0):
 def start_agent(cluster: SlurmCluster, node: str, wait_s: float = 30.0, connected: bool = True) -> None:
     """Start ``node``'s agent on its simulated GPUs; wait until ready (and connected if asked)."""
     state = cluster.run_dir / "state" / f"agent-{node}"
-    argv = [sys.executable, "-c", AGENT_MAIN, "--node", node, "--coordinator", cluster.coordinator_address,
+    argv = [*installed.agent_argv(), "--node", node, "--coordinator", cluster.coordinator_address,
             "--socket", str(cluster.agent_socket(node)), "--state-dir", str(state),
             "--nvml-library", "simulated", "--policy", str(cluster.policy_path), "--reconnect-max-s", "1"]
     env = _python_env()

@@ -1,0 +1,135 @@
+"""``capctl install WHAT DIR``: copy the files shipped in the installed package to DIR.
+
+=============  =================================================================================
+WHAT           writes into DIR
+=============  =================================================================================
+hooks          ``prolog``, ``epilog``, ``healthcheck`` (mode 0755; slurm.conf ``Prolog=DIR/prolog``),
+               each running this installation's interpreter unless hooks.env sets CAPCTL_PYTHON
+units          ``capctl-agent.service``, ``capctl-coordinator.service``, ``*.env`` and the TLS
+               drop-ins, with this installation's bin directory in ``ExecStart=`` (one prefix)
+examples       the example policies (``*.yaml``)
+completion     bash completion of every capctl command (``--print-completion bash``)
+man            man pages (section 1) of every capctl command (``--print-man``)
+=============  =================================================================================
+
+Files that exist are replaced (``--no-clobber`` keeps them). Prints one line per file written.
+Exit 0; 1 when DIR cannot be written (named with the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from capctl.errors import UserInputError
+
+UNIT_PREFIX = "/opt/capctl/bin"
+"""The bin directory the shipped units name (docs/deploy.md: ``python3 -m venv /opt/capctl``);
+replaced by the installing environment's own one."""
+
+COMMANDS = ("capctl", "capctl-agent", "capctl-coordinator", "capctl-simgpu")
+"""Console scripts of pyproject.toml whose completion and man page ``install`` writes."""
+
+KINDS = ("hooks", "units", "examples", "completion", "man")
+
+
+def register(subparsers) -> None:
+    """Add ``install`` to ``subparsers``."""
+    p = subparsers.add_parser("install", help="copy shipped hooks, systemd units, examples, completion or man pages to DIR")
+    p.add_argument("what", choices=KINDS, help="which files")
+    p.add_argument("dir", metavar="DIR", help="destination directory (created)")
+    p.add_argument("--no-clobber", action="store_true", help="keep files that exist")
+    p.set_defaults(func=run)
+
+
+def bin_dir() -> Path:
+    """Directory of this installation's console scripts (next to its interpreter)."""
+    return Path(sys.executable).parent
+
+
+def _write(dest: Path, data: bytes, mode: int, no_clobber: bool) -> None:
+    if no_clobber and dest.exists():
+        print(f"kept {dest}")
+        return
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, dest)
+    print(f"wrote {dest}")
+
+
+def _hooks() -> list[tuple[str, bytes, int]]:
+    from capctl.resources import HOOKS, hook_path
+
+    python = str(bin_dir() / "python")
+    out = []
+    for name in HOOKS:
+        text = hook_path(name).read_text()
+        marker = 'if [ -z "${CAPCTL_PYTHON:-}" ]; then'
+        if marker in text:  # installed copy: this environment's interpreter unless hooks.env names one
+            text = text.replace(marker, f': "${{CAPCTL_PYTHON:={python}}}"  # capctl install hooks\n{marker}', 1)
+        out.append((name, text.encode(), 0o755))
+    return out
+
+
+def _share(name: str, rewrite) -> list[tuple[str, bytes, int]]:
+    from capctl.resources import SOURCES, share_dir
+
+    root = share_dir(name)
+    out = []
+    for pattern in SOURCES[name][1]:
+        for f in sorted(root.glob(pattern)):
+            out.append((str(f.relative_to(root)), rewrite(f.read_text()).encode(), 0o644))
+    return out
+
+
+def _generated(option: list[str], suffix: str) -> list[tuple[str, bytes, int]]:
+    from capctl import lifeline
+
+    out = []
+    for cmd in COMMANDS:
+        exe = bin_dir() / cmd
+        if not exe.exists():
+            continue
+        proc = lifeline.Popen([str(exe), *option], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = proc.communicate(timeout=60)
+        if proc.returncode != 0:
+            print(f"capctl install: skipped {cmd}: {stderr.decode(errors='replace').strip().splitlines()[-1:]}",
+                  file=sys.stderr)
+            continue
+        out.append((f"{cmd}{suffix}", stdout, 0o644))
+    return out
+
+
+def files(what: str) -> list[tuple[str, bytes, int]]:
+    """The files of ``what`` (one of :data:`KINDS`): [(relative path, content, mode)]."""
+    if what == "hooks":
+        return _hooks()
+    if what == "units":
+        prefix = str(bin_dir())
+        return _share("systemd", lambda t: t.replace(UNIT_PREFIX, prefix))
+    if what == "examples":
+        return _share("policies", lambda t: t)
+    if what == "completion":
+        return _generated(["--print-completion", "bash"], "")
+    return _generated(["--print-man"], ".1")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the files of ``args.what`` into ``args.dir``.
+
+    Raises:
+        UserInputError: DIR cannot be created or written (the path and the reason).
+    """
+    dest = Path(args.dir)
+    try:
+        for rel, data, mode in files(args.what):
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write(target, data, mode, args.no_clobber)
+    except OSError as exc:
+        raise UserInputError(f"install {args.what} {dest}: {exc.strerror or exc} ({exc.filename or dest})") from None
+    return 0

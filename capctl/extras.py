@@ -1,0 +1,43 @@
+"""Which optional part of capctl (a pip extra) provides which third-party module.
+
+capctl installs by role (pyproject.toml): the core (protocol, policy) always; ``capctl[agent]`` on
+compute nodes, ``capctl[coordinator]`` on the head node, ``capctl[sim]`` for the simulators and the
+demo. A command that needs a module of an extra that is not installed fails with one line naming
+that extra (:func:`missing_extra_message`, called by :func:`capctl.errors.run_for_person`) instead
+of an ImportError traceback.
+"""
+
+from __future__ import annotations
+
+EXTRA_OF_MODULE: dict[str, str] = {
+    "pynvml": "agent",
+    "numpy": "coordinator",
+    "scipy": "coordinator",
+    "cvxpy": "coordinator",
+    "clarabel": "coordinator",
+    "prometheus_client": "coordinator",
+    "grpc_health": "coordinator",
+    "grpc_reflection": "coordinator",
+    "matplotlib": "sim",
+}
+"""Top-level module name -> the extra whose requirements provide it (pyproject.toml)."""
+
+
+def extra_for(module: str | None) -> str | None:
+    """The extra that provides ``module`` (a dotted name; its top level counts), or None."""
+    if not module:
+        return None
+    return EXTRA_OF_MODULE.get(module.partition(".")[0])
+
+
+def missing_extra_message(prog: str, exc: ModuleNotFoundError) -> str | None:
+    """One line for a person when ``exc`` is a module of one of capctl's extras, else None.
+
+    Example: ``capctl-coordinator: needs capctl[coordinator] (module numpy is not installed):
+    pip install 'capctl[coordinator]'``.
+    """
+    extra = extra_for(exc.name)
+    if extra is None:
+        return None
+    return (f"{prog}: needs capctl[{extra}] (module {exc.name.partition('.')[0]} is not installed): "
+            f"pip install 'capctl[{extra}]'")
