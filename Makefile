@@ -10,18 +10,18 @@ SIM_SRC := $(wildcard csrc/simnvml/*.c csrc/simnvml/*.h)
 PROTOS := $(wildcard protos/capctl/v1/*.proto)
 PROTO_STAMP := capctl/v1/.generated
 
-.PHONY: all setup build test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
+.PHONY: all setup build wheel-envs test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
 
 all: build
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@# Debian's own python3 needs python3-venv for `-m venv` (ensurepip); install it when missing.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
 	    apt-get update -q && apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[build,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[build,test,sim]'
 	touch $@
 
 # The simulated NVML driver, compiled against NVIDIA's real nvml.h (PyPI nvidia-nvml-dev, pinned).
@@ -43,8 +43,16 @@ build: $(STAMP) $(SIMLIB) $(PROTO_STAMP)
 slurm-deps:
 	@bash tests/slurmcluster/install.sh
 
-test: build slurm-deps
-	$(PY) -m pytest -q --durations=10
+# The wheel built from a clean copy of the sources, installed as capctl[agent] and
+# capctl[coordinator] in two fresh venvs (tests/release/wheelenvs.sh); the Slurm cluster tests run
+# the daemons, hooks and CLI from those (tests/slurmcluster/installed.py).
+WHEELENVS := build/wheelenvs
+wheel-envs: build
+	bash tests/release/wheelenvs.sh $(PY) $(WHEELENVS)
+
+test: build slurm-deps wheel-envs
+	CAPCTL_TEST_AGENT_VENV=$(CURDIR)/$(WHEELENVS)/agent CAPCTL_TEST_COORDINATOR_VENV=$(CURDIR)/$(WHEELENVS)/coordinator \
+	    $(PY) -m pytest -q --durations=10
 
 test-fast: build
 	$(PY) -m pytest -q -m 'not slurm and not faults'

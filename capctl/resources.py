@@ -6,7 +6,7 @@ source paths of :data:`SOURCES`):
 =====================  ==========================================================  ==================
 share path             what                                                        source in the repo
 =====================  ==========================================================  ==================
-``systemd/``           unit files and TLS drop-ins (``capctl install units DIR``)  ``deploy/systemd``
+``systemd/``           unit files and their env files (``capctl install units``)  ``deploy/systemd``
 ``policies/``          example policies                                            ``examples/policies``
 ``grafana/``           the Grafana dashboard                                       ``deploy/grafana``
 ``schema/``            ``status-schema.json`` (``capctl status --json``)            ``docs``
@@ -26,7 +26,7 @@ import importlib.resources
 from pathlib import Path
 
 SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "systemd": ("deploy/systemd", ("*.service", "examples/*.conf", "*.env")),
+    "systemd": ("deploy/systemd", ("*.service", "*.env")),
     "policies": ("examples/policies", ("*.yaml",)),
     "grafana": ("deploy/grafana", ("*.json",)),
     "schema": ("docs", ("status-schema.json",)),

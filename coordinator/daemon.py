@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     from capctl.security.tls import add_tls_arguments
 
     add_tls_arguments(p, what="--listen (agents and the CLI then need certificates of that CA)", server=True)
+    from capctl.security.plaintext import add_insecure_argument
+
+    add_insecure_argument(p, "--listen")
     p.add_argument("--ready-file", metavar="PATH",
                    help="write a JSON file with the bound addresses once serving (for scripts and tests)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -204,14 +207,6 @@ def _tcp_listen_problem(address: str) -> str | None:
     return errors[0] if errors else None
 
 
-def _local_address(listen: str) -> bool:
-    """True for a unix socket or a loopback address (where plaintext gRPC is acceptable)."""
-    if listen.startswith("unix"):
-        return True
-    host = listen.rpartition(":")[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 def _group_id(field: str, name: str | None) -> int | None:
     """gid of the policy's group ``name``; None when unset or unknown (then logged: the socket
     stays root-only, the safe side)."""
@@ -291,6 +286,9 @@ async def serve(args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    from coordinator import hangup
+
+    hangup.install(loop, coord, metrics.ops.reloaded)  # SIGHUP: reload the policy, keep the last good one
     metrics_at = f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None
     _write_ready_file(args.ready_file, {
         "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": sockets.admin,
@@ -302,7 +300,11 @@ async def serve(args) -> int:
              metrics_at or "off", args.policy, coord.policy.budget_w, coord.interval_s,
              ", DRY RUN" if coord.dry_run else "")
     runner = asyncio.ensure_future(coord.run(stop))
+    from capctl import sdnotify
+
+    sdnotify.ready(f"serving agents on {listen_addr}")
     await stop.wait()
+    sdnotify.stopping()
     await _shut_down(coord, servers, runner)
     metrics.close()
     store.close()
@@ -359,9 +361,9 @@ async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, 
     credentials = tlsmod.server_credentials(tls_config) if tls_config is not None else None
     token = authz.load_token_file(args.admin_token_file) if args.admin_token_file else None
     tcp_auth = authz.listener_authorizer(tls=credentials is not None, token=token, admin_socket=sockets.admin)
-    if credentials is None and not _local_address(args.listen):
-        log.warning("--listen %s is a network address without TLS: anyone who can reach it may register as an "
-                    "agent; give --tls-ca/--tls-cert/--tls-key (docs/security.md)", args.listen)
+    from capctl.security.plaintext import check_plaintext
+
+    check_plaintext(args.listen, "--listen", tls=credentials is not None, insecure=args.insecure, log=log)
     admin_gid = _group_id("coordinator.admin_group", policy.coordinator.admin_group)
     status_gid = _group_id("coordinator.status_group", policy.coordinator.status_group)
     try:

@@ -26,8 +26,9 @@ GPU_LABELS = ["node", "gpu", "uuid"]
 class ViewCollector:
     """Exports the latest :class:`~coordinator.view.View` of a coordinator."""
 
-    def __init__(self, coord) -> None:
+    def __init__(self, coord, jobs=None) -> None:
         self.coord = coord
+        self.jobs = jobs  # coordinator.opsmetrics.JobLinger: finished jobs' series linger
 
     def describe(self):
         return []
@@ -40,7 +41,7 @@ class ViewCollector:
         yield from _gpu_families(view)
         yield from _agent_families(st)
         yield from _domain_families(st)
-        yield from _job_families(st)
+        yield from _job_families(st, self.jobs.rows(st.jobs) if self.jobs is not None else st.jobs)
         yield from _fleet_families(view)
 
 
@@ -137,14 +138,15 @@ def _domain_families(st):
     return (lim, dal, den, ddr, dpr, dde)
 
 
-def _job_families(st):
-    """Per-job predicted step rate (0..1), allocated watts, weight, energy (J)."""
+def _job_families(st, jobs=None):
+    """Per-job predicted step rate (0..1), allocated watts, weight, energy (J) of ``jobs`` (default
+    ``st.jobs``)."""
     rate = _gauge("capctl_job_predicted_step_rate", "Predicted synchronous step rate relative to uncapped (0..1).", ["job"])
     jal = _gauge("capctl_job_allocated_watts", "Sum of the job's allocated caps (W).", ["job"])
     jw = _gauge("capctl_job_weight", "Job weight from the policy.", ["job"])
     jen = CounterMetricFamily("capctl_job_energy_joules", "Energy used by the job's GPUs since the coordinator saw it start "
                               "(NVML energy counter deltas, J).", labels=["job"])
-    for j in st.jobs:
+    for j in st.jobs if jobs is None else jobs:
         rate.add_metric([j.job_id], j.predicted_step_rate)
         jal.add_metric([j.job_id], j.allocated_w)
         jw.add_metric([j.job_id], j.weight)
@@ -176,13 +178,17 @@ class Metrics:
                                  "Telemetry received -> CapAck of the plan computed from it (s).",
                                  buckets=ACK_BUCKETS_S, registry=self.registry)
         self.plans = Counter("capctl_plans", "Cap plans sent, by phase.", ["phase"], registry=self.registry)
+        from coordinator.opsmetrics import OpsMetrics
+
+        self.ops = OpsMetrics(self.registry)  # build info, process metrics, error counters, cap states
         self._server = None
         if coord is not None:
             self.attach(coord)
 
     def attach(self, coord) -> None:
         """Export ``coord``'s views."""
-        self.registry.register(ViewCollector(coord))
+        self.registry.register(ViewCollector(coord, self.ops.jobs))
+        self.ops.attach(coord)
 
     def observe_solve(self, seconds: float) -> None:
         self.solve.observe(seconds)

@@ -171,6 +171,7 @@ class CapManager:
         if not (isinstance(rewrite_interval_s, (int, float)) and rewrite_interval_s > 0):
             raise UserInputError(f"rewrite_interval_s: {rewrite_interval_s!r}, expected > 0 s")
         self.backend = backend
+        self.failed_writes: dict[str, int] = {}  # action -> failed cap writes (capctl_agent_cap_write_failures_total)
         self.state_path = Path(state_dir) / STATE_FILE_NAME
         self.clock = clock
         self.rewrite_interval_s = float(rewrite_interval_s)
@@ -324,6 +325,7 @@ class CapManager:
             rt.state = state
             rt.message = str(err)
         LOG.error("GPU %s: %s to %.3f W failed: %s", index, action, requested_w, err)
+        self.failed_writes[action] = self.failed_writes.get(action, 0) + 1
         return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
                          state=state, error=str(err), error_type=type(err).__name__)
 

@@ -173,12 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="telemetry/reconcile period in seconds until the coordinator's Welcome (default: policy's)")
     p.add_argument("--socket-group", default=None, help="group allowed on the local socket besides root")
     p.add_argument("--reconnect-max-s", type=float, default=5.0, help="ceiling of the reconnect backoff, seconds")
+    p.add_argument("--metrics-listen", default="none", metavar="HOST:PORT",
+                   help="Prometheus endpoint (loopback recommended, e.g. 127.0.0.1:9465; default 'none' = off)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     try:
         from capctl.security.tls import add_tls_arguments
     except ImportError:  # pragma: no cover - security module absent
         return p
     add_tls_arguments(p, what="the link to the coordinator")
+    from capctl.security.plaintext import add_insecure_argument
+
+    add_insecure_argument(p, "--coordinator address")
     return p
 
 
@@ -287,8 +292,12 @@ def _settings(args: argparse.Namespace) -> _Settings:
     """
     from nodeagent.local import resolve_group
 
+    from capctl.security.plaintext import check_plaintext
+
     _check_flags(args)
     tls_config = _tls_config(args)
+    check_plaintext(args.coordinator, "--coordinator", tls=tls_config is not None,
+                    insecure=bool(getattr(args, "insecure", False)), log=log)
     policy = _load_policy(args.policy)
     group = args.socket_group or (policy.agent.socket_group if policy is not None else None)
     socket_gid = resolve_group(group)
@@ -302,9 +311,9 @@ def _settings(args: argparse.Namespace) -> _Settings:
     )
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM / SIGINT (handlers installed now)."""
-    stop = threading.Event()
+def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
+    """Events set by SIGTERM / SIGINT (stop) and SIGHUP (reload the policy); handlers installed now."""
+    stop, hangup = threading.Event(), threading.Event()
 
     def _signal(signum, _frame):
         log.info("signal %s: stopping", signal.Signals(signum).name)
@@ -312,7 +321,39 @@ def _stop_on_signals() -> threading.Event:
 
     signal.signal(signal.SIGTERM, _signal)
     signal.signal(signal.SIGINT, _signal)
-    return stop
+    signal.signal(signal.SIGHUP, lambda _s, _f: hangup.set())
+    return stop, hangup
+
+
+def _metrics_address(value: str) -> tuple[str, int] | None:
+    """``--metrics-listen`` as (host, port), None for 'none'.
+
+    Raises:
+        UserInputError: not HOST:PORT with a port 0..65535.
+    """
+    if value.lower() == "none":
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UserInputError(f"--metrics-listen {value!r}: expected HOST:PORT (port 0..65535, e.g. 127.0.0.1:9465) or 'none'")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _serve_metrics(agent, address: tuple[str, int] | None):
+    """The agent's metrics endpoint on ``address`` (None: off); an address that cannot be bound is
+    logged and the agent runs without it (enforcement matters more than metrics)."""
+    if address is None:
+        return None
+    from nodeagent.metrics import AgentMetrics
+
+    metrics = AgentMetrics(agent)
+    try:
+        port = metrics.serve(*address)
+    except OSError as exc:
+        log.error("--metrics-listen %s:%d not served: %s", address[0], address[1], exc.strerror or exc)
+        return metrics
+    log.info("metrics on http://%s:%d/metrics", address[0], port)
+    return metrics
 
 
 def run(args: argparse.Namespace) -> int:
@@ -325,20 +366,31 @@ def run(args: argparse.Namespace) -> int:
     from nodeagent.caps import CapManager
     from nodeagent.nvml import NvmlBackend
 
+    from capctl import sdnotify
+    from nodeagent.hangup import reload_policy
+
     s = _settings(args)
+    metrics_address = _metrics_address(args.metrics_listen)
     backend = NvmlBackend(args.nvml_library, allow_simulated=bool(args.allow_simulated))
     backend.open()
-    agent = None
-    stop = _stop_on_signals()
+    agent = metrics = None
+    stop, hangup = _stop_on_signals()
     try:
         caps = CapManager(backend, s.state_dir)
         agent = Agent(args.node, args.coordinator, s.socket_path, s.state_dir, backend, caps,
                       start_cap_w=s.start_cap_w, policy_safe_cap_w=s.safe_cap_w, interval_s=s.interval_s,
                       socket_gid=s.socket_gid, backoff_max_s=args.reconnect_max_s, tls=s.tls)
         agent.start()
-        while not stop.wait(1.0):
-            pass
+        metrics = _serve_metrics(agent, metrics_address)
+        sdnotify.ready(f"{len(agent.devices)} GPU(s) at their boot caps; coordinator {args.coordinator}")
+        while not stop.wait(0.2):
+            if hangup.is_set():
+                hangup.clear()
+                reload_policy(agent, args.policy, metrics.reloaded if metrics is not None else None)
     finally:
+        sdnotify.stopping()
+        if metrics is not None:
+            metrics.close()
         if agent is not None:
             agent.stop()
         backend.close()

@@ -64,10 +64,19 @@ def _device_map(items: list[str]) -> dict[str, float]:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Validate ``args.file``; print the result; return 0 (valid) or 1 (invalid)."""
+    """Validate ``args.file``; print the result; return 0 (valid) or 1 (invalid).
+
+    Raises:
+        UserInputError: (without --json) the file cannot be read at all: one ``capctl: FILE: ...`` line
+            on stderr like every other user error (docs/cli.md); findings inside a file that was read
+            are ``file:line:col`` lines on stdout.
+    """
+    from capctl.errors import UserInputError
     from capctl.policy import check_file
 
     report = check_file(args.file, device_min_cap_w=_device_map(args.device_min_cap))
+    if not args.json and not report.ok and not os.path.isfile(args.file):
+        raise UserInputError(report.errors[0] if report.errors else f"{args.file}: cannot read the policy file")
     if args.json:
         print(json.dumps({"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": report.warnings}, indent=2))
         return 0 if report.ok else 1

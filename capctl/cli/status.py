@@ -133,18 +133,16 @@ def cmd_explain(args) -> int:
 
 
 def parse_watts(text: str) -> float:
-    """Parse ``WATTS`` for ``budget set``: a number of watts, optionally suffixed W/kW/MW."""
-    s = text.strip().replace("_", "")
-    mult = 1.0
-    low = s.lower()
-    for suffix, m in (("mw", 1e6), ("kw", 1e3), ("w", 1.0)):
-        if low.endswith(suffix):
-            s, mult = s[: -len(suffix)], m
-            break
-    try:
-        value = float(s) * mult
-    except ValueError:
-        raise UserInputError(f"WATTS {text!r}: give a number of watts, e.g. 17920 or 17.9kW") from None
+    """Parse ``WATTS`` for ``budget set``: a number of watts, optionally suffixed W/kW/MW/mW
+    (case-correct SI prefixes, :mod:`capctl.wattunits`).
+
+    Raises:
+        UserInputError: not a number of watts, an ambiguous or unknown suffix, not > 0, or above
+            :data:`capctl.security.limits.MAX_BUDGET_W`.
+    """
+    from capctl.wattunits import parse_watts_text
+
+    value = parse_watts_text(text, "WATTS")
     if not math.isfinite(value) or value <= 0:
         raise UserInputError(f"WATTS {text!r}: give a finite number of watts > 0")
     from capctl.security.limits import MAX_BUDGET_W

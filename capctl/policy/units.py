@@ -36,7 +36,6 @@ _VALUE_UNITS = {
     "watt": ("_w", 1.0),
     "watts": ("_w", 1.0),
     "kw": ("_w", 1e3),
-    "mw": ("_w", 1e6),  # "MW" after lower(); a milliwatt policy value is never meant
     "s": ("_s", 1.0),
     "sec": ("_s", 1.0),
     "secs": ("_s", 1.0),
@@ -95,6 +94,12 @@ def parse_quantity(text: str) -> tuple[float, str | None, float] | None:
     unit = match.group(2)
     if unit is None:
         return number, None, 1.0
+    from capctl.wattunits import AMBIGUOUS, unit_factor
+
+    if unit in AMBIGUOUS:
+        return None  # milli or mega: no hint rather than a wrong one
+    if unit_factor(unit) is not None:  # watts: SI prefixes are case-sensitive (mW vs MW)
+        return number, "_w", unit_factor(unit)
     known = _VALUE_UNITS.get(unit.lower())
     if known is None:
         return None

@@ -1,0 +1,82 @@
+"""The coordinator's operational metrics, beside the per-interval ones of :mod:`coordinator.metrics`:
+build info and process metrics (:mod:`capctl.capmetrics`), ``capctl_policy_reloads_total{result}``
+(SIGHUP reloads), per-GPU cap state, and
+lingering per-job series.
+
+Per-job series linger: a job's ``capctl_job_*`` series keep their last values for
+:data:`JOB_SERIES_LINGER_S` after the job leaves the view, so that ``rate()``/``increase()`` over the
+energy counter still see its last increase (a series that vanishes between two scrapes loses it).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter
+
+from capctl import capmetrics, capstates
+
+JOB_SERIES_LINGER_S = 300.0
+"""How long a finished job's series stay exported (s): a few scrape intervals (Prometheus' default
+scrape interval is 60 s), enough for rate() windows of 1-5 min to see the job's last increase."""
+
+
+class OpsMetrics:
+    """Build info, process metrics and error counters in ``registry``; :meth:`attach` adds the cap
+    state family and the job-series linger for a coordinator."""
+
+    def __init__(self, registry) -> None:
+        self.registry = registry
+        capmetrics.register_process_metrics(registry)
+        self.reloads = Counter("capctl_policy_reloads", "Policy reloads on SIGHUP, by result (ok, error).",
+                               ["result"], registry=registry)
+        for result in ("ok", "error"):
+            self.reloads.labels(result=result)
+        self.jobs = JobLinger()
+
+    def reloaded(self, result: str) -> None:
+        """Count one reload with ``result`` "ok" or "error"."""
+        self.reloads.labels(result=result).inc()
+
+    def attach(self, coord) -> None:
+        """Export ``coord``'s per-GPU cap states."""
+        self.registry.register(_CapStateCollector(coord))
+
+
+class JobLinger:
+    """Remembers each job's last status row; :meth:`rows` returns the current rows plus those of jobs
+    gone for less than :data:`JOB_SERIES_LINGER_S` (their last values)."""
+
+    def __init__(self, linger_s: float = JOB_SERIES_LINGER_S, clock=time.monotonic) -> None:
+        self.linger_s = linger_s
+        self.clock = clock
+        self._gone: dict[str, tuple[float, object]] = {}
+        self._last: dict[str, object] = {}
+
+    def rows(self, jobs) -> list:
+        """``jobs`` (rows with ``job_id``) plus the lingering rows of jobs absent from ``jobs``."""
+        now = self.clock()
+        current = {j.job_id: j for j in jobs}
+        for job_id, row in self._last.items():
+            if job_id not in current and job_id not in self._gone:
+                self._gone[job_id] = (now, row)
+        for job_id in list(self._gone):
+            if job_id in current or now - self._gone[job_id][0] > self.linger_s:
+                del self._gone[job_id]
+        self._last = current
+        return [*jobs, *(row for _, row in self._gone.values())]
+
+
+class _CapStateCollector:
+    """``capctl_gpu_cap_state`` from the coordinator's latest view."""
+
+    def __init__(self, coord) -> None:
+        self.coord = coord
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        st = self.coord.view.status
+        yield capmetrics.cap_state_family(
+            (n.name, g.index, g.uuid, capstates.of(g)) for n in st.nodes for g in n.gpus)
