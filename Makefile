@@ -10,7 +10,7 @@ SIM_SRC := $(wildcard csrc/simnvml/*.c csrc/simnvml/*.h)
 PROTOS := $(wildcard protos/capctl/v1/*.proto)
 PROTO_STAMP := capctl/v1/.generated
 
-.PHONY: all setup build wheel-envs test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
+.PHONY: all setup build wheel-envs release-deps test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
 
 all: build
 
@@ -50,7 +50,11 @@ WHEELENVS := build/wheelenvs
 wheel-envs: build
 	bash tests/release/wheelenvs.sh $(PY) $(WHEELENVS)
 
-test: build slurm-deps wheel-envs
+# systemd-analyze (unit-file tests) and man (verify resolves Documentation=man:); Debian packages.
+release-deps:
+	@bash tests/release/install-systemd.sh
+
+test: build slurm-deps release-deps wheel-envs
 	CAPCTL_TEST_AGENT_VENV=$(CURDIR)/$(WHEELENVS)/agent CAPCTL_TEST_COORDINATOR_VENV=$(CURDIR)/$(WHEELENVS)/coordinator \
 	    $(PY) -m pytest -q --durations=10
 

@@ -9,25 +9,32 @@ of an ImportError traceback.
 
 from __future__ import annotations
 
-EXTRA_OF_MODULE: dict[str, str] = {
-    "pynvml": "agent",
-    "numpy": "coordinator",
-    "scipy": "coordinator",
-    "cvxpy": "coordinator",
-    "clarabel": "coordinator",
-    "prometheus_client": "coordinator",
-    "grpc_health": "coordinator",
-    "grpc_reflection": "coordinator",
-    "matplotlib": "sim",
+EXTRAS_OF_MODULE: dict[str, tuple[str, ...]] = {
+    "pynvml": ("agent",),
+    "numpy": ("coordinator",),
+    "scipy": ("coordinator",),
+    "cvxpy": ("coordinator",),
+    "clarabel": ("coordinator",),
+    "prometheus_client": ("coordinator", "agent"),
+    "grpc_health": ("coordinator",),
+    "grpc_reflection": ("coordinator",),
+    "matplotlib": ("sim",),
 }
-"""Top-level module name -> the extra whose requirements provide it (pyproject.toml)."""
+"""Top-level module name -> the extras whose requirements provide it (pyproject.toml); the first is
+the one a missing-module message names."""
+
+
+def extras_of(module: str | None) -> tuple[str, ...]:
+    """The extras that provide ``module`` (a dotted name; its top level counts); () when none."""
+    if not module:
+        return ()
+    return EXTRAS_OF_MODULE.get(module.partition(".")[0], ())
 
 
 def extra_for(module: str | None) -> str | None:
-    """The extra that provides ``module`` (a dotted name; its top level counts), or None."""
-    if not module:
-        return None
-    return EXTRA_OF_MODULE.get(module.partition(".")[0])
+    """The extra a missing ``module`` is reported under (first of :func:`extras_of`), or None."""
+    found = extras_of(module)
+    return found[0] if found else None
 
 
 def missing_extra_message(prog: str, exc: ModuleNotFoundError) -> str | None:

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-"""Repository root (the checkout holding ``csrc/`` and ``build/``)."""
+"""Repository root of an editable checkout (holding ``csrc/`` and ``build/``). An installed package
+ships no simulated driver: there ``$CAPCTL_SIMNVML_LIB`` must name it (the tests set it)."""
 
 LIBRARY_ENV = "CAPCTL_SIMNVML_LIB"
 """Environment variable that overrides the path of the simulated ``libnvidia-ml.so.1``."""

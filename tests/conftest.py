@@ -13,6 +13,11 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The shared data (Zeus traces) of this checkout, whatever the working directory
+# (capctl.allocator.curves.zeus_data_dir reads $CAPCTL_DATA_DIR before the working directory).
+os.environ.setdefault("CAPCTL_DATA_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                      os.pardir, "shared", "data"))
+
 
 def require(condition: bool, reason: str) -> None:
     """Skip (locally) or fail (under CI=true) when a real part needed by the test is missing."""

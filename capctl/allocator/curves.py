@@ -225,9 +225,19 @@ class OnlineCurveFit:
 
 # ------------------------------------------------------------------------------ Zeus trace fitting
 
+DATA_DIR_ENV = "CAPCTL_DATA_DIR"
+"""Directory holding ``zeus-power-traces/`` and ``zeus-profile-data/`` (the shared data, not shipped)."""
+
+
 def zeus_data_dir(repo_root: str | Path | None = None) -> Path:
-    """``<repo_root>/../shared/data/zeus-power-traces`` (repo_root defaults to this checkout)."""
-    root = Path(repo_root) if repo_root else Path(__file__).resolve().parents[2]
+    """``zeus-power-traces`` under ``$CAPCTL_DATA_DIR``, else ``<repo_root>/../shared/data`` (repo_root
+    defaults to the working directory: tests, benches and the demo run from the repository root).
+    Never located from where the package is installed."""
+    import os
+
+    if not repo_root and os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]) / "zeus-power-traces"
+    root = Path(repo_root) if repo_root else Path.cwd()
     return root.parent / "shared" / "data" / "zeus-power-traces"
 
 

@@ -5,8 +5,10 @@ WHAT           writes into DIR
 =============  =================================================================================
 hooks          ``prolog``, ``epilog``, ``healthcheck`` (mode 0755; slurm.conf ``Prolog=DIR/prolog``),
                each running this installation's interpreter unless hooks.env sets CAPCTL_PYTHON
-units          ``capctl-agent.service``, ``capctl-coordinator.service``, ``*.env`` and the TLS
-               drop-ins, with this installation's bin directory in ``ExecStart=`` (one prefix)
+units          ``capctl-agent.service``, ``capctl-coordinator.service`` with this installation's
+               bin directory in ``ExecStart=`` (one prefix; e.g. DIR = /etc/systemd/system)
+env            ``agent.env``, ``coordinator.env``: the units' ``EnvironmentFile=`` examples
+               (DIR = /etc/capctl; use --no-clobber to keep edited ones)
 examples       the example policies (``*.yaml``)
 completion     bash completion of every capctl command (``--print-completion bash``)
 man            man pages (section 1) of every capctl command (``--print-man``)
@@ -33,7 +35,7 @@ replaced by the installing environment's own one."""
 COMMANDS = ("capctl", "capctl-agent", "capctl-coordinator", "capctl-simgpu")
 """Console scripts of pyproject.toml whose completion and man page ``install`` writes."""
 
-KINDS = ("hooks", "units", "examples", "completion", "man")
+KINDS = ("hooks", "units", "env", "examples", "completion", "man")
 
 
 def register(subparsers) -> None:
@@ -75,15 +77,12 @@ def _hooks() -> list[tuple[str, bytes, int]]:
     return out
 
 
-def _share(name: str, rewrite) -> list[tuple[str, bytes, int]]:
-    from capctl.resources import SOURCES, share_dir
+def _share(name: str, pattern: str, rewrite, rename=lambda n: n) -> list[tuple[str, bytes, int]]:
+    from capctl.resources import share_dir
 
     root = share_dir(name)
-    out = []
-    for pattern in SOURCES[name][1]:
-        for f in sorted(root.glob(pattern)):
-            out.append((str(f.relative_to(root)), rewrite(f.read_text()).encode(), 0o644))
-    return out
+    return [(rename(str(f.relative_to(root))), rewrite(f.read_text()).encode(), 0o644)
+            for f in sorted(root.glob(pattern))]
 
 
 def _generated(option: list[str], suffix: str) -> list[tuple[str, bytes, int]]:
@@ -110,9 +109,11 @@ def files(what: str) -> list[tuple[str, bytes, int]]:
         return _hooks()
     if what == "units":
         prefix = str(bin_dir())
-        return _share("systemd", lambda t: t.replace(UNIT_PREFIX, prefix))
+        return _share("systemd", "*.service", lambda t: t.replace(UNIT_PREFIX, prefix))
+    if what == "env":
+        return _share("systemd", "*.env", lambda t: t, lambda n: n.removeprefix("capctl-"))
     if what == "examples":
-        return _share("policies", lambda t: t)
+        return _share("policies", "*.yaml", lambda t: t)
     if what == "completion":
         return _generated(["--print-completion", "bash"], "")
     return _generated(["--print-man"], ".1")
