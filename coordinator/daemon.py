@@ -5,6 +5,11 @@ Usage::
     capctl-coordinator --policy FILE --listen ADDR --state-dir DIR [--dry-run]
                        [--admin-socket PATH] [--admin-token-file PATH]
                        [--metrics-port PORT | --metrics-listen HOST:PORT] [--ready-file PATH]
+                       [--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure] [--version]
+
+Signals: SIGTERM/SIGINT stop; SIGHUP reloads the policy file (:mod:`coordinator.hangup`). Under
+systemd it reports readiness and reloads through sd_notify (:mod:`capctl.sdnotify`). A TCP
+``--listen`` that is not loopback needs TLS unless ``--insecure`` (:mod:`capctl.security.plaintext`).
 
 Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 for a user error (unreadable or invalid
 policy, address in use, unusable admin socket path) printed as one ``capctl-coordinator: ...``
@@ -264,6 +269,10 @@ async def serve(args) -> int:
     from coordinator.metrics import Metrics
 
     _check_addresses(args)
+    from capctl.security.plaintext import check_plaintext
+
+    check_plaintext(args.listen, "--listen", tls=any((args.tls_ca, args.tls_cert, args.tls_key)), insecure=args.insecure,
+                    log=log)  # incomplete --tls-* flags are refused when the servers are built
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
     for w in policy.warnings:
         log.warning("%s", w)
@@ -361,9 +370,6 @@ async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, 
     credentials = tlsmod.server_credentials(tls_config) if tls_config is not None else None
     token = authz.load_token_file(args.admin_token_file) if args.admin_token_file else None
     tcp_auth = authz.listener_authorizer(tls=credentials is not None, token=token, admin_socket=sockets.admin)
-    from capctl.security.plaintext import check_plaintext
-
-    check_plaintext(args.listen, "--listen", tls=credentials is not None, insecure=args.insecure, log=log)
     admin_gid = _group_id("coordinator.admin_group", policy.coordinator.admin_group)
     status_gid = _group_id("coordinator.status_group", policy.coordinator.status_group)
     try:
@@ -452,6 +458,7 @@ async def _shut_down(coord, servers: list, runner) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``capctl-coordinator``; returns the exit status."""
     lifeline.watch_parent()  # started by a test or the demo: stop when that parent dies
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until serve() handles it: a reload, never an exit
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -5,7 +5,8 @@
     capctl-agent --node NAME --coordinator ADDR --socket PATH --state-dir DIR
                  [--nvml-library system|simulated|PATH] [--allow-simulated] [--policy FILE]
                  [--interval-s S] [--socket-group GROUP] [--log-level LEVEL]
-                 [--tls-ca FILE --tls-cert FILE --tls-key FILE [--tls-server-name NAME]]
+                 [--tls-ca FILE --tls-cert FILE --tls-key FILE [--tls-server-name NAME]] [--insecure]
+                 [--metrics-listen HOST:PORT] [--version]
 
 What it does (docs/protocol.md):
 
@@ -32,7 +33,9 @@ the agent's state and cap helpers are in :mod:`nodeagent.core`, the boot failsaf
 and periodic tick in :mod:`nodeagent.loop`, JobStart/JobEnd in :mod:`nodeagent.jobs`, the state
 file in :mod:`nodeagent.agentstate` and the protobuf builders in :mod:`nodeagent.messages`.
 
-SIGTERM/SIGINT stop it cleanly (caps stay where they are: the lease/safe caps protect the budget).
+SIGTERM/SIGINT stop it cleanly (caps stay where they are: the lease/safe caps protect the budget);
+SIGHUP re-reads ``--policy`` (:mod:`nodeagent.hangup`); sd_notify readiness (:mod:`capctl.sdnotify`);
+Prometheus endpoint with ``--metrics-listen`` (:mod:`nodeagent.metrics`).
 Exit codes as :mod:`capctl.errors` (1 bad input, 5 NVML/hardware).
 """
 
@@ -401,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``capctl-agent``; returns the exit status."""
     lifeline.watch_parent()  # started by a test or the demo: stop when that parent dies
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until run() handles it: a reload, never an exit
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s capctl-agent[%(process)d] %(levelname)s %(name)s: %(message)s")

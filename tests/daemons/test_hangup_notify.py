@@ -85,3 +85,46 @@ def test_agent_sighup_reloads_its_policy_and_notifies(tmp_path, notify_socket):
                    "rejection logged", proc=agent)
         assert agent.popen.poll() is None and agent.status().ready
     node.close()
+
+
+def test_daemons_refuse_clear_text_on_a_network_address(tmp_path):
+    """Secure by default: no TLS on a non-loopback TCP address is exit 1 with one line naming the flag
+    and both ways out, before anything is bound or any GPU touched (192.0.2.1: TEST-NET-1, RFC 5737,
+    never reached)."""
+    import subprocess
+    import sys
+
+    policy = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=1600.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPCTL_", "NOTIFY_SOCKET"))}
+    runs = {
+        "--listen 192.0.2.1:7373": [sys.executable, "-m", "coordinator.daemon", "--policy", str(policy), "--listen",
+                                    "192.0.2.1:7373", "--state-dir", str(tmp_path / "s"), "--admin-socket", "none",
+                                    "--metrics-port", "-1"],
+        "--coordinator 192.0.2.1:7373": [sys.executable, "-m", "nodeagent.daemon", "--node", "n1", "--coordinator",
+                                         "192.0.2.1:7373", "--socket", str(tmp_path / "a.sock"), "--state-dir",
+                                         str(tmp_path / "a")],
+    }
+    for flag, argv in runs.items():
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{flag}: a network address needs TLS" in r.stderr and "--insecure" in r.stderr
+
+
+def test_insecure_allows_clear_text_with_a_loud_warning(caplog):
+    import logging
+
+    from capctl.errors import UserInputError
+    from capctl.security.plaintext import check_plaintext, is_local
+
+    log = logging.getLogger("test.plaintext")
+    for local in ("unix:/run/x.sock", "127.0.0.5:7373", "[::1]:7373", "localhost:7373"):
+        assert is_local(local)
+        check_plaintext(local, "--listen", tls=False, insecure=False, log=log)
+    assert not is_local("10.1.2.3:7373") and not is_local("head01:7373") and not is_local("[::]:7373")
+    with pytest.raises(UserInputError, match="--listen head01:7373: a network address needs TLS"):
+        check_plaintext("head01:7373", "--listen", tls=False, insecure=False, log=log)
+    check_plaintext("head01:7373", "--listen", tls=True, insecure=False, log=log)
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING):
+        check_plaintext("head01:7373", "--listen", tls=False, insecure=True, log=log)
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "INSECURE" in caplog.records[0].getMessage()
