@@ -56,13 +56,13 @@ class NotFoundError(CapctlError):
     exit_code = 6
 
 
-def run_for_person(prog: str, func, *args) -> int:
+def run_for_person(prog: str, func, *args, extra: str | None = None) -> int:
     """Call ``func(*args)`` as a command-line entry point and return the process exit status.
 
     :class:`CapctlError` is printed as ``<prog>: <message>`` on stderr and yields its
     ``exit_code`` (no traceback for a person's error); Ctrl-C yields 130. A module of an extra that
-    is not installed (:mod:`capctl.extras`) is one line naming the extra, exit 1. Other exceptions
-    propagate.
+    is not installed (:mod:`capctl.extras`) is one line naming the extra (``extra`` when the
+    command belongs to one, e.g. "sim"), exit 1. Other exceptions propagate.
     """
     import sys
 
@@ -76,7 +76,7 @@ def run_for_person(prog: str, func, *args) -> int:
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as exc:
-        message = missing_extra_message(prog, exc)
+        message = missing_extra_message(prog, exc, extra)
         if message is None:
             raise
         print(message, file=sys.stderr)

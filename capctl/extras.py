@@ -37,14 +37,16 @@ def extra_for(module: str | None) -> str | None:
     return found[0] if found else None
 
 
-def missing_extra_message(prog: str, exc: ModuleNotFoundError) -> str | None:
+def missing_extra_message(prog: str, exc: ModuleNotFoundError, extra: str | None = None) -> str | None:
     """One line for a person when ``exc`` is a module of one of capctl's extras, else None.
+    ``extra``: the extra the command belongs to (``capctl sim``: "sim"), named instead of the
+    module's own.
 
     Example: ``capctl-coordinator: needs capctl[coordinator] (module numpy is not installed):
     pip install 'capctl[coordinator]'``.
     """
-    extra = extra_for(exc.name)
-    if extra is None:
+    if extra_for(exc.name) is None:
         return None
+    extra = extra or extra_for(exc.name)
     return (f"{prog}: needs capctl[{extra}] (module {exc.name.partition('.')[0]} is not installed): "
             f"pip install 'capctl[{extra}]'")

@@ -46,4 +46,4 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the summary, as one JSON object")
     p.add_argument("--no-live", action="store_true", help="no live status view (progress lines on stderr)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, state) afterwards")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, extra="sim")  # extra: named when a module is missing

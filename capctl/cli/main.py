@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         configure(args)
         return args.func(args)
 
-    return run_for_person("capctl", dispatch)
+    return run_for_person("capctl", dispatch, extra=getattr(args, "extra", None))
 
 
 if __name__ == "__main__":

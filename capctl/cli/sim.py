@@ -33,7 +33,7 @@ def register(subparsers) -> None:
                    help="comma-separated subset of uniform,utilization,balancer,capctl,oracle (default all)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, extra="sim")  # extra: named when a module is missing
 
 
 def _check_plot_dir(path: str) -> None:

@@ -73,6 +73,11 @@ def test_the_agent_install_has_no_solver_stack_and_names_the_missing_extra():
     assert coordinator.returncode == 1 and "Traceback" not in coordinator.stderr
     assert coordinator.stderr == ("capctl-coordinator: needs capctl[coordinator] (module numpy is not installed): "
                                   "pip install 'capctl[coordinator]'\n")
+    for argv, prog in (([agent / "bin" / "capctl-simgpu", "models"], "capctl-simgpu"),
+                       ([agent / "bin" / "capctl", "sim", "--policy", "p.yaml", "--cluster", "c.yaml"], "capctl")):
+        out = run(argv)
+        assert out.returncode == 1 and out.stderr == (f"{prog}: needs capctl[sim] (module numpy is not installed): "
+                                                      "pip install 'capctl[sim]'\n"), out.stderr
     coord = venv(installed.COORDINATOR_VENV)
     assert run([coord / "bin" / "python", "-c", "import cvxpy, scipy, prometheus_client"]).returncode == 0
 
