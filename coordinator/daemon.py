@@ -398,15 +398,25 @@ def _socket_modes(sockets: _Sockets, admin_gid: int | None, status_gid: int | No
     status group, else 0600."""
     if sockets.admin:
         os.chmod(sockets.admin, 0o600)
-        if admin_gid is not None:  # policy coordinator.admin_group: its members are admins too
-            os.chown(sockets.admin, -1, admin_gid)
-            os.chmod(sockets.admin, 0o660)
+        if admin_gid is not None and _chown_group(sockets.admin, admin_gid, "coordinator.admin_group"):
+            os.chmod(sockets.admin, 0o660)  # policy coordinator.admin_group: its members are admins too
     if sockets.status:
-        if status_gid is not None:  # policy coordinator.status_group: read-only status
-            os.chown(sockets.status, -1, status_gid)
-            os.chmod(sockets.status, 0o660)
+        if status_gid is not None and _chown_group(sockets.status, status_gid, "coordinator.status_group"):
+            os.chmod(sockets.status, 0o660)  # policy coordinator.status_group: read-only status
         else:
             os.chmod(sockets.status, 0o600)
+
+
+def _chown_group(path: str, gid: int, field: str) -> bool:
+    """Give ``path`` to group ``gid``; False (logged, the socket stays owner-only: the safe side) when
+    not allowed, e.g. an unprivileged coordinator outside that group (systemd: SupplementaryGroups=)."""
+    try:
+        os.chown(path, -1, gid)
+    except OSError as exc:
+        log.error("policy %s: cannot give %s to gid %d (%s); it stays owner-only. Under systemd add the group "
+                  "with SupplementaryGroups= in a drop-in", field, path, gid, exc.strerror or exc)
+        return False
+    return True
 
 
 def _serve_metrics(coord, metrics, metrics_addr: tuple[str, int] | None) -> int | None:

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 
+from capctl import __version__
 from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
@@ -22,7 +23,7 @@ from nodeagent.lease import failsafe_caps
 
 log = logging.getLogger("capctl.agent")
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = __version__  # the one version (capctl/__init__.py)
 BOOT_DEFAULT_TOLERANCE_W = 1.0
 PHASE_DECREASE = "decrease"
 """``CapPlan.phase`` of the first phase of a reallocation: caps only come down (docs/protocol.md)."""
