@@ -1,7 +1,7 @@
-"""Privileges as the units bound them. The coordinator needs no privilege (its unit runs it as a dynamic user with an empty capability
-bounding set): started as ``nobody`` with no capabilities at all (util-linux ``setpriv``), it serves,
-tells systemd it is ready, reloads on SIGHUP and stops cleanly; root's ``capctl`` reaches its admin
-socket."""
+"""Privileges as the units bound them. The coordinator needs none (its unit runs it as a dynamic
+user with an empty capability bounding set): started as ``nobody`` with no capabilities at all
+(util-linux ``setpriv``), it serves, tells systemd it is ready, reloads on SIGHUP and stops cleanly;
+root's ``capctl`` reaches its admin socket. The agent needs only CAP_SYS_ADMIN and CAP_CHOWN."""
 
 from __future__ import annotations
 
