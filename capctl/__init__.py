@@ -4,4 +4,4 @@ Units: watts and degrees Celsius everywhere; milliwatts only at the NVML edge
 (:mod:`nodeagent.nvml`).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

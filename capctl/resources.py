@@ -8,6 +8,7 @@ share path             what                                                     
 =====================  ==========================================================  ==================
 ``systemd/``           unit files and their env files (``capctl install units``)  ``deploy/systemd``
 ``policies/``          example policies                                            ``examples/policies``
+``clusters/``          example clusters for ``capctl sim``                         ``examples/clusters``
 ``grafana/``           the Grafana dashboard                                       ``deploy/grafana``
 ``schema/``            ``status-schema.json`` (``capctl status --json``)            ``docs``
 =====================  ==========================================================  ==================
@@ -28,6 +29,7 @@ from pathlib import Path
 SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "systemd": ("deploy/systemd", ("*.service", "*.env")),
     "policies": ("examples/policies", ("*.yaml",)),
+    "clusters": ("examples/clusters", ("*.yaml",)),
     "grafana": ("deploy/grafana", ("*.json",)),
     "schema": ("docs", ("status-schema.json",)),
 }

@@ -9,7 +9,8 @@ units          ``capctl-agent.service``, ``capctl-coordinator.service`` with thi
                bin directory in ``ExecStart=`` (one prefix; e.g. DIR = /etc/systemd/system)
 env            ``agent.env``, ``coordinator.env``: the units' ``EnvironmentFile=`` examples
                (DIR = /etc/capctl; use --no-clobber to keep edited ones)
-examples       the example policies (``*.yaml``)
+examples       the example policies (``*.yaml``) and, under ``clusters/``, the example clusters of
+               ``capctl sim``
 completion     bash completion of every capctl command (``--print-completion bash``)
 man            man pages (section 1) of every capctl command (``--print-man``)
 =============  =================================================================================
@@ -113,7 +114,8 @@ def files(what: str) -> list[tuple[str, bytes, int]]:
     if what == "env":
         return _share("systemd", "*.env", lambda t: t, lambda n: n.removeprefix("capctl-"))
     if what == "examples":
-        return _share("policies", "*.yaml", lambda t: t)
+        return (_share("policies", "*.yaml", lambda t: t)
+                + _share("clusters", "*.yaml", lambda t: t, lambda n: f"clusters/{n}"))
     if what == "completion":
         return _generated(["--print-completion", "bash"], "")
     return _generated(["--print-man"], ".1")

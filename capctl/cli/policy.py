@@ -66,10 +66,13 @@ def _device_map(items: list[str]) -> dict[str, float]:
 def run_validate(args: argparse.Namespace) -> int:
     """Validate ``args.file``; print the result; return 0 (valid) or 1 (invalid).
 
+    Output: ``FILE: ok`` on stdout when valid; findings inside a file that was read are compiler-style
+    ``file:line:col: message`` lines on stderr (errors, then warnings, incl. a coordinator.admin_group
+    that does not exist on this host).
+
     Raises:
         UserInputError: (without --json) the file cannot be read at all: one ``capctl: FILE: ...`` line
-            on stderr like every other user error (docs/cli.md); findings inside a file that was read
-            are ``file:line:col`` lines on stdout.
+            on stderr like every other user error (docs/cli.md).
     """
     from capctl.errors import UserInputError
     from capctl.policy import check_file
@@ -77,17 +80,32 @@ def run_validate(args: argparse.Namespace) -> int:
     report = check_file(args.file, device_min_cap_w=_device_map(args.device_min_cap))
     if not args.json and not report.ok and not os.path.isfile(args.file):
         raise UserInputError(report.errors[0] if report.errors else f"{args.file}: cannot read the policy file")
+    warnings = list(report.warnings) + _host_warnings(args.file, report.policy)
     if args.json:
-        print(json.dumps({"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": report.warnings}, indent=2))
+        print(json.dumps({"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": warnings}, indent=2))
         return 0 if report.ok else 1
-    for line in report.warnings:
+    for line in report.errors + warnings:
         print(line, file=sys.stderr)
     if report.ok:
         print(f"{args.file}: ok")
         return 0
-    for line in report.errors:
-        print(line)
     return 1
+
+
+def _host_warnings(path: str, policy) -> list[str]:
+    """Warnings that depend on this host, not on the file: a ``coordinator.admin_group`` that does not
+    exist here (a coordinator started with it logs an error and leaves its admin socket root-only)."""
+    import grp
+
+    group = policy.coordinator.admin_group if policy is not None else None
+    if not group:
+        return []
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        return [f"{path}: warning: coordinator.admin_group: group {group!r} does not exist on this host; "
+                "create it (groupadd) where the coordinator runs, or the admin socket stays root-only"]
+    return []
 
 
 def run_reload(args: argparse.Namespace) -> int:

@@ -235,11 +235,20 @@ class Demo:
 
         lib = Path(library_path())
         if not lib.is_file():
-            raise CapctlError(f"simulated NVML driver {lib} is not built: run 'make build' (or 'make demo')")
+            raise CapctlError(f"simulated NVML driver {lib} is not built; the demo runs from a source checkout "
+                              "('make demo' builds it), or set CAPCTL_SIMNVML_LIB to a built libnvidia-ml.so.1 "
+                              "(the wheel never ships the simulated driver)")
+        import importlib.util
+
+        # the demo runs a coordinator (solver stack) and agents (pynvml): capctl[sim] brings both
+        missing = [m for m in ("numpy", "cvxpy", "pynvml") if importlib.util.find_spec(m) is None]
         try:
             from capctl.simgpu.node import SimNode
         except ImportError as exc:
-            raise CapctlError(f"simulated GPUs unavailable ({exc}); run 'make build'") from None
+            missing.append(getattr(exc, "name", None) or str(exc))
+        if missing:
+            raise CapctlError(f"demo: needs capctl[sim] (module {missing[0]} is not installed): "
+                              "pip install 'capctl[sim]'")
         remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         if not self.keep:  # --keep: never removed by a later run

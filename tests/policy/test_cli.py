@@ -20,20 +20,46 @@ def capctl(*args: str, timeout: float = 60, cwd: Path = ROOT) -> subprocess.Comp
     )
 
 
+def _admin_group_warning(path: Path) -> str:
+    """The host-dependent warning validate prints when the file's admin_group is unknown here."""
+    import grp
+
+    import yaml
+
+    group = (yaml.safe_load(path.read_text()).get("coordinator") or {}).get("admin_group")
+    try:
+        if not group or grp.getgrnam(group):
+            return ""
+    except KeyError:
+        pass
+    return (f"{path}: warning: coordinator.admin_group: group {group!r} does not exist on this host; "
+            "create it (groupadd) where the coordinator runs, or the admin socket stays root-only\n")
+
+
 def test_validate_examples_exit_0() -> None:
     for path in sorted((ROOT / "examples" / "policies").glob("*.yaml")):
         result = capctl("policy", "validate", str(path))
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout == f"{path}: ok\n"
-        assert result.stderr == ""
+        assert result.stderr == _admin_group_warning(path)
+
+
+def test_validate_warns_of_an_admin_group_missing_on_this_host(tmp_path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nbudget_w: 9000\ncoordinator: {admin_group: no-such-group-capctl}\n")
+    result = capctl("policy", "validate", str(path))
+    assert result.returncode == 0 and result.stdout == f"{path}: ok\n"
+    assert result.stderr == _admin_group_warning(path) and "no-such-group-capctl" in result.stderr
+    path.write_text("version: 1\nbudget_w: 9000\ncoordinator: {admin_group: root}\n")
+    assert capctl("policy", "validate", str(path)).stderr == ""
 
 
 def test_validate_errors_exit_1(tmp_path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("version: 1\nbudget: 20kW\nprolog: {on_unreachable: fail_open}\n")
     result = capctl("policy", "validate", str(path))
-    assert result.returncode == 1
-    lines = result.stdout.splitlines()
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
     assert lines == [
         f"{path}:2:1: unknown key 'budget'; did you mean 'budget_w' (watts)? write the number in watts without a unit: budget_w: 20000",
         f"{path}:3:26: prolog.on_unreachable: 'fail_open' is not allowed; allowed: 'fail-open', 'fail-closed' (did you mean 'fail-open'?)",
@@ -75,8 +101,9 @@ def test_validate_bad_files_one_clean_line(tmp_path, content, expected) -> None:
     if content is None:  # no file to report on: a user error like any other, `capctl: ...` on stderr
         assert result.stdout == "" and result.stderr == f"capctl: {path}: {expected}\n"
         return
-    assert len(result.stdout.splitlines()) == 1 and expected in result.stdout
-    assert result.stdout.startswith(str(path))
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and expected in result.stderr
+    assert result.stderr.startswith(str(path))
 
 
 def test_validate_device_min_cap_flag(tmp_path) -> None:
@@ -85,7 +112,7 @@ def test_validate_device_min_cap_flag(tmp_path) -> None:
     assert capctl("policy", "validate", str(path)).returncode == 0
     result = capctl("policy", "validate", "--device-min-cap", "L40S=150", str(path))
     assert result.returncode == 1
-    assert "min_cap_w: 120 W is below the minimum cap 150 W of L40S" in result.stdout
+    assert "min_cap_w: 120 W is below the minimum cap 150 W of L40S" in result.stderr
     bad = capctl("policy", "validate", "--device-min-cap", "L40S", str(path))
     assert bad.returncode == 1 and "expected MODEL=WATTS" in bad.stderr and "Traceback" not in bad.stderr
 

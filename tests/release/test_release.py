@@ -47,7 +47,7 @@ def test_the_wheel_holds_the_generated_code_shipped_files_and_ranges():
         meta = next(whl.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     for name in ("capctl/v1/capctl_pb2.py", "capctl/v1/capctl_pb2_grpc.py", "capctl/policy/schema.json",
                  "capctl/share/systemd/capctl-agent.service", "capctl/share/systemd/capctl-coordinator.service",
-                 "capctl/share/schema/status-schema.json", "slurm/prolog", "slurm/epilog", "slurm/healthcheck"):
+                 "capctl/share/schema/status-schema.json", "capctl/share/clusters/shared-64x8.yaml", "slurm/prolog", "slurm/epilog", "slurm/healthcheck"):
         assert name in names, name
     assert any(n.endswith("licenses/LICENSE") for n in names) and any(n.endswith("licenses/NOTICE") for n in names)
     assert not any("simnvml" in n or n.endswith(".so") or n.endswith(".so.1") for n in names), "simulated driver shipped"
@@ -78,6 +78,12 @@ def test_the_agent_install_has_no_solver_stack_and_names_the_missing_extra():
         out = run(argv)
         assert out.returncode == 1 and out.stderr == (f"{prog}: needs capctl[sim] (module numpy is not installed): "
                                                       "pip install 'capctl[sim]'\n"), out.stderr
+    # the demo: without a built simulated driver it says where the demo runs; with one, which extra it needs
+    lib = Path(__file__).resolve().parents[2] / "build" / "simnvml" / "libnvidia-ml.so.1"
+    no_lib = run([agent / "bin" / "capctl", "demo"], env={"PATH": "/usr/bin:/bin", "CAPCTL_SIMNVML_LIB": "/nonexistent.so"})
+    assert no_lib.returncode != 0 and no_lib.stderr.count("\n") == 1 and "CAPCTL_SIMNVML_LIB" in no_lib.stderr, no_lib
+    demo = run([agent / "bin" / "capctl", "demo"], env={"PATH": "/usr/bin:/bin", "CAPCTL_SIMNVML_LIB": str(lib)})
+    assert demo.stderr == "capctl: demo: needs capctl[sim] (module numpy is not installed): pip install 'capctl[sim]'\n", demo
     coord = venv(installed.COORDINATOR_VENV)
     assert run([coord / "bin" / "python", "-c", "import cvxpy, scipy, prometheus_client"]).returncode == 0
 
