@@ -244,6 +244,38 @@ def _check_state_dir(path: str) -> None:
         raise UserInputError(f"--state-dir {path}: not a directory; {allowed}")
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserInputError(f"--state-dir {path}: not writable; {allowed}")
+    _lock_state_dir(path)
+
+
+_STATE_DIR_LOCK: list[int] = []
+"""The open descriptor of the held state-directory lock (kept for the life of the process)."""
+
+
+def _lock_state_dir(path: str) -> None:
+    """Take ``path/lock`` (flock, exclusive, released when the process ends, kill -9 included): two
+    coordinators sharing one state directory would overwrite each other's budget and node ledger.
+
+    Raises:
+        UserInputError: another live process holds it (names its pid from the file).
+    """
+    import fcntl
+
+    lock = os.path.join(path, "lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise UserInputError(f"--state-dir {path}: cannot open its lock file {lock} ({exc.strerror}); "
+                             "give a writable directory (created 0700 if missing)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserInputError(f"--state-dir {path}: in use by another coordinator (pid {holder}, {lock}); "
+                             "give each coordinator its own state directory") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _STATE_DIR_LOCK.append(fd)
 
 
 def _check_addresses(args) -> None:

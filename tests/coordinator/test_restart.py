@@ -129,3 +129,19 @@ def test_restart_counts_nodes_whose_agents_have_not_reconnected(tmp_path, start_
     assert all(a1.caps()[i] <= a_caps[k] + 3.0 for k, i in enumerate((0, 1))), (a1.caps(), a_caps)
     assert sum(a1.caps().values()) + sum(held.values()) <= 3000 + 1e-6
     assert ledger.max_sum_w <= 3000 + 1e-6
+
+
+def test_a_second_coordinator_on_the_same_state_directory_is_refused(tmp_path, start_coordinator):
+    """Two coordinators sharing one state directory would overwrite each other's budget and ledger:
+    the second is refused with one line naming the first's pid; after the first ends, a new one starts."""
+    policy = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=1600.0)
+    first = start_coordinator(policy)
+    r = _run("--policy", str(policy), "--state-dir", str(first.state_dir), "--admin-socket", str(tmp_path / "b.sock"),
+             "--metrics-port", "-1", "--listen", "127.0.0.1:0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert f"in use by another coordinator (pid {first.proc.pid}," in r.stderr
+    assert first.proc.poll() is None
+    first.proc.kill()  # kill -9 releases the lock too
+    first.proc.wait(10)
+    second = start_coordinator(policy, state_dir=first.state_dir)
+    assert second.proc.poll() is None
