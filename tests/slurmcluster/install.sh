@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Install Debian's Slurm (slurm-wlm 22.05: slurmctld, slurmd, client tools) and munge when missing.
+# Install Debian's Slurm (slurm-wlm 22.05: slurmctld, slurmd, slurmdbd, client tools), munge and
+# mariadb-server (slurmdbd's database) when missing.
 # Idempotent and quiet: does nothing (and no network) when every package is already installed;
 # runs `apt-get update` only when a package cannot be found in the local package lists.
 # Needs root (the test setup and CI run as root). Starts no daemon: tests/slurmcluster does that.
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge)
+# slurmdbd + mariadb-server: the accounting database the test cluster starts (sacct, AdminComment).
+PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -1,0 +1,136 @@
+"""Per-job GPU energy of one node, from the devices' total-energy counters (pure; no device access).
+
+Source: NVML ``nvmlDeviceGetTotalEnergyConsumption`` (Volta and later), the energy (mJ, turned
+into J by :mod:`nodeagent.nvml`) the GPU used since the driver was last loaded. The agent feeds
+:meth:`EnergyMeter.observe` a reading of every GPU at JobStart (before the new binding), at JobEnd
+(before the unbinding) and at every report, so a job's energy is a sum of counter differences
+taken exactly at its start and end: exact whatever the job's length or the report interval.
+
+Rules (docs/nodeagent.md, "Per-job energy"):
+
+* **Interval.** Between two readings of a GPU the set of jobs bound to it is constant (bindings
+  change only right after a reading). The counter difference of that interval is charged to them.
+* **Shared GPUs** (MIG instances, several jobs on one GPU): NVML has one energy counter per
+  physical GPU and none per MIG instance, so each interval's difference, its seconds, its capped
+  and thermal seconds are split *equally* between the jobs bound to the GPU in that interval. The
+  shares of a GPU always add up to its counter difference: nothing is counted twice or lost.
+* **Counter resets** (driver reload, GPU reset: the counter restarts at 0): a reading below the
+  previous one counts as a reset; the interval is charged the new reading (the energy since the
+  reset). The energy between the previous reading and the reset is unknown and not charged (at
+  most one report interval's worth); :attr:`JobEnergy.resets` counts such intervals.
+* **Unreadable GPU** (error sample, no counter: NaN): the GPU's last good reading is kept; the next
+  good one charges the whole gap to the jobs bound at that time.
+* **Time capped / in thermal slowdown**: the interval's seconds (split as above) count when the
+  reading that closes it shows a power-capping / thermal clocks event reason
+  (:func:`capctl.reasons.classify`): sampled once per interval.
+
+Units: joules, seconds (``timestamp_s``: Unix time), watts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from capctl.reasons import classify
+
+
+@dataclasses.dataclass
+class JobEnergy:
+    """What one job used on this node's GPUs so far (J, GPU-seconds, W, Unix s).
+
+    ``gpu_s``, ``capped_s`` and ``thermal_s`` are GPU-seconds (a 2-GPU job capped for 10 s has
+    ``capped_s`` 20), shared GPUs split equally. ``power_w``: mean power of the job's share over
+    its latest interval; ``peak_power_w``: the highest such value. ``end_time_s`` is 0 while the
+    job runs. ``resets``: intervals with a counter reset (energy of those may be short).
+    """
+
+    job_id: str
+    start_time_s: float
+    energy_j: float = 0.0
+    gpu_s: float = 0.0
+    capped_s: float = 0.0
+    thermal_s: float = 0.0
+    power_w: float = 0.0
+    peak_power_w: float = 0.0
+    end_time_s: float = 0.0
+    resets: int = 0
+    gpus: int = 0
+
+
+class EnergyMeter:
+    """Energy accounting of one node: the last counter reading of each GPU and the running jobs'
+    :class:`JobEnergy` (see the module docstring for the rules). Not thread safe: the agent calls it
+    under its lock."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, float]] = {}  # GPU index -> (counter J, Unix s)
+        self.jobs: dict[str, JobEnergy] = {}
+
+    def observe(self, samples: Iterable, bound: Mapping[int, Sequence[str]]) -> None:
+        """Charge every GPU's counter difference since its previous reading to the jobs ``bound``
+        to it (``{index: [job_id, ...]}``: the bindings in force since that reading).
+
+        ``samples``: :class:`~nodeagent.backend.GpuSample`-like objects (``index``, ``energy_j``,
+        ``timestamp_s``, ``clocks_event_reasons``, ``error``). Never raises for odd readings.
+        """
+        power: dict[str, float] = {}
+        for s in samples:
+            e = getattr(s, "energy_j", math.nan)
+            t = getattr(s, "timestamp_s", math.nan)
+            if getattr(s, "error", None) or not (_finite(e) and e >= 0.0 and _finite(t)):
+                continue
+            prev = self._last.get(s.index)
+            self._last[s.index] = (e, t)
+            if prev is None:
+                continue
+            jobs = [j for j in bound.get(s.index, ()) if j in self.jobs]
+            if not jobs:
+                continue
+            reset = e < prev[0]
+            delta_j = e if reset else e - prev[0]
+            dt = max(0.0, t - prev[1])
+            thermal, capped = classify(tuple(getattr(s, "clocks_event_reasons", ()) or ()))
+            share = 1.0 / len(bound.get(s.index, ()) or jobs)
+            for job_id in jobs:
+                rec = self.jobs[job_id]
+                rec.energy_j += delta_j * share
+                rec.gpu_s += dt * share
+                rec.capped_s += dt * share if capped else 0.0
+                rec.thermal_s += dt * share if thermal else 0.0
+                rec.resets += 1 if reset else 0
+                if dt > 0:
+                    power[job_id] = power.get(job_id, 0.0) + delta_j * share / dt
+        for job_id, p in power.items():
+            rec = self.jobs[job_id]
+            rec.power_w = p
+            rec.peak_power_w = max(rec.peak_power_w, p)
+
+    def start(self, job_id: str, start_time_s: float, gpus: int) -> JobEnergy:
+        """Start (or keep) the record of ``job_id`` (``gpus``: its GPU count on this node); call it
+        after the :meth:`observe` that closes the intervals before the job. Idempotent."""
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            rec = self.jobs[job_id] = JobEnergy(job_id=job_id, start_time_s=start_time_s)
+        rec.gpus = max(rec.gpus, int(gpus))
+        return rec
+
+    def finish(self, job_id: str, end_time_s: float) -> JobEnergy | None:
+        """Close and return the record of ``job_id`` (None when the meter never saw it start);
+        call it after the :meth:`observe` that closes the job's last interval."""
+        rec = self.jobs.pop(job_id, None)
+        if rec is not None:
+            rec.end_time_s = end_time_s
+        return rec
+
+    def running(self) -> list[JobEnergy]:
+        """The records of the running jobs, by job id."""
+        return [self.jobs[j] for j in sorted(self.jobs)]
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
