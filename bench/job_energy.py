@@ -9,7 +9,8 @@ For each interval: starts the cluster (budget and start cap at the devices' maxi
 runs uncapped), loads both GPUs, reads both simulated energy counters, runs JobStart, polls
 ``capctl jobs`` (Admin.Jobs) every 0.1 s while the job runs, JobEnd, reads the counters again and
 then asks for the finished job (Admin.FinishedJobs; missing on a coordinator without it). Prints,
-per interval: the counter difference (J), the most any running-job poll showed (J), the finished
+per interval: the counter difference (J) from before JobStart to after JobEnd (and from after
+JobStart returned to before JobEnd was called: the agent's own readings lie between the two), the most any running-job poll showed (J), the finished
 record's energy (J, or "dropped"), and the ratios reported / counters. Last line: one JSON object.
 Everything started is stopped.
 """
@@ -43,6 +44,7 @@ def one_run(workdir: Path, interval_s: float, job_s: float, load_w: float) -> di
             agent = cl.agent("n1").client()
             e0 = sum(sim.read(i)["energy_j"] for i in range(2))
             assert agent.job_start("E1", ["0", "1"]).ok
+            e0_in = sum(sim.read(i)["energy_j"] for i in range(2))
             polls, seen = 0, []
             end = time.monotonic() + job_s
             while time.monotonic() < end:
@@ -50,11 +52,13 @@ def one_run(workdir: Path, interval_s: float, job_s: float, load_w: float) -> di
                 polls += 1
                 seen.append(jobs["E1"].energy_j if "E1" in jobs else 0.0)
                 time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            e1_in = sum(sim.read(i)["energy_j"] for i in range(2))
             agent.job_end("E1")
             e1 = sum(sim.read(i)["energy_j"] for i in range(2))
             finished = _finished(c, "E1", 5.0)
     truth = e1 - e0
-    return {"interval_s": interval_s, "counters_j": round(truth, 2), "polls": polls,
+    return {"interval_s": interval_s, "counters_j": round(truth, 2), "counters_inner_j": round(e1_in - e0_in, 2),
+            "polls": polls,
             "max_running_j": round(max(seen or [0.0]), 2), "finished_j": finished,
             "running_ratio": round(max(seen or [0.0]) / truth, 4),
             "finished_ratio": None if finished is None else round(finished / truth, 4)}
@@ -86,7 +90,8 @@ def main(argv=None) -> int:
             work = Path(tmp) / f"run{k}"
             work.mkdir()
             r = one_run(work, iv, args.job_s, args.load_w)
-            print(f"interval {iv:g} s: counters {r['counters_j']:.1f} J over {args.job_s:g} s; running polls "
+            print(f"interval {iv:g} s: counters {r['counters_j']:.1f} J around the JobStart/JobEnd calls "
+                  f"({r['counters_inner_j']:.1f} J between them) over {args.job_s:g} s; running polls "
                   f"({r['polls']}) max {r['max_running_j']:.1f} J ({100 * r['running_ratio']:.1f} %); finished "
                   + ("dropped" if r["finished_j"] is None else
                      f"{r['finished_j']:.1f} J ({100 * r['finished_ratio']:.2f} %)"))

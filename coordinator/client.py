@@ -131,6 +131,13 @@ class AdminClient:
         """``ExplainReply`` for ``job_id``. Raises NotFoundError for an unknown job."""
         return self._call("Explain", self._pb.ExplainRequest(job_id=job_id))
 
+    def finished_jobs(self, since_s: float = 0.0, job_id: str = "", limit: int = 0) -> list:
+        """Finished jobs the coordinator keeps (``FinishedJob`` messages, newest first): those that
+        ended at or after ``since_s`` (Unix s), only ``job_id`` when given, at most ``limit`` (0:
+        the server's maximum)."""
+        req = self._pb.FinishedJobsRequest(since_s=float(since_s), job_id=job_id, limit=int(limit))
+        return list(self._call("FinishedJobs", req).jobs)
+
     def set_budget(self, budget_w: float):
         """``SetBudgetReply``; ``ok`` False (with ``deficit_w``) when below the minimum caps.
 

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, metavar="DIR",
                    help=f"directory of the state database coordinator.db (default {DEFAULT_STATE_DIR})")
     p.add_argument("--dry-run", action="store_true", help="compute, report and export; apply nothing")
+    p.add_argument("--finished-retention-days", type=float, default=30.0, metavar="DAYS",
+                   help="keep finished jobs (energy, GPU-seconds, ...) this many days after their end (default 30)")
+    p.add_argument("--finished-max-jobs", type=int, default=100_000, metavar="N",
+                   help="keep at most N finished jobs, the oldest dropped first (default 100000)")
     p.add_argument("--admin-socket", default=DEFAULT_ADMIN_SOCKET, metavar="PATH",
                    help=f"root-only unix socket (mode 0600) for admin RPCs (default {DEFAULT_ADMIN_SOCKET}; 'none' = off)")
     p.add_argument("--admin-token-file", metavar="PATH",
@@ -312,9 +316,10 @@ async def serve(args) -> int:
     _check_state_dir(args.state_dir)
     _precheck_listen(args.listen)
     store, store_error = _open_store(args.state_dir)
+    finished = _open_finished(args)
     metrics = Metrics()
     coord = Coordinator(policy, os.path.abspath(args.policy), store=store, dry_run=args.dry_run,
-                        store_error=store_error, metrics=metrics)
+                        store_error=store_error, metrics=metrics, finished=finished)
     metrics.attach(coord)
     sockets = _Sockets(args)
     servers, listen_addr, port = await _start_servers(coord, args, sockets, policy)
@@ -349,6 +354,7 @@ async def serve(args) -> int:
     await _shut_down(coord, servers, runner)
     metrics.close()
     store.close()
+    finished.close()
     _remove(sockets.admin, sockets.status, args.ready_file)
     log.info("stopped")
     return 0
@@ -362,6 +368,25 @@ def _remove(*paths: str | None) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _open_finished(args):
+    """The finished-job store (coordinator.finished) in ``--state-dir`` with the retention flags.
+
+    Raises:
+        UserInputError: a non-positive ``--finished-retention-days`` or ``--finished-max-jobs``.
+    """
+    from coordinator.finished import Retention, open_store
+
+    try:
+        retention = Retention(max_age_s=args.finished_retention_days * 86400.0, max_jobs=args.finished_max_jobs)
+    except ValueError:
+        raise UserInputError(f"--finished-retention-days {args.finished_retention_days!r} / --finished-max-jobs "
+                             f"{args.finished_max_jobs!r}: both must be positive") from None
+    finished, error = open_store(args.state_dir, retention)
+    if error:
+        log.error("%s; finished jobs are kept in memory only", error)
+    return finished
 
 
 def _open_store(state_dir: str):

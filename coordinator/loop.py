@@ -47,6 +47,8 @@ from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
 from coordinator import allocation, decide, observe, planner
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
+from coordinator.finished import MemoryFinishedJobs, explain_finished
+from coordinator.jobenergy import JobEnergyBook
 from coordinator.models import Models
 from coordinator.registry import Registry
 from coordinator.store import StoreError
@@ -79,16 +81,20 @@ class Coordinator:
         store: an opened or failed :class:`~coordinator.store.Store`, or None (no persistence).
         dry_run: ``--dry-run`` flag (ORed with the policy's ``dry_run``).
         store_error: the error met while opening the store, reported as an alert.
+        finished: the :class:`~coordinator.finished.FinishedJobStore` of finished jobs (default:
+            in memory).
     """
 
     def __init__(self, policy, policy_path: str, store=None, dry_run: bool = False, store_error: str = "",
-                 metrics=None) -> None:
+                 metrics=None, finished=None) -> None:
         self.coordinator_id = uuid.uuid4().hex
         # Wall-clock time derived from the monotonic clock (anchored once at start): lease expiries
         # sent to agents do not move when the head node's wall clock jumps (issue 7, clock jump).
         self._wall0_s = time.time()
         self._mono0_s = time.monotonic()
         self.registry = Registry()
+        self.energy_book = JobEnergyBook()  # running jobs' energy per node (coordinator.jobenergy)
+        self.finished = finished if finished is not None else MemoryFinishedJobs()
         self.models = Models()
         self.file_policy = policy
         self.policy_path = policy_path
@@ -492,7 +498,7 @@ class Coordinator:
                           tuple(node.bindings.values()), rows))
         snap = _Snapshot(
             policy=self.policy, dry_run=self.dry_run, policy_path=self.policy_path, coordinator_id=self.coordinator_id,
-            now=now, time_s=time.time(), nodes=nodes, job_energy_j=dict(reg.job_energy_j),
+            now=now, time_s=time.time(), nodes=nodes, job_energy_j={**reg.job_energy_j, **self.energy_book.energy_j()},
             persistent_alerts=list(self.persistent_alerts.values()), alerts=list(alerts), inputs=inputs, out=out,
             desired=desired, tick_s=tick_s, plans_sent=plans_sent,
         )
@@ -509,12 +515,52 @@ class Coordinator:
         reply.policy_path = self.policy_path
         return reply
 
+    def on_job_ended(self, node_name: str, ended) -> None:
+        """A ``JobEnded`` from ``node_name``: unbind, and when no node holds the job any more, keep
+        its :class:`~coordinator.finished.FinishedJob` (a store error becomes an alert)."""
+        from coordinator.store import StoreError
+
+        reg = self.registry
+        job_id = ended.job_id
+        self.energy_book.on_job_ended(node_name, ended)
+        bindings = reg.jobs().get(job_id, [])
+        reg.on_job_ended(node_name, job_id)
+        if any(job_id in n.bindings for n in reg.nodes.values()):
+            return  # still running on other nodes
+        if not bindings and job_id not in self.energy_book.jobs:
+            return  # an unknown job, or a repeated JobEnded
+        record = self.energy_book.finish(job_id, bindings, time.time())
+        try:
+            self.finished.put(record)
+            self.persistent_alerts.pop("finished", None)
+        except StoreError as exc:
+            self.persistent_alerts["finished"] = f"finished job {job_id} not saved: {exc}"
+            log.error("%s", exc)
+        log.info("job %s finished: %.1f J on %d GPU(s), %.1f GPU-s", job_id, record.energy_j, record.gpus,
+                 record.gpu_s)
+
+    def finished_jobs(self, request) -> pb.FinishedJobsReply:
+        """Admin.FinishedJobs: the kept finished jobs (newest first; see ``FinishedJobsRequest``).
+
+        Raises:
+            coordinator.store.StoreError: the store cannot be read.
+        """
+        from coordinator.finished import MAX_LIST
+
+        limit = int(request.limit) or MAX_LIST
+        if request.job_id:
+            rec = self.finished.get(request.job_id)
+            rows = [rec] if rec is not None and rec.end_time_s >= request.since_s else []
+        else:
+            rows = self.finished.since(request.since_s, limit)
+        return pb.FinishedJobsReply(jobs=[r.to_proto() for r in rows[:limit]])
+
     def explain(self, job_id: str) -> pb.ExplainReply | None:
-        """Why ``job_id`` got its watts, or None when the job is unknown."""
+        """Why ``job_id`` got its watts (or, once finished, what it used), or None when unknown."""
         view = self.view
         job = next((j for j in view.status.jobs if j.job_id == job_id), None)
         if job is None:
-            return None
+            return self._explain_finished(job_id)
         extra = view.jobs.get(job_id)
         reply = pb.ExplainReply(job=job, binding=job.binding)
         prices = {d.name: d for d in view.status.domains}
@@ -532,6 +578,21 @@ class Coordinator:
                 reply.slowest_node, reply.slowest_gpu_index = extra.slowest[0], extra.slowest[1]
         reply.text = explain_text(job, reply, gpus, view.status)
         return reply
+
+    def _explain_finished(self, job_id: str) -> pb.ExplainReply | None:
+        """The ExplainReply of a finished job (None when not kept; a store error is logged)."""
+        from coordinator.store import StoreError
+
+        try:
+            rec = self.finished.get(job_id)
+        except StoreError as exc:
+            log.error("%s", exc)
+            return None
+        if rec is None:
+            return None
+        job = pb.JobStatus(job_id=rec.job_id, nodes=list(rec.nodes), gpus=rec.gpus, energy_j=rec.energy_j,
+                           user=rec.user, partition=rec.partition, account=rec.account)
+        return pb.ExplainReply(job=job, finished=rec.to_proto(), text=explain_finished(rec))
 
     # -- admin -------------------------------------------------------------------------------
     async def set_budget(self, budget_w: float) -> pb.SetBudgetReply:

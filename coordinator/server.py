@@ -295,6 +295,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                     continue
                 if limits.validate_telemetry(tele, session.node):
                     continue
+                coord.energy_book.on_telemetry(session.node, tele)
                 if coord.registry.on_telemetry(session.node, tele):
                     coord.wake()  # a node's first readings: allocate it now
             elif kind == "ack":
@@ -311,7 +312,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 coord.registry.on_job_started(session.node, msg.job_started.binding)
                 coord.wake()
             elif kind == "job_ended":
-                coord.registry.on_job_ended(session.node, msg.job_ended.job_id)
+                coord.on_job_ended(session.node, msg.job_ended)
                 coord.wake()
             elif kind == "hello":
                 if msg.hello.node != session.node or self.validate_hello(msg.hello):
@@ -388,6 +389,17 @@ class AdminServicer(pb_grpc.AdminServicer):
         if reply is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id[:100]!r} is not bound to any GPU")
         return reply
+
+    async def FinishedJobs(self, request, context):  # noqa: N802
+        from coordinator.store import StoreError
+
+        if not (request.since_s >= 0) or len(request.job_id) > 128:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "FinishedJobs: since_s must be a Unix time >= 0 "
+                                "and job_id at most 128 characters")
+        try:
+            return self.coord.finished_jobs(request)
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"finished jobs: {exc}")
 
     async def SetBudget(self, request, context):  # noqa: N802
         await self._require_admin(context, "budget set")

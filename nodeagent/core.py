@@ -20,6 +20,7 @@ from capctl.errors import CapctlError
 from nodeagent import agentstate, messages
 from nodeagent.backend import DeviceInfo, GpuBackend, GpuSample
 from nodeagent.caps import CapManager
+from nodeagent.energy import EnergyMeter
 from nodeagent.lease import Lease
 from nodeagent.link import AgentLinkClient
 
@@ -81,6 +82,7 @@ class AgentCore:
         self.coordinator_id = ""
         self.telemetry_seq = 0
         self.last_samples: list[GpuSample] = []
+        self.energy = EnergyMeter()  # per-job energy from the GPUs' energy counters (nodeagent.energy)
         self.link: AgentLinkClient | None = None
         self.local = None  # nodeagent.local.LocalServer once started
         self._loop_thread: threading.Thread | None = None
@@ -104,6 +106,8 @@ class AgentCore:
             # the CapManager's file was corrupt: rebind from our own state file (two copies, one lost)
             agentstate.rebind(self.caps, meta, self._cap_bindings(), self.devices, path)
         self.jobs.update(agentstate.job_records(self._cap_bindings(), meta))
+        for job_id, rec in self.jobs.items():  # energy of restored jobs counts from now on
+            self.energy.start(job_id, float(rec.get("start_time_s") or 0.0), len(rec.get("gpu_indices", ())))
         if self.jobs:
             log.info("restored %d job binding(s) from %s: %s", len(self.jobs), self.state_dir,
                      ", ".join(sorted(self.jobs)))
@@ -189,6 +193,14 @@ class AgentCore:
             s, state=messages.telemetry_state(s, cap_state, s.index in self.safe_mode),
             job_ids=bound.get(s.index, []), error=self.gpu_error.get(s.index, ""),
             pre_job_cap_w=self.caps.saved_limits_w().get(s.index, 0.0))
+
+    def _meter(self) -> list[GpuSample]:
+        """Read every GPU and charge the energy since the last reading to the jobs bound now
+        (:meth:`EnergyMeter.observe`); returns the samples (also kept in ``last_samples``)."""
+        samples = self.backend.telemetry_all()
+        self.last_samples = samples
+        self.energy.observe(samples, self.bound_indices())
+        return samples
 
     def _cap_results(self, indices, results: dict | None = None) -> list:
         return messages.cap_results(indices, results, self.last_samples)

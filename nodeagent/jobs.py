@@ -128,7 +128,9 @@ class JobBinding(AgentCore):
                 return unchanged
             if job_id in self.jobs:
                 indices = sorted(set(self.jobs[job_id]["gpu_indices"]) | set(indices))
+            self._meter()  # energy counters at the start: the intervals before belong to the jobs before
             start, results = self._bind_and_cap(job_id, indices, req, connected)
+            self.energy.start(job_id, self.jobs[job_id]["start_time_s"], len(indices))
             ok = all(not messages.result_error(r) for r in results.values()) and len(results) == len(start)
             binding = self._binding(job_id)
             reply = capctl_pb2.JobStartReply(
@@ -209,6 +211,8 @@ class JobBinding(AgentCore):
         with self.lock:
             job_gpus = set(self.jobs.get(job_id, {}).get("gpu_indices", [])) | set(self._cap_bindings().get(job_id, []))
             known = bool(job_gpus) or job_id in self.jobs
+            self._meter()  # energy counters at the end, before the GPUs are released
+            energy = self.energy.finish(job_id, time.time())
             ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
             try:
                 res = self.caps.release(job_id, ceiling_w=ceiling)
@@ -231,5 +235,5 @@ class JobBinding(AgentCore):
             msg += "; some GPUs could not be restored and will be retried"
         log.info("JobEnd %s: %s", job_id, msg)
         if self.link is not None:
-            self.link.send(messages.job_ended(job_id, self.node))
+            self.link.send(messages.job_ended(job_id, self.node, energy))
         return capctl_pb2.JobEndReply(ok=ok, message=msg, gpus=gpus)

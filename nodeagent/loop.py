@@ -191,12 +191,12 @@ class AgentLoop(AgentCore):
             except CapctlError as err:
                 log.error("reconcile failed: %s", err)
             states = self.caps.states()
-            samples = self.backend.telemetry_all()
-            self.last_samples = samples
+            samples = self._meter()
             self.telemetry_seq += 1
             bound = self.bound_indices()
             msg = messages.node_telemetry(self.node, time.time(), self.telemetry_seq,
-                                          [self._gpu_telemetry(s, bound, states) for s in samples])
+                                          [self._gpu_telemetry(s, bound, states) for s in samples],
+                                          job_energy=[messages.job_energy(self.node, r) for r in self.energy.running()])
         if self.link is not None:
             self.link.send(msg, droppable=True)
 

@@ -149,12 +149,24 @@ def hello(*, node: str, agent_version: str, driver_version: str | None, simulate
     )
 
 
-def node_telemetry(node: str, timestamp_s: float, seq: int, gpus: list):
-    """``AgentMessage`` carrying one ``NodeTelemetry`` (``timestamp_s``: Unix time, s)."""
+def node_telemetry(node: str, timestamp_s: float, seq: int, gpus: list, job_energy: Sequence = ()):
+    """``AgentMessage`` carrying one ``NodeTelemetry`` (``timestamp_s``: Unix time, s; ``job_energy``:
+    ``JobEnergy`` messages of the running jobs, :func:`job_energy`)."""
     from capctl.v1 import capctl_pb2
 
     return capctl_pb2.AgentMessage(telemetry=capctl_pb2.NodeTelemetry(node=node, timestamp_s=timestamp_s,
-                                                                      seq=seq, gpus=gpus))
+                                                                      seq=seq, gpus=gpus, job_energy=job_energy))
+
+
+def job_energy(node: str, rec):
+    """``JobEnergy`` of one :class:`~nodeagent.energy.JobEnergy` record (J, GPU-s, W, Unix s)."""
+    from capctl.v1 import capctl_pb2
+
+    return capctl_pb2.JobEnergy(
+        job_id=rec.job_id, node=node, energy_j=finite(rec.energy_j), gpu_s=finite(rec.gpu_s),
+        capped_s=finite(rec.capped_s), thermal_s=finite(rec.thermal_s), power_w=finite(rec.power_w),
+        peak_power_w=finite(rec.peak_power_w), start_time_s=finite(rec.start_time_s),
+        end_time_s=finite(rec.end_time_s), resets=max(0, int(rec.resets)), gpus=max(0, int(rec.gpus)))
 
 
 def cap_ack(seq: int, ok: bool, gpus: list, errors: Sequence[str]):
@@ -171,8 +183,12 @@ def job_started(binding):
     return capctl_pb2.AgentMessage(job_started=capctl_pb2.JobStarted(binding=binding))
 
 
-def job_ended(job_id: str, node: str):
-    """``AgentMessage`` telling the coordinator ``job_id`` ended on ``node``."""
+def job_ended(job_id: str, node: str, energy=None):
+    """``AgentMessage`` telling the coordinator ``job_id`` ended on ``node``, with the job's final
+    :class:`~nodeagent.energy.JobEnergy` there (None: the agent never saw it start)."""
     from capctl.v1 import capctl_pb2
 
-    return capctl_pb2.AgentMessage(job_ended=capctl_pb2.JobEnded(job_id=job_id, node=node))
+    msg = capctl_pb2.JobEnded(job_id=job_id, node=node)
+    if energy is not None:
+        msg.energy.CopyFrom(job_energy(node, energy))
+    return capctl_pb2.AgentMessage(job_ended=msg)

@@ -1,0 +1,97 @@
+"""Per-job energy at the coordinator: the agents' ``JobEnergy`` reports summed over a job's nodes,
+and the :class:`~coordinator.finished.FinishedJob` record made when its last node ends it.
+
+Each agent sends, per running job, its cumulative figures since the job's start on that node (in
+every ``NodeTelemetry``) and the final ones (in ``JobEnded``); see :mod:`nodeagent.energy` for how
+they are measured. The latest report of a node replaces its earlier ones, so a lost or duplicated
+message costs nothing and a coordinator restart loses nothing (the next report carries the
+totals). A job's figures are the sums over its nodes; its peak power is the sum of each node's
+peak interval power (an upper bound when its nodes peak at different times; exact on one node);
+its mean power is its energy over its wall time (end - start).
+
+Owned by the coordinator's event loop, like the registry (no locks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coordinator.finished import FinishedJob
+
+FIELDS = ("energy_j", "gpu_s", "capped_s", "thermal_s", "power_w", "peak_power_w", "start_time_s",
+          "end_time_s", "resets", "gpus")
+
+
+@dataclasses.dataclass
+class NodeEnergy:
+    """One node's latest ``JobEnergy`` of one job (J, GPU-s, W, Unix s); ``final``: from JobEnded."""
+
+    energy_j: float = 0.0
+    gpu_s: float = 0.0
+    capped_s: float = 0.0
+    thermal_s: float = 0.0
+    power_w: float = 0.0
+    peak_power_w: float = 0.0
+    start_time_s: float = 0.0
+    end_time_s: float = 0.0
+    resets: int = 0
+    gpus: int = 0
+    final: bool = False
+
+    @classmethod
+    def from_proto(cls, msg, final: bool = False) -> "NodeEnergy":
+        return cls(**{f: getattr(msg, f) for f in FIELDS}, final=final)
+
+
+class JobEnergyBook:
+    """Running jobs' energy per node, and the finished record at a job's end."""
+
+    MAX_JOBS = 100_000
+    """Bound on the running jobs tracked (a job never ended by its agents is dropped beyond it)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, NodeEnergy]] = {}
+
+    def on_telemetry(self, node: str, msg) -> None:
+        """Take the ``job_energy`` of one ``NodeTelemetry`` from ``node`` (a final record stays)."""
+        for je in msg.job_energy:
+            nodes = self.jobs.get(je.job_id)
+            if nodes is None:
+                if len(self.jobs) >= self.MAX_JOBS:
+                    continue
+                nodes = self.jobs[je.job_id] = {}
+            if not (node in nodes and nodes[node].final):
+                nodes[node] = NodeEnergy.from_proto(je)
+
+    def on_job_ended(self, node: str, ended) -> None:
+        """Take the final ``JobEnded.energy`` of ``ended.job_id`` on ``node`` (when the agent sent one)."""
+        if ended.HasField("energy"):
+            self.jobs.setdefault(ended.job_id, {})[node] = NodeEnergy.from_proto(ended.energy, final=True)
+
+    def energy_j(self) -> dict[str, float]:
+        """Job id -> its energy so far (J), summed over its nodes."""
+        return {job: sum(n.energy_j for n in nodes.values()) for job, nodes in self.jobs.items()}
+
+    def finish(self, job_id: str, bindings: list, end_time_s: float) -> FinishedJob:
+        """The finished record of ``job_id`` (forgotten here); ``bindings``: its
+        :class:`~coordinator.registry.Binding` s (user, partition, account, nodes, GPUs)."""
+        nodes = self.jobs.pop(job_id, {})
+        first = bindings[0] if bindings else None
+        names = sorted({b.node for b in bindings} | set(nodes))
+        starts = [n.start_time_s for n in nodes.values() if n.start_time_s > 0]
+        starts += [b.start_time_s for b in bindings if b.start_time_s > 0]
+        ends = [n.end_time_s for n in nodes.values() if n.final and n.end_time_s > 0]
+        start = min(starts) if starts else 0.0
+        end = max(ends) if ends else end_time_s
+        energy = sum(n.energy_j for n in nodes.values())
+        gpus = sum(len(b.gpu_indices) for b in bindings) or sum(n.gpus for n in nodes.values())
+        return FinishedJob(
+            job_id=job_id, user=first.user if first else "", partition=first.partition if first else "",
+            account=first.account if first else "", nodes=tuple(names), gpus=gpus, start_time_s=start,
+            end_time_s=end, energy_j=energy, gpu_s=sum(n.gpu_s for n in nodes.values()),
+            mean_power_w=energy / (end - start) if end > start > 0 else 0.0,
+            peak_power_w=sum(n.peak_power_w for n in nodes.values()),
+            capped_s=sum(n.capped_s for n in nodes.values()), thermal_s=sum(n.thermal_s for n in nodes.values()),
+            resets=sum(n.resets for n in nodes.values()),
+            complete=bool(nodes) and all(n.final for n in nodes.values()) and set(nodes) >= {b.node for b in bindings},
+        )
