@@ -6,7 +6,8 @@ Layers (one way only):
 - ``capctl.cli`` -> the coordinator's client API (``coordinator.client``) and the agent client
   (``capctl.agentclient``) -> the protocol (``capctl.v1``);
 - ``coordinator`` and ``nodeagent`` never import each other, the CLI, the demo or the simulators;
-- ``slurm`` imports only the agent client and shared modules;
+- ``slurm`` imports only the agent client and shared modules (``slurm.ctld``, the slurmctld epilog,
+  also the coordinator's client API ``coordinator.client``);
 - only ``nodeagent/nvml.py`` imports ``pynvml``; the allocator is pure (no I/O, networking or
   process modules);
 - no import cycle anywhere: neither between modules (also of one package) nor between packages.
@@ -132,8 +133,10 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the coordinator imports no agent, hook, CLI, demo or simulator code"
             elif _in(mod, "nodeagent") and _in(dep, "coordinator", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "the agent imports no coordinator, hook, CLI, demo or simulator code"
-            elif _in(mod, "slurm") and _in(dep, "coordinator", "nodeagent", "capctl.cli", *SIMULATORS):
-                rule = "the Slurm hooks import only the agent client and shared modules"
+            elif _in(mod, "slurm") and _in(dep, "coordinator", "nodeagent", "capctl.cli", *SIMULATORS) and not (
+                    mod == "slurm.ctld" and dep == "coordinator.client"):
+                rule = ("the Slurm hooks import only the agent client and shared modules (the slurmctld "
+                        "epilog, slurm.ctld, also the coordinator's client API)")
             elif _in(mod, "capctl.cli") and _in(dep, "nodeagent", "slurm"):
                 rule = "the CLI reaches agents only through the agent client (capctl.agentclient)"
             elif _in(mod, "capctl.cli") and _in(dep, "coordinator") and dep != "coordinator.client":
