@@ -5,10 +5,14 @@ controller host as SlurmUser, with the job's ``SLURM_JOB_ID``, once the job comp
 the coordinator (``Admin.FinishedJobs``, address ``$CAPCTL_COORDINATOR``) for the job's finished
 record, waiting for it while the job's node epilogs are still reporting, then runs::
 
-    scontrol update JobId=<id> AdminComment=capctl:energy_j=<J>,gpu_s=<GPU-s>,capped_s=<GPU-s>
+    sacctmgr -i update job where jobid=<id> set AdminComment=capctl:energy_j=<J>,gpu_s=<GPU-s>,capped_s=<GPU-s>
 
-so that ``sacct -j <id> -o AdminComment`` shows it (with slurmdbd accounting). Another tool's
-AdminComment is kept: our ``capctl:...`` word replaces an earlier one or is appended after a space.
+so that ``sacct -j <id> -o AdminComment`` shows it (slurmdbd accounting). ``scontrol update`` cannot
+change a job that has finished (Slurm 22.05: "Job has already finished"), and the job's record
+may reach slurmdbd a moment after the epilog starts, so the update is retried within the bound;
+array tasks are named ``<array job>_<task>`` (as Princeton's jobstats epilog does). Another tool's
+AdminComment (read with ``sacct``) is kept: our ``capctl:...`` word replaces an earlier one or is
+appended after a space.
 
 Bounded like the node hooks (:mod:`slurm.hooks`): the whole run ends within
 ``$CAPCTL_CTLD_TIMEOUT_S`` seconds (default :data:`DEFAULT_TIMEOUT_S`, at most
@@ -26,12 +30,13 @@ import signal
 import sys
 import time
 
-DEFAULT_TIMEOUT_S = 10.0
-"""Default bound of one run (s): node epilogs report within their own bound (5 s by default)."""
+DEFAULT_TIMEOUT_S = 15.0
+"""Default bound of one run (s): node epilogs report within their own bound (5 s by default), and
+slurmdbd receives the job's end record within seconds."""
 POLL_S = 0.25
 """Wait between two asks for the finished record (s)."""
-SCONTROL_RESERVE_S = 2.0
-"""Time kept for the scontrol calls (s)."""
+SCONTROL_RESERVE_S = 3.0
+"""Time kept for the accounting calls (s)."""
 _OURS = re.compile(r"(^|\s)capctl:\S*")
 
 
@@ -78,18 +83,19 @@ def _finished(run, job_id: str):
     return None
 
 
-def _scontrol(run, args: list[str]) -> tuple[int, str]:
-    """Run scontrol (by lifeline.Popen: no fork with gRPC loaded), bounded by the run's time."""
+def _command(run, args: list[str]) -> tuple[int, str]:
+    """Run a Slurm command (by lifeline.Popen: no fork with gRPC loaded), bounded by the run's
+    time; returns (exit status, stdout or stderr)."""
     from capctl import lifeline
 
-    exe = shutil.which("scontrol") or "/usr/bin/scontrol"
-    proc = lifeline.Popen([exe, *args], stdout=-1, stderr=-1, text=True, env=dict(os.environ))
+    exe = shutil.which(args[0]) or f"/usr/bin/{args[0]}"
+    proc = lifeline.Popen([exe, *args[1:]], stdout=-1, stderr=-1, text=True, env=dict(os.environ))
     try:
         out, err = proc.communicate(timeout=max(0.2, run.remaining_s() - 0.3))
     except Exception:  # noqa: BLE001 - timeout: kill it and report
         proc.kill()
         proc.wait()
-        return 124, "scontrol timed out"
+        return 124, f"{args[0]} timed out"
     return proc.returncode, (out if proc.returncode == 0 else err).strip()
 
 
@@ -103,15 +109,24 @@ def _run(run) -> None:
                    "or the coordinator is unreachable): AdminComment unchanged", failure=False)
     ours = comment(job)
     run.extra.update(energy_j=round(job.energy_j, 1), gpu_s=round(job.gpu_s, 1), capped_s=round(job.capped_s, 1))
-    rc, out = _scontrol(run, ["-o", "show", "job", job_id])
-    existing = ""
-    if rc == 0:
-        m = re.search(r"(?:^|\s)AdminComment=(.*?)(?=\s\w+=|$)", out)
-        existing = m.group(1) if m and m.group(1) != "(null)" else ""
-    rc, out = _scontrol(run, ["update", f"JobId={job_id}", f"AdminComment={merged(existing, ours)}"])
-    if rc != 0:
-        run.finish("scontrol-failed", f"scontrol update exited {rc}: {out[:200]}", failure=True)
-    run.finish("commented", f"AdminComment {ours}", failure=False)
+    acct_id = accounting_id(run.env)
+    rc, out = 1, ""
+    while run.remaining_s() > 0.5:
+        rc, out = _command(run, ["sacct", "-n", "-P", "-X", "-j", acct_id, "-o", "AdminComment"])
+        existing = out.splitlines()[0] if rc == 0 and out else ""
+        rc, out = _command(run, ["sacctmgr", "-i", "update", "job", "where", f"jobid={acct_id}", "set",
+                                 f"AdminComment={merged(existing, ours)}"])
+        if rc == 0 and "modified" in out.lower():
+            run.finish("commented", f"AdminComment {ours}", failure=False)
+        time.sleep(POLL_S)  # the job's record is not in slurmdbd yet
+    run.finish("accounting-failed", f"sacctmgr update job exited {rc}: {out[:200]}", failure=True)
+
+
+def accounting_id(env: dict) -> str:
+    """The job's id in the accounting database: ``<array job>_<task>`` for an array task."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    return f"{array}_{task}" if array and task and array == job_id else job_id
 
 
 def main(argv: list[str] | None = None) -> int:

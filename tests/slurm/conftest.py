@@ -1,6 +1,6 @@
 """Session-scoped real Slurm cluster for the ``slurm`` tests (see tests/slurmcluster).
 
-One slurmctld, three ``slurmd -N n1..n3`` (8 fake GPUs each), munge, and — when the capctl daemons
+One slurmctld, three ``slurmd -N n1..n3`` (8 fake GPUs each), munge, MariaDB + slurmdbd, and — when the capctl daemons
 are available — simulated GPU nodes, a coordinator, one agent per node and our prolog/epilog.
 Slurm is installed by ``make test`` (tests/slurmcluster/install.sh); the fixture installs it too
 when running as root. Missing parts skip locally and FAIL under CI=true (tests.conftest.require).
@@ -43,7 +43,12 @@ def slurm_cluster(tmp_path_factory):
     require(slurm_installed(), "Slurm/munge not installed (make slurm-deps)")
     require(os.geteuid() == 0, "the test Slurm cluster needs root")
     missing = capctl_parts_missing()
-    cluster = SlurmCluster(run_dir=tmp_path_factory.mktemp("slurm"), capctl=not missing)
+    from tests.slurmcluster import accounting
+    from tests.slurmcluster.cluster import which
+
+    # accounting (MariaDB + slurmdbd: sacct, our EpilogSlurmctld) when installed (make slurm-deps)
+    cluster = SlurmCluster(run_dir=tmp_path_factory.mktemp("slurm"), capctl=not missing,
+                           accounting=accounting.installed(which))
     cluster.missing = missing
     try:
         cluster.up()

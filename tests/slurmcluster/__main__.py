@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--run-dir", default=str(DEFAULT_RUN_DIR), help=f"default {DEFAULT_RUN_DIR}")
     parser.add_argument("--no-capctl", action="store_true", help="Slurm only: no agents, coordinator or hooks")
+    parser.add_argument("--accounting", action="store_true", help="also MariaDB + slurmdbd (sacct) and our EpilogSlurmctld")
     args = parser.parse_args(argv)
-    cluster = SlurmCluster(run_dir=args.run_dir, capctl=not args.no_capctl)
+    cluster = SlurmCluster(run_dir=args.run_dir, capctl=not args.no_capctl, accounting=args.accounting)
     try:
         if args.action == "up":
             cluster.up()

@@ -6,7 +6,9 @@ support), each node with its own port, loopback address (127.0.0.11, .12, ...) a
 ``munged`` with its own key and socket in the run directory. With ``capctl=True`` also one simulated
 GPU node, one ``capctl-agent`` per Slurm node (socket ``<run>/agent/<node>.sock``) and a
 ``capctl-coordinator``, and slurm.conf ``Prolog=``/``Epilog=`` running our ``slurm/prolog`` and
-``slurm/epilog``.
+``slurm/epilog``. With ``accounting=True`` also MariaDB and ``slurmdbd`` (:mod:`tests.slurmcluster.accounting`:
+``sacct`` works) and our ``EpilogSlurmctld`` (``slurm/epilog_slurmctld``: the job's energy in its
+AdminComment).
 
 Everything lives under the run directory (configs, state, logs, sockets, pid records); ``down``
 stops every process the cluster started (see :mod:`tests.slurmcluster.procs`). Only loopback
@@ -87,6 +89,7 @@ class SlurmCluster:
         pre_job_limit_w: site limit of every simulated GPU before any job (W).
         budget_w: policy budget (W); None = 700 W x every GPU (never binding).
         prolog, epilog: other Prolog=/Epilog= programs (default: ours when ``capctl``).
+        accounting: also MariaDB + slurmdbd (sacct) and, with ``capctl``, our EpilogSlurmctld.
     """
 
     run_dir: Path = DEFAULT_RUN_DIR
@@ -105,6 +108,7 @@ class SlurmCluster:
     on_unreachable: str = "fail-open"
     prolog: str | None = None
     epilog: str | None = None
+    accounting: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -235,8 +239,11 @@ class SlurmCluster:
     # ---------------------------------------------------------------- up / down
     def up(self, timeout_s: float = 60.0) -> "SlurmCluster":
         """Write configs, start every daemon, wait until all nodes are idle. Idempotent per run dir."""
-        if not slurm_installed():
-            raise ClusterError("Slurm/munge not installed: run `make slurm-deps` (tests/slurmcluster/install.sh)")
+        from tests.slurmcluster import accounting
+
+        if not slurm_installed() or (self.accounting and not accounting.installed(which)):
+            raise ClusterError("Slurm/munge (or slurmdbd/mariadb-server) not installed: run `make slurm-deps` "
+                               "(tests/slurmcluster/install.sh)")
         if os.geteuid() != 0:
             raise ClusterError("the test Slurm cluster needs root (slurmd runs jobs as their user)")
         procs.stop_orphans()
@@ -249,9 +256,12 @@ class SlurmCluster:
             (self.run_dir / sub).mkdir(mode=0o755)
         try:
             self._make_devices()
-            ports = free_ports(1 + len(self.nodes))
-            self._write_configs(ports[0], ports[1:])
+            ports = free_ports(3 + len(self.nodes))
+            self._acct_ports = ports[-2:] if self.accounting else None
+            self._write_configs(ports[0], ports[1:1 + len(self.nodes)])
             self._start_munge()
+            if self.accounting:
+                accounting.start(self, which, *self._acct_ports)
             if self.capctl:
                 self._start_capctl()
             self._start_slurm()
@@ -275,7 +285,7 @@ class SlurmCluster:
                     break
                 time.sleep(0.1)
         order = ["slurmctld", *[f"slurmd-{n}" for n in self.nodes], *[f"agent-{n}" for n in self.nodes],
-                 "coordinator", "munged"]
+                 "coordinator", "slurmdbd", "mariadbd", "munged"]
         procs.stop_all(self.run_dir, order)
 
     def status(self) -> dict[str, bool]:
@@ -343,6 +353,13 @@ class SlurmCluster:
             lines.append(f"Prolog={prolog}")
         if epilog:
             lines.append(f"Epilog={epilog}")
+        if self.accounting:
+            from tests.slurmcluster import accounting
+
+            lines = [ln for ln in lines if not ln.startswith("AccountingStorageType=")]
+            lines += accounting.conf_lines(self._acct_ports[1], self.munge_socket)
+            if self.capctl:
+                lines.append(f"EpilogSlurmctld={self._write_ctld_epilog()}")
         for node, port in zip(self.nodes, node_ports):
             lines.append(
                 f"NodeName={node} NodeAddr={self.node_addr(node)} NodeHostname={node} Port={port} "
@@ -369,8 +386,18 @@ class SlurmCluster:
             f"CAPCTL_PYTHON={installed.hook_python()}",
             f"CAPCTL_POLICY={self.policy_path}",
             f"CAPCTL_HOOK_LOG={self.hook_log}",
+            f"CAPCTL_COORDINATOR={self.coordinator_address}",
         ]
         (self.run_dir / "etc" / "capctl-hooks.env").write_text("\n".join(env_lines) + "\n")
+
+    def _write_ctld_epilog(self) -> Path:
+        """A wrapper for EpilogSlurmctld= in the run dir: slurmctld gives its epilog no SLURM_CONF,
+        which both our script (to find capctl-hooks.env) and scontrol need here."""
+        path = self.run_dir / "etc" / "epilog_slurmctld"
+        path.write_text(f"#!/bin/sh\nSLURM_CONF={self.conf_path}\nexport SLURM_CONF\n"
+                        f"exec {REPO_ROOT}/slurm/epilog_slurmctld \"$@\"\n")
+        path.chmod(0o755)
+        return path
 
     def _daemon_env(self) -> dict[str, str]:
         env = {"PATH": ":".join(SBIN), "SLURM_CONF": str(self.conf_path), "LANG": "C.UTF-8"}
