@@ -38,7 +38,8 @@ def gpu_dict(g) -> dict:
         "sm_clock_mhz": int(g.sm_clock_mhz),
         "max_sm_clock_mhz": int(g.max_sm_clock_mhz),
         "clocks_event_reasons": list(g.clocks_event_reasons),
-        "job_id": g.job_id,
+        "job_id": ",".join(g.job_ids) or g.job_id,
+        "job_ids": list(g.job_ids) or ([g.job_id] if g.job_id else []),
         "min_cap_w": _num(g.min_cap_w),
         "max_cap_w": _num(g.max_cap_w),
         "thermal_ceiling_w": _num(g.thermal_ceiling_w),
@@ -120,7 +121,14 @@ def explain_dict(reply) -> dict:
         "prices": [{"domain": p.domain, "price_rate_per_w": _num(p.price_rate_per_w)} for p in reply.prices],
         "gpus": [gpu_dict(g) for g in reply.gpus],
         "text": reply.text,
+        **({"finished": _finished(reply.finished)} if reply.HasField("finished") else {}),
     }
+
+
+def _finished(job) -> dict:
+    from capctl.finishedview import finished_dict
+
+    return finished_dict(job)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ class Coordinator:
         self.registry = Registry()
         self.energy_book = JobEnergyBook()  # running jobs' energy per node (coordinator.jobenergy)
         self.finished = finished if finished is not None else MemoryFinishedJobs()
+        self.recent_finished: tuple = ()  # (job id, energy J, end Unix s), newest first: for the metrics thread
         self.models = Models()
         self.file_policy = policy
         self.policy_path = policy_path
@@ -536,6 +537,11 @@ class Coordinator:
         except StoreError as exc:
             self.persistent_alerts["finished"] = f"finished job {job_id} not saved: {exc}"
             log.error("%s", exc)
+        from coordinator.metrics import FINISHED_EXPORT_MAX, FINISHED_EXPORT_S
+
+        # a new tuple each time: the exporter thread reads whichever one is current
+        keep = [r for r in self.recent_finished if r[2] >= record.end_time_s - FINISHED_EXPORT_S and r[0] != job_id]
+        self.recent_finished = tuple([(job_id, record.energy_j, record.end_time_s), *keep][:FINISHED_EXPORT_MAX])
         log.info("job %s finished: %.1f J on %d GPU(s), %.1f GPU-s", job_id, record.energy_j, record.gpus,
                  record.gpu_s)
 
@@ -567,7 +573,7 @@ class Coordinator:
         gpus = []
         for n in view.status.nodes:
             for g in n.gpus:
-                if g.job_id == job_id:
+                if g.job_id == job_id or job_id in g.job_ids:
                     gpus.append((n.name, g))
                     reply.gpus.add().CopyFrom(g)
         if extra is not None:
@@ -694,6 +700,7 @@ class _Tally:
     stale_age: dict = dataclasses.field(default_factory=dict)  # node -> seconds since its last report (-1: never)
     gpu_sets: dict = dataclasses.field(default_factory=dict)  # node -> its GPU indices
     jobs_by_id: dict = dataclasses.field(default_factory=dict)  # job id -> its bindings
+    sharers: dict = dataclasses.field(default_factory=dict)  # GPU key -> how many jobs are bound to it
     alerts: list = dataclasses.field(default_factory=list)
 
 
@@ -735,11 +742,11 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
     age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else -1.0
     tally.stale_age[name] = age
     ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
-    job_of: dict = {}
+    jobs_on: dict = {}  # GPU index -> every job bound to it (several on a shared/MIG GPU)
     for b in bindings:
         tally.jobs_by_id.setdefault(b.job_id, []).append(b)
         for i in b.gpu_indices:
-            job_of.setdefault(i, b.job_id)
+            jobs_on.setdefault(i, []).append(b.job_id)
     tally.gpu_sets[name] = {r[0][0] for r in rows}
     temps = []
     for fields, acc, (th_n, th_t, th_p) in rows:
@@ -748,8 +755,10 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
         key = (name, idx)
         tally.accounted[key] = acc
         tally.draw[key] = power_w if have_reading else 0.0
-        job = job_of.get(idx, "")
-        ns.gpus.add(
+        on_gpu = jobs_on.get(idx, ())
+        job = on_gpu[0] if on_gpu else ""
+        tally.sharers[key] = len(on_gpu)
+        ns.gpus.add(job_ids=list(on_gpu),
             node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
             power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
             clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
@@ -794,7 +803,7 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
-            predicted_step_rate=finite(rate), binding=binding, allocated_w=sum(desired.get(k, 0.0) for k in keys),
+            predicted_step_rate=finite(rate), binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
             energy_j=energy, user=first.user, partition=first.partition, account=first.account,
         )
         mine = {name for k in keys for name in gpu_domains.get(k, ())}
@@ -805,6 +814,13 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             lost_num += len(keys) * max(0.0, 1.0 - rate)
             lost_den += len(keys)
     return jobs_extra, (lost_num / lost_den if lost_den else 0.0)
+
+
+def _job_allocated_w(keys, desired: dict, tally: _Tally) -> float:
+    """A job's allocated watts: each of its GPUs' allocated cap (the desired cap, else the accounted
+    one: a GPU the last decision did not cover still holds its watts), a GPU shared by n jobs
+    counting 1/n to each, so that the jobs' watts add up to the GPUs' (never counted twice)."""
+    return sum(desired.get(k, tally.accounted.get(k, 0.0)) / max(1, tally.sharers.get(k, 1)) for k in keys)
 
 
 def _add_domains(st, tally: _Tally, snap: _Snapshot) -> None:

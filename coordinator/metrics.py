@@ -21,6 +21,10 @@ SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 ACK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 GPU_LABELS = ["node", "gpu", "uuid"]
+FINISHED_EXPORT_S = 600.0
+"""A finished job's ``capctl_job_gpu_energy_joules_total`` series stays this long after its end (s)."""
+FINISHED_EXPORT_MAX = 1000
+"""At most this many finished jobs' series at once (newest kept): bounded cardinality."""
 
 
 class ViewCollector:
@@ -42,6 +46,7 @@ class ViewCollector:
         yield from _agent_families(st)
         yield from _domain_families(st)
         yield from _job_families(st, self.jobs.rows(st.jobs) if self.jobs is not None else st.jobs)
+        yield _job_energy_family(st, getattr(self.coord, "recent_finished", ()))
         yield from _fleet_families(view)
 
 
@@ -152,6 +157,32 @@ def _job_families(st, jobs=None):
         jw.add_metric([j.job_id], j.weight)
         jen.add_metric([j.job_id], j.energy_j)
     return (rate, jal, jw, jen)
+
+
+def _job_energy_family(st, finished) -> CounterMetricFamily:
+    """``capctl_job_gpu_energy_joules_total{job_id}``: the GPU energy (J) of every running job
+    (from the GPUs' energy counters, coordinator/jobenergy.py) and of the jobs finished within
+    :data:`FINISHED_EXPORT_S` (at most :data:`FINISHED_EXPORT_MAX`; ``finished``: (job id,
+    energy J, end Unix s) newest first). Constant once the job ended; the series then expires."""
+    import time
+
+    fam = CounterMetricFamily("capctl_job_gpu_energy_joules", "GPU energy used by the job, from the GPUs' total-energy "
+                              "counters read at job start, end and every report (J); finished jobs expire after "
+                              f"{FINISHED_EXPORT_S:.0f} s.", labels=["job_id"])
+    seen = set()
+    for j in st.jobs:
+        seen.add(j.job_id)
+        fam.add_metric([j.job_id], j.energy_j)
+    cutoff = time.time() - FINISHED_EXPORT_S
+    n = 0
+    for job_id, energy_j, end_s in finished:
+        if n >= FINISHED_EXPORT_MAX or end_s < cutoff:
+            break
+        if job_id not in seen:
+            seen.add(job_id)
+            fam.add_metric([job_id], energy_j)
+            n += 1
+    return fam
 
 
 def _fleet_families(view):

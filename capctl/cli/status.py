@@ -112,6 +112,10 @@ def cmd_nodes(args) -> int:
 
 
 def cmd_jobs(args) -> int:
+    if args.finished or args.since is not None:
+        from capctl.cli.finished import cmd_jobs_finished
+
+        return cmd_jobs_finished(args)
     d = fetch_status(args.coordinator, "Jobs")
     if args.json:
         _emit({"schema_version": STATUS_SCHEMA_VERSION, "jobs": d["jobs"]})
@@ -225,8 +229,13 @@ def register(subparsers) -> None:
     _common(p)
     p.set_defaults(func=cmd_nodes)
 
-    p = subparsers.add_parser("jobs", help="jobs with predicted step rate and binding reason")
+    p = subparsers.add_parser("jobs", help="jobs with predicted step rate and binding reason (--finished: "
+                              "finished jobs with their energy)")
     _common(p)
+    p.add_argument("--finished", action="store_true",
+                   help="finished jobs the coordinator keeps: energy (J), GPU-seconds, mean/peak power, time capped")
+    p.add_argument("--since", metavar="T", default=None,
+                   help="with --finished: jobs ended since T (Unix s, ISO 8601 time in UTC, or an age: 90m, 2h, 1d)")
     p.set_defaults(func=cmd_jobs)
 
     p = subparsers.add_parser("explain", help="why a job got its watts",
