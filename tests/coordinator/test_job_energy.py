@@ -48,6 +48,33 @@ def _run_job(cl, job_id: str, *, reload_mid_job: bool = False) -> float:
     return used_j
 
 
+def _shared_gpu_jobs(cl, c) -> tuple[float, float]:
+    """S1 alone on GPU 0 for 0.5 s (simulated), then S1 and S2 sharing it for 0.5 s: the status
+    lists both on the GPU and the jobs' allocated watts add up to the GPU's cap. Returns the GPU's
+    counter differences (J) while S1 had it alone and while both shared it."""
+    sim = cl.sims["n1"]
+    agent = cl.agent("n1").client()
+    e0 = float(sim.read(0)["energy_j"])
+    assert agent.job_start("S1", ["0"]).ok
+    sim.advance(0.5)
+    time.sleep(2 * cl.interval_s)
+    e_mid = float(sim.read(0)["energy_j"])
+    assert agent.job_start("S2", ["0"]).ok
+
+    def shared():
+        st = c.status()
+        (g,) = [g for n in st.nodes for g in n.gpus if g.index == 0]
+        jobs = {j.job_id: j for j in st.jobs}
+        return (g, jobs) if list(g.job_ids) == ["S1", "S2"] and set(jobs) == {"S1", "S2"} else None
+
+    g, jobs = wait_for(shared, 10, "both jobs on GPU 0 in the status")
+    assert jobs["S1"].allocated_w == pytest.approx(g.cap_w / 2) and jobs["S2"].allocated_w == pytest.approx(g.cap_w / 2)
+    sim.advance(0.5)
+    time.sleep(2 * cl.interval_s)
+    assert agent.job_end("S1").ok and agent.job_end("S2").ok
+    return e_mid - e0, float(sim.read(0)["energy_j"]) - e_mid
+
+
 def _metrics_port(proc) -> int:
     m = wait_for(lambda: re.search(r"metrics 127\.0\.0\.1:(\d+)", proc.log_path.read_text()), 10, "metrics port")
     return int(m.group(1))
@@ -71,6 +98,12 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
             # a driver reload half way: the counters restart; the job still gets its energy
             used_reload_j = _run_job(cl, "E2", reload_mid_job=True)
             (rec2,) = wait_for(lambda: c.finished_jobs(job_id="E2"), 10, "E2 finished")
+            shared_j = _shared_gpu_jobs(cl, c)
+            s1, s2 = (wait_for(lambda j=j: c.finished_jobs(job_id=j), 10, f"{j} finished")[0] for j in ("S1", "S2"))
+        # a GPU shared by two jobs (MIG): its energy split between them, counted once
+        alone_j, together_j = shared_j
+        assert s1.energy_j == pytest.approx(alone_j + together_j / 2, abs=0.01)
+        assert s2.energy_j == pytest.approx(together_j / 2, abs=0.01)
         assert used_j > 2 * 400.0 * JOB_S  # two GPUs near their 450 W load for 1 s
         assert rec.energy_j == pytest.approx(used_j, rel=0.02)  # the issue's bar ...
         assert rec.energy_j == pytest.approx(used_j, abs=0.01)  # ... and in fact exact (mJ counters)
@@ -96,9 +129,9 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
                              text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)["finished_jobs"]
-        assert [r["job_id"] for r in rows] == ["E2", "E1"]  # newest first
-        assert rows[1]["energy_j"] == pytest.approx(rec.energy_j) and rows[0]["resets"] == 2
-        out = subprocess.run([*cli, "jobs", "--finished", "--since", str(rec2.end_time_s + 0.01)], env=env,
+        assert [r["job_id"] for r in rows] == ["S2", "S1", "E2", "E1"]  # newest first
+        assert rows[3]["energy_j"] == pytest.approx(rec.energy_j) and rows[2]["resets"] == 2
+        out = subprocess.run([*cli, "jobs", "--finished", "--since", str(s2.end_time_s + 0.01)], env=env,
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "no finished jobs" in out.stdout, out
         out = subprocess.run([*cli, "explain", "E1"], env=env, capture_output=True, text=True, timeout=30)

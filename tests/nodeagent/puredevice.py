@@ -31,6 +31,7 @@ class PureGpu:
     power_w: float = 100.0
     oob_mw: int | None = None  # an out-of-band limit (BMC/chassis) below the requested one, or None
     lost: bool = False
+    energy_j: float = 0.0  # the total-energy counter (J); tests move it
 
 
 class PureDevice:
@@ -149,7 +150,7 @@ class PureDevice:
         return GpuSample(
             index=index, power_w=min(g.power_w, enforced_w), cap_w=g.limit_mw / 1000.0, enforced_w=enforced_w,
             temp_c=60.0, sm_clock_mhz=1800, max_sm_clock_mhz=1980, clocks_event_reasons=(),
-            utilization_pct=90.0, energy_j=0.0, min_cap_w=g.min_mw / 1000.0, max_cap_w=g.max_mw / 1000.0,
+            utilization_pct=90.0, energy_j=g.energy_j, min_cap_w=g.min_mw / 1000.0, max_cap_w=g.max_mw / 1000.0,
             timestamp_s=time.time(), slowdown_temp_c=87.0, shutdown_temp_c=92.0)
 
 

@@ -1,0 +1,99 @@
+"""Per-job energy of the node agent (nodeagent/energy.py): counter differences charged to the jobs
+bound in each interval, shared GPUs split equally, counter resets and unreadable GPUs; and the
+agent reading the counters at JobStart, JobEnd and every report (on the pure-Python device)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace as NS
+
+import pytest
+
+from capctl.v1 import capctl_pb2
+from nodeagent.energy import EnergyMeter
+from tests.nodeagent.puredevice import PureDevice
+from tests.nodeagent.test_agent_logic import job_start, make_agent
+
+
+def s(index, energy_j, t, reasons=(), error=None):
+    return NS(index=index, energy_j=energy_j, timestamp_s=t, clocks_event_reasons=reasons, error=error)
+
+
+def test_a_job_gets_the_counter_differences_of_its_gpus_only():
+    m = EnergyMeter()
+    m.observe([s(0, 100.0, 0.0), s(1, 50.0, 0.0)], {})
+    m.start("A", 0.0, 1)
+    m.observe([s(0, 400.0, 1.0, ("SW_POWER_CAP",)), s(1, 80.0, 1.0)], {0: ["A"]})
+    m.observe([s(0, 1000.0, 3.0, ("HW_THERMAL_SLOWDOWN",)), s(1, 90.0, 3.0)], {0: ["A"]})
+    rec = m.finish("A", 3.0)
+    assert rec.energy_j == 900.0 and rec.gpu_s == 3.0 and rec.capped_s == 1.0 and rec.thermal_s == 2.0
+    assert rec.power_w == 300.0 and rec.peak_power_w == 300.0 and rec.end_time_s == 3.0 and not m.jobs
+
+
+def test_a_shared_gpu_is_split_equally_and_never_counted_twice():
+    m = EnergyMeter()
+    m.observe([s(0, 0.0, 0.0)], {})
+    m.start("A", 0.0, 1)
+    m.observe([s(0, 300.0, 1.0)], {0: ["A"]})  # A alone
+    m.start("B", 1.0, 1)
+    m.observe([s(0, 900.0, 2.0)], {0: ["A", "B"]})  # shared: 600 J split
+    a, b = m.jobs["A"], m.jobs["B"]
+    assert (a.energy_j, b.energy_j) == (600.0, 300.0) and (a.gpu_s, b.gpu_s) == (1.5, 0.5)
+    assert a.energy_j + b.energy_j == 900.0
+
+
+def test_a_counter_reset_charges_the_energy_since_the_reset():
+    m = EnergyMeter()
+    m.observe([s(0, 5000.0, 0.0)], {})
+    m.start("A", 0.0, 1)
+    m.observe([s(0, 5300.0, 1.0)], {0: ["A"]})
+    m.observe([s(0, 120.0, 2.0)], {0: ["A"]})  # driver reload: the counter restarted at 0
+    m.observe([s(0, 420.0, 3.0)], {0: ["A"]})
+    rec = m.finish("A", 3.0)
+    assert rec.energy_j == 300.0 + 120.0 + 300.0 and rec.resets == 1
+
+
+def test_unreadable_readings_are_skipped_and_the_gap_charged_later():
+    m = EnergyMeter()
+    m.observe([s(0, 0.0, 0.0)], {})
+    m.start("A", 0.0, 1)
+    m.observe([s(0, math.nan, 1.0, error="GPU is lost")], {0: ["A"]})
+    m.observe([s(0, math.nan, 1.5)], {0: ["A"]})
+    m.observe([s(0, -1.0, 1.7)], {0: ["A"]})
+    m.observe([s(0, 700.0, 2.0)], {0: ["A"]})
+    assert m.jobs["A"].energy_j == 700.0 and m.jobs["A"].gpu_s == 2.0
+
+
+def test_the_agent_reads_the_counters_at_job_start_end_and_every_report(tmp_path):
+    dev = PureDevice(2)
+    agent = make_agent(tmp_path, dev)
+    dev.gpus[0].energy_j, dev.gpus[1].energy_j = 1000.0, 2000.0
+    agent.tick()  # a report before the job: its energy belongs to nobody
+    dev.gpus[0].energy_j += 50.0  # between the last report and JobStart: not the job's
+    assert job_start(agent, "J1", 0, 1).ok
+    dev.gpus[0].energy_j += 300.0
+    dev.gpus[1].energy_j += 200.0
+    agent.tick()
+    (je,) = agent.link.sent[-1].telemetry.job_energy
+    assert je.job_id == "J1" and je.node == "n1" and je.energy_j == 500.0 and je.gpus == 2 and je.end_time_s == 0
+    dev.gpus[0].energy_j += 10.0  # after the last report, before JobEnd: the job's
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="J1"))
+    assert reply.ok
+    ended = agent.link.sent[-1].job_ended
+    assert ended.job_id == "J1" and ended.energy.energy_j == 510.0 and ended.energy.end_time_s > 0
+    agent.tick()
+    assert not agent.link.sent[-1].telemetry.job_energy  # nothing left running
+
+
+def test_two_jobs_on_one_gpu_share_it_at_the_agent(tmp_path):
+    dev = PureDevice(1)
+    agent = make_agent(tmp_path, dev)
+    assert job_start(agent, "A", 0).ok
+    dev.gpus[0].energy_j += 100.0
+    assert job_start(agent, "B", 0).ok  # A had the GPU alone until now
+    dev.gpus[0].energy_j += 100.0
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="A"))
+    assert agent.link.sent[-1].job_ended.energy.energy_j == pytest.approx(150.0)
+    dev.gpus[0].energy_j += 40.0
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="B"))
+    assert agent.link.sent[-1].job_ended.energy.energy_j == pytest.approx(90.0)
