@@ -37,6 +37,9 @@ POLL_S = 0.25
 """Wait between two asks for the finished record (s)."""
 SCONTROL_RESERVE_S = 3.0
 """Time kept for the accounting calls (s)."""
+UNREACHABLE_GIVE_UP_S = 3.0
+"""Give up when the coordinator stays unreachable this long (s): a coordinator that is down holds no
+record to wait for (a job it never saw)."""
 _OURS = re.compile(r"(^|\s)capctl:\S*")
 
 
@@ -65,17 +68,24 @@ def _timeout_s(env: dict) -> float:
 
 def _finished(run, job_id: str):
     """The job's ``FinishedJob`` from the coordinator, polled until the bound (None: never came)."""
-    from capctl.errors import CapctlError
+    from capctl.errors import CapctlError, UnreachableError
     from coordinator.client import AdminClient, coordinator_address
 
     address = coordinator_address()
     last_error = ""
+    unreachable_since = None
     while run.remaining_s() > SCONTROL_RESERVE_S:
         try:
             with AdminClient(address, timeout_s=max(0.2, min(2.0, run.remaining_s() - SCONTROL_RESERVE_S))) as c:
                 jobs = c.finished_jobs(job_id=job_id)
             if jobs:
                 return jobs[0]
+            unreachable_since = None
+        except UnreachableError as err:
+            last_error = str(err)
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since >= UNREACHABLE_GIVE_UP_S:
+                break
         except CapctlError as err:
             last_error = str(err)
         time.sleep(POLL_S)

@@ -79,8 +79,11 @@ def assert_not_drained(cluster) -> None:
 
 
 def assert_durations_bounded(evs: list[dict]) -> None:
+    """The node hooks' runs (prolog/epilog) of ``evs`` ended within HOOK_BOUND_S (the controller's
+    EpilogSlurmctld has its own bound: tests/slurm/test_ctld.py)."""
     for e in evs:
-        assert e["duration_s"] <= HOOK_BOUND_S, e
+        if e["hook"] in ("prolog", "epilog"):
+            assert e["duration_s"] <= HOOK_BOUND_S, e
 
 
 def test_three_node_job_binding_caps_and_restore(capctl_cluster):
