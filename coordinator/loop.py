@@ -514,6 +514,9 @@ class Coordinator:
         reply.interval_s = self.policy.interval_s
         reply.dry_run = self.dry_run
         reply.policy_path = self.policy_path
+        live = self.energy_book.energy_j()  # the agents' latest reports, not the interval's snapshot
+        for job in reply.jobs:
+            job.energy_j = live.get(job.job_id, job.energy_j)
         return reply
 
     def on_job_ended(self, node_name: str, ended) -> None:
