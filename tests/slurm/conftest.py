@@ -38,14 +38,14 @@ def capctl_parts_missing() -> list[str]:
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """The running test cluster (:class:`tests.slurmcluster.SlurmCluster`), shared by the session."""
-    if not slurm_installed() and os.geteuid() == 0:
+    from tests.slurmcluster import accounting
+    from tests.slurmcluster.cluster import which
+
+    if not (slurm_installed() and accounting.installed(which)) and os.geteuid() == 0:
         subprocess.run(["bash", str(INSTALL)], check=False, timeout=600)
     require(slurm_installed(), "Slurm/munge not installed (make slurm-deps)")
     require(os.geteuid() == 0, "the test Slurm cluster needs root")
     missing = capctl_parts_missing()
-    from tests.slurmcluster import accounting
-    from tests.slurmcluster.cluster import which
-
     # accounting (MariaDB + slurmdbd: sacct, our EpilogSlurmctld) when installed (make slurm-deps)
     cluster = SlurmCluster(run_dir=tmp_path_factory.mktemp("slurm"), capctl=not missing,
                            accounting=accounting.installed(which))
