@@ -52,9 +52,17 @@ class JobEnergyBook:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, NodeEnergy]] = {}
 
-    def on_telemetry(self, node: str, msg) -> None:
-        """Take the ``job_energy`` of one ``NodeTelemetry`` from ``node`` (a final record stays)."""
+    def on_telemetry(self, node: str, msg, finished=lambda job_id: False) -> list[str]:
+        """Take the ``job_energy`` of one ``NodeTelemetry`` from ``node`` (a final record stays);
+        records of jobs ``finished(job_id)`` says are kept already are ignored. Returns the ids of
+        the jobs it brought an ended record of (an agent repeating ``JobEnded`` after a reconnect)."""
+        ended = []
         for je in msg.job_energy:
+            if je.end_time_s > 0:
+                if not finished(je.job_id):
+                    self.jobs.setdefault(je.job_id, {})[node] = NodeEnergy.from_proto(je, final=True)
+                    ended.append(je.job_id)
+                continue
             nodes = self.jobs.get(je.job_id)
             if nodes is None:
                 if len(self.jobs) >= self.MAX_JOBS:
@@ -62,6 +70,7 @@ class JobEnergyBook:
                 nodes = self.jobs[je.job_id] = {}
             if not (node in nodes and nodes[node].final):
                 nodes[node] = NodeEnergy.from_proto(je)
+        return ended
 
     def on_job_ended(self, node: str, ended) -> None:
         """Take the final ``JobEnded.energy`` of ``ended.job_id`` on ``node`` (when the agent sent one)."""

@@ -96,6 +96,7 @@ class Coordinator:
         self.energy_book = JobEnergyBook()  # running jobs' energy per node (coordinator.jobenergy)
         self.finished = finished if finished is not None else MemoryFinishedJobs()
         self.recent_finished: tuple = ()  # (job id, energy J, end Unix s), newest first: for the metrics thread
+        self._finished_ids: collections.OrderedDict = collections.OrderedDict()  # known kept (bounded)
         self.models = Models()
         self.file_policy = policy
         self.policy_path = policy_path
@@ -522,18 +523,50 @@ class Coordinator:
     def on_job_ended(self, node_name: str, ended) -> None:
         """A ``JobEnded`` from ``node_name``: unbind, and when no node holds the job any more, keep
         its :class:`~coordinator.finished.FinishedJob` (a store error becomes an alert)."""
-        from coordinator.store import StoreError
-
         reg = self.registry
         job_id = ended.job_id
-        self.energy_book.on_job_ended(node_name, ended)
+        self.energy_book.on_job_ended(node_name, ended)  # authoritative: sent once per end (a requeued job: its last run)
         bindings = reg.jobs().get(job_id, [])
         reg.on_job_ended(node_name, job_id)
         if any(job_id in n.bindings for n in reg.nodes.values()):
             return  # still running on other nodes
         if not bindings and job_id not in self.energy_book.jobs:
             return  # an unknown job, or a repeated JobEnded
+        self._finish(job_id, bindings)
+
+    def on_energy(self, node_name: str, tele) -> None:
+        """The ``job_energy`` of a ``NodeTelemetry`` (coordinator.jobenergy); an ended job's record
+        (repeated by its agent after a reconnect: its JobEnded was lost) finishes the job once no
+        node holds it."""
+        for job_id in self.energy_book.on_telemetry(node_name, tele, self._is_finished):
+            if not any(job_id in n.bindings for n in self.registry.nodes.values()):
+                self._finish(job_id, [])
+
+    def _is_finished(self, job_id: str) -> bool:
+        """True when ``job_id``'s finished record is kept (remembered: one store read per job)."""
+        from coordinator.store import StoreError
+
+        if job_id in self._finished_ids:
+            return True
+        try:
+            kept = self.finished.get(job_id) is not None
+        except StoreError:
+            return False
+        if kept:
+            self._remember_finished(job_id)
+        return kept
+
+    def _remember_finished(self, job_id: str) -> None:
+        self._finished_ids[job_id] = None
+        while len(self._finished_ids) > 100_000:
+            self._finished_ids.popitem(last=False)
+
+    def _finish(self, job_id: str, bindings: list) -> None:
+        """Keep ``job_id``'s finished record (its bindings: user, partition, nodes, GPUs)."""
+        from coordinator.store import StoreError
+
         record = self.energy_book.finish(job_id, bindings, time.time())
+        self._remember_finished(job_id)
         try:
             self.finished.put(record)
             self.persistent_alerts.pop("finished", None)

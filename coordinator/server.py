@@ -295,7 +295,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                     continue
                 if limits.validate_telemetry(tele, session.node):
                     continue
-                coord.energy_book.on_telemetry(session.node, tele)
+                coord.on_energy(session.node, tele)
                 if coord.registry.on_telemetry(session.node, tele):
                     coord.wake()  # a node's first readings: allocate it now
             elif kind == "ack":

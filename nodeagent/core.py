@@ -83,6 +83,7 @@ class AgentCore:
         self.telemetry_seq = 0
         self.last_samples: list[GpuSample] = []
         self.energy = EnergyMeter()  # per-job energy from the GPUs' energy counters (nodeagent.energy)
+        self.resend_ended = False  # set by each (re)connect: the next report repeats the ended jobs' energy
         self.link: AgentLinkClient | None = None
         self.local = None  # nodeagent.local.LocalServer once started
         self._loop_thread: threading.Thread | None = None

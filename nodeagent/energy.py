@@ -20,6 +20,9 @@ Rules (docs/nodeagent.md, "Per-job energy"):
   most one report interval's worth); :attr:`JobEnergy.resets` counts such intervals.
 * **Unreadable GPU** (error sample, no counter: NaN): the GPU's last good reading is kept; the next
   good one charges the whole gap to the jobs bound at that time.
+* **Ended jobs** are kept (:data:`KEEP_ENDED_S`, at most :data:`KEEP_ENDED_MAX`) and sent again
+  after every reconnect: a ``JobEnded`` sent while the coordinator was unreachable is dropped by the
+  link, and the coordinator then finishes the job from the re-sent record.
 * **Time capped / in thermal slowdown**: the interval's seconds (split as above) count when the
   reading that closes it shows a power-capping / thermal clocks event reason
   (:func:`capctl.reasons.classify`): sampled once per interval.
@@ -29,11 +32,17 @@ Units: joules, seconds (``timestamp_s``: Unix time), watts.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from capctl.reasons import classify
+
+KEEP_ENDED_S = 3600.0
+"""An ended job's final record is kept this long (s) to be sent again after a reconnect."""
+KEEP_ENDED_MAX = 1000
+"""At most this many ended jobs' records are kept (the oldest dropped first)."""
 
 
 @dataclasses.dataclass
@@ -67,6 +76,7 @@ class EnergyMeter:
     def __init__(self) -> None:
         self._last: dict[int, tuple[float, float]] = {}  # GPU index -> (counter J, Unix s)
         self.jobs: dict[str, JobEnergy] = {}
+        self.ended: collections.OrderedDict[str, JobEnergy] = collections.OrderedDict()
 
     def observe(self, samples: Iterable, bound: Mapping[int, Sequence[str]]) -> None:
         """Charge every GPU's counter difference since its previous reading to the jobs ``bound``
@@ -122,7 +132,18 @@ class EnergyMeter:
         rec = self.jobs.pop(job_id, None)
         if rec is not None:
             rec.end_time_s = end_time_s
+            self.ended.pop(job_id, None)
+            self.ended[job_id] = rec
+            while len(self.ended) > KEEP_ENDED_MAX:
+                self.ended.popitem(last=False)
         return rec
+
+    def kept_ended(self, now_s: float) -> list[JobEnergy]:
+        """The final records of the jobs ended within :data:`KEEP_ENDED_S` of ``now_s`` (Unix s),
+        oldest first (older ones are dropped)."""
+        while self.ended and next(iter(self.ended.values())).end_time_s < now_s - KEEP_ENDED_S:
+            self.ended.popitem(last=False)
+        return list(self.ended.values())
 
     def running(self) -> list[JobEnergy]:
         """The records of the running jobs, by job id."""

@@ -84,6 +84,7 @@ class AgentLoop(AgentCore):
         """The ``AgentHello`` for a (re)connect: GPUs re-read from the backend, bindings, last plan seq."""
         with self.lock:
             self.devices = {d.index: d for d in self.backend.devices()}
+            self.resend_ended = True  # the next report repeats the ended jobs' energy (nodeagent.energy)
             return messages.hello(
                 node=self.node, agent_version=AGENT_VERSION, driver_version=self.backend.driver_version,
                 simulated=bool(self.backend.simulated),
@@ -194,9 +195,13 @@ class AgentLoop(AgentCore):
             samples = self._meter()
             self.telemetry_seq += 1
             bound = self.bound_indices()
+            records = self.energy.running()
+            if self.resend_ended:
+                records = self.energy.kept_ended(time.time()) + records
+                self.resend_ended = False
             msg = messages.node_telemetry(self.node, time.time(), self.telemetry_seq,
                                           [self._gpu_telemetry(s, bound, states) for s in samples],
-                                          job_energy=[messages.job_energy(self.node, r) for r in self.energy.running()])
+                                          job_energy=[messages.job_energy(self.node, r) for r in records])
         if self.link is not None:
             self.link.send(msg, droppable=True)
 

@@ -119,19 +119,30 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
             m = re.search(rf'^capctl_job_gpu_energy_joules_total\{{job_id="{r.job_id}"\}} (\S+)$', text, re.M)
             assert m and float(m.group(1)) == pytest.approx(r.energy_j), text[-2000:]
 
-        # kept across a coordinator restart (same state directory)
+        # kept across a coordinator restart (same state directory); a job that ends while the
+        # coordinator is down is finished from its agent's record, repeated after the reconnect
+        agent = cl.agent("n1").client()
+        assert agent.job_start("E3", ["1"]).ok
         cl.coordinator.stop()
+        e0 = float(cl.sims["n1"].read(1)["energy_j"])  # JobStart's reading is done: the counter has not moved
+        cl.sims["n1"].advance(0.5)
+        time.sleep(2 * cl.interval_s)
+        assert agent.job_end("E3").ok  # JobEnded is dropped: no coordinator
+        e3_j = float(cl.sims["n1"].read(1)["energy_j"]) - e0
         cl.coordinator = cl.group.add(start_coordinator(cl.workdir, cl.policy_path))
         cl.coordinator.wait_serving(30.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            (rec3,) = wait_for(lambda: c.finished_jobs(job_id="E3"), 20, "E3 finished after the reconnect")
+        assert rec3.energy_j == pytest.approx(e3_j, abs=0.01) and rec3.complete and list(rec3.nodes) == ["n1"]
         env = {"CAPCTL_COORDINATOR": cl.coordinator.address, "PATH": "/usr/bin:/bin"}
         cli = [sys.executable, "-m", "capctl.cli.main"]
         out = subprocess.run([*cli, "jobs", "--finished", "--since", "10m", "--json"], env=env, capture_output=True,
                              text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)["finished_jobs"]
-        assert [r["job_id"] for r in rows] == ["S2", "S1", "E2", "E1"]  # newest first
-        assert rows[3]["energy_j"] == pytest.approx(rec.energy_j) and rows[2]["resets"] == 2
-        out = subprocess.run([*cli, "jobs", "--finished", "--since", str(s2.end_time_s + 0.01)], env=env,
+        assert [r["job_id"] for r in rows] == ["E3", "S2", "S1", "E2", "E1"]  # newest first
+        assert rows[4]["energy_j"] == pytest.approx(rec.energy_j) and rows[3]["resets"] == 2
+        out = subprocess.run([*cli, "jobs", "--finished", "--since", str(rec3.end_time_s + 0.01)], env=env,
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "no finished jobs" in out.stdout, out
         out = subprocess.run([*cli, "explain", "E1"], env=env, capture_output=True, text=True, timeout=30)

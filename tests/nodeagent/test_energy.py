@@ -97,3 +97,34 @@ def test_two_jobs_on_one_gpu_share_it_at_the_agent(tmp_path):
     dev.gpus[0].energy_j += 40.0
     agent.job_end(capctl_pb2.JobEndRequest(job_id="B"))
     assert agent.link.sent[-1].job_ended.energy.energy_j == pytest.approx(90.0)
+
+
+def test_an_ended_jobs_energy_is_sent_again_after_a_reconnect(tmp_path):
+    dev = PureDevice(1)
+    agent = make_agent(tmp_path, dev)
+    assert job_start(agent, "J1", 0).ok
+    dev.gpus[0].energy_j += 250.0
+    agent.link.connected = False  # the coordinator is away: the link drops what it is given
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="J1"))
+    agent.tick()
+    assert not agent.link.sent[-1].telemetry.job_energy  # no reconnect yet: not repeated
+    agent.link.connected = True
+    agent.hello()  # reconnect
+    agent.tick()
+    (je,) = agent.link.sent[-1].telemetry.job_energy
+    assert je.job_id == "J1" and je.energy_j == 250.0 and je.end_time_s > 0
+    agent.tick()
+    assert not agent.link.sent[-1].telemetry.job_energy  # once per reconnect
+
+
+def test_ended_records_are_bounded_in_age_and_count():
+    from nodeagent import energy
+
+    m = EnergyMeter()
+    for i in range(energy.KEEP_ENDED_MAX + 5):
+        m.start(f"J{i}", 0.0, 1)
+        m.finish(f"J{i}", 1000.0 + i)
+    kept = m.kept_ended(1000.0 + energy.KEEP_ENDED_MAX)
+    assert len(kept) == energy.KEEP_ENDED_MAX and kept[0].job_id == "J5"
+    assert [r.job_id for r in m.kept_ended(1000.0 + energy.KEEP_ENDED_MAX + 4 + energy.KEEP_ENDED_S)] == [
+        f"J{energy.KEEP_ENDED_MAX + 4}"]
