@@ -15,11 +15,31 @@ Owned by the coordinator's event loop, like the registry (no locks).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 
 from coordinator.finished import FinishedJob
 
+log = logging.getLogger("capctl.coordinator.jobenergy")
+
+MAX_RECORDS = 4096
+"""At most this many ``JobEnergy`` records of one report are taken (the rest are ignored)."""
+MAX_JOB_ID_CHARS = 128
+
 FIELDS = ("energy_j", "gpu_s", "capped_s", "thermal_s", "power_w", "peak_power_w", "start_time_s",
           "end_time_s", "resets", "gpus")
+
+
+def problem(je) -> str:
+    """Why a ``JobEnergy`` from an agent is not taken ("" when it is valid): a job id of 1-128
+    characters and every number finite and >= 0."""
+    if not 0 < len(je.job_id) <= MAX_JOB_ID_CHARS:
+        return f"job_id {je.job_id[:40]!r}: 1-{MAX_JOB_ID_CHARS} characters allowed"
+    for f in FIELDS:
+        v = getattr(je, f)
+        if not (math.isfinite(v) and v >= 0):
+            return f"job {je.job_id}: {f} {v!r}: a finite number >= 0 allowed"
+    return ""
 
 
 @dataclasses.dataclass
@@ -57,7 +77,13 @@ class JobEnergyBook:
         records of jobs ``finished(job_id)`` says are kept already are ignored. Returns the ids of
         the jobs it brought an ended record of (an agent repeating ``JobEnded`` after a reconnect)."""
         ended = []
-        for je in msg.job_energy:
+        for k, je in enumerate(msg.job_energy):
+            bad = problem(je) or (f"more than {MAX_RECORDS} records in one report" if k >= MAX_RECORDS else "")
+            if bad:
+                log.warning("agent %s: JobEnergy ignored: %s", node, bad)
+                if k >= MAX_RECORDS:
+                    break
+                continue
             if je.end_time_s > 0:
                 if not finished(je.job_id):
                     self.jobs.setdefault(je.job_id, {})[node] = NodeEnergy.from_proto(je, final=True)
@@ -74,7 +100,7 @@ class JobEnergyBook:
 
     def on_job_ended(self, node: str, ended) -> None:
         """Take the final ``JobEnded.energy`` of ``ended.job_id`` on ``node`` (when the agent sent one)."""
-        if ended.HasField("energy"):
+        if ended.HasField("energy") and ended.energy.job_id == ended.job_id and not problem(ended.energy):
             self.jobs.setdefault(ended.job_id, {})[node] = NodeEnergy.from_proto(ended.energy, final=True)
 
     def energy_j(self) -> dict[str, float]:

@@ -128,6 +128,8 @@ def _run(run) -> None:
                                  f"AdminComment={merged(existing, ours)}"])
         if rc == 0 and "modified" in out.lower():
             run.finish("commented", f"AdminComment {ours}", failure=False)
+        if "supported accounting_storage" in out:  # no slurmdbd: retrying cannot help
+            run.finish("no-accounting", f"sacctmgr: {out[:200]}", failure=True)
         time.sleep(POLL_S)  # the job's record is not in slurmdbd yet
     run.finish("accounting-failed", f"sacctmgr update job exited {rc}: {out[:200]}", failure=True)
 

@@ -113,3 +113,14 @@ def test_a_shared_gpu_counts_once_in_the_jobs_allocated_watts():
     a = _job_allocated_w([("n1", 0), ("n1", 1)], desired, tally)
     b = _job_allocated_w([("n1", 0)], desired, tally)
     assert a == 300.0 + 300.0 and b == 300.0 and a + b == 600.0 + 300.0
+
+
+def test_bad_energy_reports_are_ignored_with_a_reason():
+    from coordinator.jobenergy import problem
+
+    book = JobEnergyBook()
+    bad = [pb.JobEnergy(job_id="", energy_j=1.0), pb.JobEnergy(job_id="J", energy_j=float("nan")),
+           pb.JobEnergy(job_id="K", gpu_s=-1.0), pb.JobEnergy(job_id="x" * 200)]
+    book.on_telemetry("n1", pb.NodeTelemetry(job_energy=bad + [je("OK", "n1", 5.0, 10.0)]))
+    assert book.energy_j() == {"OK": 5.0}
+    assert "energy_j nan" in problem(bad[1]) and "gpu_s -1.0" in problem(bad[2]) and "1-128" in problem(bad[3])
