@@ -13,7 +13,8 @@ share path             what                                                     
 ``schema/``            ``status-schema.json`` (``capctl status --json``)            ``docs``
 =====================  ==========================================================  ==================
 
-The Slurm hook scripts are package data of :mod:`slurm` (``prolog``, ``epilog``, ``healthcheck``);
+The Slurm hook scripts are package data of :mod:`slurm` (``prolog``, ``epilog``, ``healthcheck``,
+``epilog_slurmctld``);
 the policy's JSON Schema is ``capctl/policy/schema.json``.
 
 In a source checkout (an editable install) ``capctl/share/`` does not exist and :func:`share_dir`
@@ -35,7 +36,7 @@ SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """share path -> (source directory relative to the repository root, glob patterns copied)."""
 
-HOOKS = ("prolog", "epilog", "healthcheck")
+HOOKS = ("prolog", "epilog", "healthcheck", "epilog_slurmctld")
 """The Slurm hook scripts, package data of :mod:`slurm`."""
 
 

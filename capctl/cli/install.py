@@ -3,7 +3,8 @@
 =============  =================================================================================
 WHAT           writes into DIR
 =============  =================================================================================
-hooks          ``prolog``, ``epilog``, ``healthcheck`` (mode 0755; slurm.conf ``Prolog=DIR/prolog``),
+hooks          ``prolog``, ``epilog``, ``healthcheck``, ``epilog_slurmctld`` (mode 0755; slurm.conf
+               ``Prolog=DIR/prolog``, ``EpilogSlurmctld=DIR/epilog_slurmctld``),
                each running this installation's interpreter unless hooks.env sets CAPCTL_PYTHON
 units          ``capctl-agent.service``, ``capctl-coordinator.service`` with this installation's
                bin directory in ``ExecStart=`` (one prefix; e.g. DIR = /etc/systemd/system)

@@ -395,7 +395,7 @@ class SlurmCluster:
         which both our script (to find capctl-hooks.env) and scontrol need here."""
         path = self.run_dir / "etc" / "epilog_slurmctld"
         path.write_text(f"#!/bin/sh\nSLURM_CONF={self.conf_path}\nexport SLURM_CONF\n"
-                        f"exec {REPO_ROOT}/slurm/epilog_slurmctld \"$@\"\n")
+                        f"exec {self.hook_script('epilog_slurmctld')} \"$@\"\n")
         path.chmod(0o755)
         return path
 

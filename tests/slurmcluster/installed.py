@@ -70,7 +70,8 @@ def cli_bin_dir() -> str:
 
 
 def install_hooks(dest: Path) -> dict[str, str]:
-    """The Slurm hook scripts: ``{"prolog": path, "epilog": path, "healthcheck": path}``.
+    """The Slurm hook scripts: ``{"prolog": path, "epilog": path, "healthcheck": path,
+    "epilog_slurmctld": path}``.
 
     Installed mode: written into ``dest`` by the agent venv's ``capctl install hooks DEST``. Source
     mode: the source tree's ``slurm/`` scripts.
@@ -79,7 +80,7 @@ def install_hooks(dest: Path) -> dict[str, str]:
         subprocess.CalledProcessError: ``capctl install hooks`` failed.
     """
     env = venv(AGENT_VENV)
-    names = ("prolog", "epilog", "healthcheck")
+    names = ("prolog", "epilog", "healthcheck", "epilog_slurmctld")
     if env is None:
         return {n: str(REPO_ROOT / "slurm" / n) for n in names}
     subprocess.run([str(env / "bin" / "capctl"), "install", "hooks", str(dest)], check=True,
