@@ -10,7 +10,7 @@ SIM_SRC := $(wildcard csrc/simnvml/*.c csrc/simnvml/*.h)
 PROTOS := $(wildcard protos/capctl/v1/*.proto)
 PROTO_STAMP := capctl/v1/.generated
 
-.PHONY: all setup build wheel-envs release-deps test test-fast demo bench bench-loop bench-soak clean slurm-deps slurm-up slurm-down
+.PHONY: all setup build wheel-envs release-deps test test-fast demo bench bench-loop bench-soak bench-failover clean slurm-deps etcd-deps slurm-up slurm-down
 
 all: build
 
@@ -54,12 +54,16 @@ wheel-envs: build
 release-deps:
 	@bash tests/release/install-systemd.sh
 
-test: build slurm-deps release-deps wheel-envs
+# etcd (Debian etcd-server 3.4) for the coordinator HA tests (-m ha); installed when missing.
+etcd-deps:
+	@bash tests/etcdcluster/install.sh
+
+test: build slurm-deps release-deps etcd-deps wheel-envs
 	CAPCTL_TEST_AGENT_VENV=$(CURDIR)/$(WHEELENVS)/agent CAPCTL_TEST_COORDINATOR_VENV=$(CURDIR)/$(WHEELENVS)/coordinator \
 	    $(PY) -m pytest -q --durations=10
 
 test-fast: build
-	$(PY) -m pytest -q -m 'not slurm and not faults'
+	$(PY) -m pytest -q -m 'not slurm and not faults and not ha'
 
 demo: build
 	$(VENV)/bin/capctl demo
@@ -74,6 +78,9 @@ bench-loop: build
 
 bench-soak: build
 	$(PY) bench/soak.py
+
+bench-failover: build etcd-deps
+	$(PY) bench/failover.py
 
 slurm-up: build slurm-deps
 	$(PY) -m tests.slurmcluster up

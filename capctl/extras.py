@@ -2,7 +2,7 @@
 
 capctl installs by role (pyproject.toml): the core (protocol, policy) always; ``capctl[agent]`` on
 compute nodes, ``capctl[coordinator]`` on the head node, ``capctl[sim]`` for the simulators and the
-demo. A command that needs a module of an extra that is not installed fails with one line naming
+demo, ``capctl[ha]`` beside ``capctl[coordinator]`` for coordinators in high availability on etcd. A command that needs a module of an extra that is not installed fails with one line naming
 that extra (:func:`missing_extra_message`, called by :func:`capctl.errors.run_for_person`) instead
 of an ImportError traceback.
 """
@@ -19,6 +19,7 @@ EXTRAS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "grpc_health": ("coordinator",),
     "grpc_reflection": ("coordinator",),
     "matplotlib": ("sim",),
+    "etcd3gw": ("ha",),  # coordinators in high availability on etcd (docs/ha.md)
 }
 """Top-level module name -> the extras whose requirements provide it (pyproject.toml); the first is
 the one a missing-module message names."""

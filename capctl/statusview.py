@@ -108,6 +108,8 @@ def status_dict(reply) -> dict:
         "domains": [domain_dict(d) for d in reply.domains],
         "nodes": [node_dict(n) for n in reply.nodes],
         "jobs": [job_dict(j) for j in reply.jobs],
+        **({"ha": {"role": reply.ha_role, "leader": reply.leader, "term": int(reply.term),
+                   "standbys": list(reply.standbys)}} if reply.ha_role else {}),
     }
 
 
@@ -236,6 +238,10 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
     watts = (f"budget {_f(d['budget_w'])} W   allocated {_f(d['allocated_w'])} W{pct(d['allocated_w'])}   "
              f"enforced {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}")
     parts = [head, watts]
+    if d.get("ha"):
+        ha = d["ha"]
+        parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none elected)'}, "
+                     f"term {ha['term']}; standbys {', '.join(ha['standbys']) or '(none)'}")
     if d["domains"]:
         rows = [[x["name"], x["kind"], _f(x["limit_w"] or None), _f(x["allocated_w"]), _f(x["enforced_w"]), _f(x["draw_w"]),
                  _f(x["price_rate_per_w"], "{:.4g}"), _f(x["deficit_w"]) if x["deficit_w"] else "-"]

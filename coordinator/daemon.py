@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     from capctl.security.plaintext import add_insecure_argument
 
     add_insecure_argument(p, "--listen")
+    from coordinator.hadaemon import add_ha_arguments
+
+    add_ha_arguments(p)
     p.add_argument("--ready-file", metavar="PATH",
                    help="write a JSON file with the bound addresses once serving (for scripts and tests)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -315,11 +318,16 @@ async def serve(args) -> int:
     metrics_addr = _metrics_addr(args)
     _check_state_dir(args.state_dir)
     _precheck_listen(args.listen)
-    store, store_error = _open_store(args.state_dir)
+    from coordinator import hadaemon
+
+    ha = hadaemon.HaSetup.from_args(args, policy)  # None without --etcd-endpoints or policy coordinator.etcd
+    store, store_error = ha.store() if ha else _open_store(args.state_dir)
     finished = _open_finished(args)
     metrics = Metrics()
     coord = Coordinator(policy, os.path.abspath(args.policy), store=store, dry_run=args.dry_run,
                         store_error=store_error, metrics=metrics, finished=finished)
+    if ha:
+        ha.attach(coord)  # a standby until elected: nothing is sent before
     metrics.attach(coord)
     sockets = _Sockets(args)
     servers, listen_addr, port = await _start_servers(coord, args, sockets, policy)
@@ -328,6 +336,8 @@ async def serve(args) -> int:
 
     for s in servers:
         await srv.set_serving(s, True)
+    if ha:
+        ha.start(coord, listen_addr, asyncio.get_running_loop())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -351,6 +361,8 @@ async def serve(args) -> int:
     sdnotify.ready(f"serving agents on {listen_addr}")
     await stop.wait()
     sdnotify.stopping()
+    if ha:
+        await asyncio.to_thread(ha.stop)  # revoke the etcd lease: a standby takes over at once
     await _shut_down(coord, servers, runner)
     metrics.close()
     store.close()

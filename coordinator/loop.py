@@ -126,6 +126,8 @@ class Coordinator:
         self.tick_count = 0
         self._start_clock = self.registry.clock()  # start of the startup hold (see _unreported_policy_nodes)
         self._warned: set = set()  # keys of the watch alerts already logged (see _watch_alerts)
+        self.ha = None  # coordinator.election.Leadership when coordinators run in HA on etcd (daemon)
+        self._fresh_streams: set = set()  # HA: nodes whose first telemetry on a new stream wakes the loop
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -136,6 +138,15 @@ class Coordinator:
     @property
     def interval_s(self) -> float:
         return float(self.policy.interval_s)
+
+    @property
+    def term(self) -> int:
+        """The leader's term carried in plans (0 without etcd; see coordinator/election.py)."""
+        return self.ha.term if self.ha is not None else 0
+
+    def may_send(self) -> bool:
+        """True unless this coordinator is an HA standby (or a leader whose etcd lease may be gone)."""
+        return self.ha is None or self.ha.may_send()
 
     @property
     def lease_s(self) -> float:
@@ -196,6 +207,8 @@ class Coordinator:
                     g.last_ack_w = max(g.enforced_w, max(g.pending.values()), g.last_ack_w)
                     g.last_ack_mono = now
         self.registry.on_hello(hello, session)
+        if self.ha is not None:  # after a failover its caps are known from the ledger only: plan at its first report
+            self._fresh_streams.add(hello.node)
         log.info("agent %s connected from %s (%d GPUs, %d jobs, last plan %d)", hello.node, session.peer,
                  len(hello.gpus), len(hello.jobs), hello.last_plan_seq)
         # no early interval here: the node's GPUs count at their maximum limit until its first
@@ -220,7 +233,7 @@ class Coordinator:
                 s = planner.clamp(s, g.min_cap_w, g.max_cap_w)
                 safe.append(pb.CapAssignment(index=idx, cap_w=s))
         return pb.Welcome(protocol_version="capctl.v1", coordinator_id=self.coordinator_id,
-                          interval_s=self.interval_s, lease_s=self.lease_s, safe_caps=safe)
+                          interval_s=self.interval_s, lease_s=self.lease_s, safe_caps=safe, term=self.term)
 
     def on_ack(self, session, ack) -> None:
         """A ``CapAck`` arrived on ``session``."""
@@ -239,6 +252,13 @@ class Coordinator:
         if fut is not None and not fut.done():
             fut.set_result(ack)
 
+    def first_report(self, node: str) -> bool:
+        """True once for a node's first telemetry on a new stream (HA only; see :meth:`attach`)."""
+        if node in self._fresh_streams:
+            self._fresh_streams.discard(node)
+            return True
+        return False
+
     def wake(self) -> None:
         """Run the next interval early (job events, admin changes)."""
         if self._wake is not None:
@@ -249,7 +269,7 @@ class Coordinator:
         """Queue one ``CapPlan`` to a node; returns a future resolved with its ``CapAck`` (or None
         if the stream closes), or None when the node has no stream."""
         node = self.registry.nodes.get(node_name)
-        if node is None or node.session is None:
+        if node is None or node.session is None or not self.may_send():
             return None
         session = node.session
         seq = node.next_seq
@@ -257,7 +277,7 @@ class Coordinator:
         now = self.registry.clock()
         plan = pb.CapPlan(
             seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
-            dry_run=dry_run,
+            dry_run=dry_run, term=self.term,
             caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(caps.items())],
             safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(safe.items())],
         )
@@ -310,6 +330,7 @@ class Coordinator:
         while not stop.is_set():
             now = time.monotonic()
             self._last_tick_mono = now
+            self._wake.clear()  # before the tick: a wake-up during it (a node's first report) is not lost
             try:
                 await self.tick()
             except Exception as exc:  # noqa: BLE001 (the loop must survive any one interval)
@@ -321,7 +342,6 @@ class Coordinator:
             next_t = max(next_t + interval, time.monotonic())
             if next_t - time.monotonic() > interval:  # clock/policy change: never wait longer than one interval
                 next_t = time.monotonic() + interval
-            self._wake.clear()
             while not stop.is_set():
                 remaining = next_t - time.monotonic()
                 if remaining <= 0:
@@ -345,6 +365,8 @@ class Coordinator:
         Feeds the models, snapshots the problem, solves it in a worker thread, re-reads the fleet's
         accounting (acknowledgements arrive during the solve), decides, sends phase 1, waits for its
         acknowledgements (at most :meth:`ack_wait_s`), sends phase 2, then publishes the view."""
+        if not self.may_send():
+            return  # an HA standby: the leader decides (coordinator/election.py)
         t0 = time.monotonic()
         problem = self._observe_problem()
         solution = await asyncio.to_thread(decide.solve, problem)
@@ -518,6 +540,10 @@ class Coordinator:
         live = self.energy_book.energy_j()  # the agents' latest reports, not the interval's snapshot
         for job in reply.jobs:
             job.energy_j = live.get(job.job_id, job.energy_j)
+        if self.ha is not None:
+            ha = self.ha.describe()
+            reply.ha_role, reply.leader, reply.term = ha["role"], ha["leader"], ha["term"]
+            reply.standbys.extend(ha["standbys"])
         return reply
 
     def on_job_ended(self, node_name: str, ended) -> None:
@@ -661,6 +687,8 @@ class Coordinator:
                 self.persistent_alerts.pop("store", None)
                 msg += f"; saved in {self.store.path}"
             except StoreError as exc:
+                if self.ha is not None:  # HA: an admin change that is not in etcd would be lost on failover
+                    return pb.SetBudgetReply(ok=False, budget_w=current, message=f"refused: not saved: {exc}")
                 self.persistent_alerts["store"] = f"budget {budget_w:g} W in force but NOT persisted: {exc}"
                 msg += f"; WARNING: not persisted ({exc}); a restart returns to {self.file_policy.budget_w:g} W"
         else:

@@ -228,6 +228,18 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
 
     async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC name)
         coord = self.coord
+        if not coord.may_send():  # an HA standby: parked, then the agent goes to the leader (coordinator/ha.py)
+            from coordinator import ha
+
+            if await ha.park(coord):
+                return await self._serve(context, coord)
+            context.set_trailing_metadata(ha.leader_metadata(coord))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, ha.not_leader_message(coord, "AgentLink"))
+            return
+        await self._serve(context, coord)
+
+    async def _serve(self, context, coord) -> None:
+        """One agent's stream: hello, welcome, then its messages until it ends."""
         try:
             first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -296,8 +308,8 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 if limits.validate_telemetry(tele, session.node):
                     continue
                 coord.on_energy(session.node, tele)
-                if coord.registry.on_telemetry(session.node, tele):
-                    coord.wake()  # a node's first readings: allocate it now
+                if coord.registry.on_telemetry(session.node, tele) | coord.first_report(session.node):
+                    coord.wake()  # a node's first readings (or its first report on a new HA stream): allocate it now
             elif kind == "ack":
                 problem = limits.validate_ack(msg.ack)
                 if problem:
@@ -366,6 +378,11 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.authorizer = authorizer
 
     async def _require_admin(self, context, what: str) -> None:
+        if not self.coord.may_send():  # an HA standby answers reads only (coordinator/ha.py)
+            from coordinator import ha
+
+            context.set_trailing_metadata(ha.leader_metadata(self.coord))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, ha.not_leader_message(self.coord, what))
         decide = getattr(self.authorizer, "decide", None)
         how = decide(context) if decide is not None else ("admin" if self.authorizer.allowed(context) else None)
         if how is None:

@@ -108,8 +108,16 @@ def job_records(bindings: dict[str, list[int]], meta: dict) -> dict[str, dict]:
     return jobs
 
 
+def coordinator_term(data: dict) -> int:
+    """The newest coordinator term seen (HA fencing, nodeagent/fencing.py); 0 when missing or malformed."""
+    try:
+        return max(0, int(data.get("coordinator_term", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
 def write(path: Path, *, node: str, jobs: dict[str, dict], safe_caps: dict[int, float], plan_seq: int,
-          coordinator_id: str) -> None:
+          coordinator_id: str, coordinator_term: int = 0) -> None:
     """Write the state file atomically (0600); an error is logged, not raised."""
     data = {
         "node": node,
@@ -117,6 +125,7 @@ def write(path: Path, *, node: str, jobs: dict[str, dict], safe_caps: dict[int, 
         "safe_caps_w": {str(k): v for k, v in safe_caps.items()},
         "last_plan_seq": plan_seq,
         "coordinator_id": coordinator_id,
+        "coordinator_term": coordinator_term,
     }
     try:
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))

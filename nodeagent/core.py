@@ -21,6 +21,7 @@ from nodeagent import agentstate, messages
 from nodeagent.backend import DeviceInfo, GpuBackend, GpuSample
 from nodeagent.caps import CapManager
 from nodeagent.energy import EnergyMeter
+from nodeagent.fencing import TermFence
 from nodeagent.lease import Lease
 from nodeagent.link import AgentLinkClient
 
@@ -78,6 +79,8 @@ class AgentCore:
         self.allowed_w: dict[int, float] = {}
         self.gpu_error: dict[int, str] = {}
         self.lease = Lease()
+        self.fence = TermFence()  # newest coordinator term seen (HA fencing)
+        self.plan_term = 0  # term of the last plan applied
         self.last_plan_seq = 0
         self.coordinator_id = ""
         self.telemetry_seq = 0
@@ -103,6 +106,7 @@ class AgentCore:
         meta = agentstate.job_meta(data)
         self.lease.set_safe_caps(agentstate.safe_caps_w(data))
         self.last_plan_seq = agentstate.last_plan_seq(data)
+        self.fence.see(agentstate.coordinator_term(data))  # a restart does not forget the newest term
         if getattr(self.caps, "state_file_error", None) is not None:
             # the CapManager's file was corrupt: rebind from our own state file (two copies, one lost)
             agentstate.rebind(self.caps, meta, self._cap_bindings(), self.devices, path)
@@ -116,7 +120,8 @@ class AgentCore:
     def save_state(self) -> None:
         """Write ``agent-state.json`` atomically (0600); errors are logged, the agent keeps running."""
         agentstate.write(self._state_path(), node=self.node, jobs=self.jobs, safe_caps=self.lease.safe_caps_w,
-                         plan_seq=self.last_plan_seq, coordinator_id=self.coordinator_id)
+                         plan_seq=self.last_plan_seq, coordinator_id=self.coordinator_id,
+                         coordinator_term=self.fence.newest)
 
     def _cap_bindings(self) -> dict[str, list[int]]:
         """The CapManager's bindings (the authoritative, persisted ones): ``{job_id: [index, ...]}``."""

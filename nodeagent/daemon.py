@@ -84,7 +84,9 @@ class Agent(JobBinding, AgentLoop):
             return capctl_pb2.LocalStatusReply(
                 node=self.node, coordinator_connected=bool(self.link and self.link.connected),
                 jobs=[self._binding(j) for j in sorted(self.jobs)],
-                gpus=[self._gpu_telemetry(s, bound, states) for s in self.last_samples], ready=self.ready)
+                gpus=[self._gpu_telemetry(s, bound, states) for s in self.last_samples], ready=self.ready,
+                coordinator_term=self.fence.newest, plans_refused=self.fence.refused, plan_term=self.plan_term,
+                coordinator_address=getattr(self.link, "target_now", "") if self.link and self.link.connected else "")
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add_standard_arguments(argparse.ArgumentParser(prog="capctl-agent", description="capctl node agent (one per compute node)."))
     p.add_argument("--node", required=True, help="Slurm node name of this host")
-    p.add_argument("--coordinator", required=True, help="coordinator gRPC address (host:port or unix:/path)")
+    p.add_argument("--coordinator", required=True, help="coordinator gRPC address (host:port or unix:/path); several, comma-separated, for coordinators in HA")
     p.add_argument("--socket", default=None,
                    help="AgentLocal unix socket path (%%n = node name; default: the policy's agent.socket_path)")
     p.add_argument("--state-dir", required=True, help="state directory (pre-job limits, bindings); created 0700")
@@ -230,7 +232,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UserInputError(f"--reconnect-max-s {args.reconnect_max_s}: allowed 0.2..300 seconds")
     if not args.node.strip() or "/" in args.node:
         raise UserInputError(f"--node {args.node!r}: give the Slurm node name")
-    check_address(args.coordinator, "--coordinator")
+    for one in args.coordinator.split(","):  # several: coordinators in HA (the link follows the leader)
+        check_address(one.strip(), "--coordinator")
 
 
 def _tls_config(args: argparse.Namespace):
@@ -299,8 +302,9 @@ def _settings(args: argparse.Namespace) -> _Settings:
 
     _check_flags(args)
     tls_config = _tls_config(args)
-    check_plaintext(args.coordinator, "--coordinator", tls=tls_config is not None,
-                    insecure=bool(getattr(args, "insecure", False)), log=log)
+    for one in args.coordinator.split(","):  # each coordinator of an HA list on its own
+        check_plaintext(one.strip(), "--coordinator", tls=tls_config is not None,
+                        insecure=bool(getattr(args, "insecure", False)), log=log)
     policy = _load_policy(args.policy)
     group = args.socket_group or (policy.agent.socket_group if policy is not None else None)
     socket_gid = resolve_group(group)

@@ -20,6 +20,7 @@ from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
 from nodeagent.lease import failsafe_caps
+from nodeagent.link import LeaveCoordinator
 
 log = logging.getLogger("capctl.agent")
 
@@ -99,6 +100,7 @@ class AgentLoop(AgentCore):
                 self.interval_s = float(welcome.interval_s)
             if welcome.coordinator_id != self.coordinator_id:
                 self.coordinator_id = welcome.coordinator_id
+            self.fence.see(welcome.term)
             self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
             self.save_state()
         self.wake.set()  # telemetry right away: the coordinator needs our enforced caps before planning
@@ -109,6 +111,11 @@ class AgentLoop(AgentCore):
         named (all GPUs for a plan without caps). Unknown GPUs or non-finite caps make ``ok`` false.
         Never raises for a bad cap or a failed write: they are reported in the ack."""
         with self.lock:
+            refused = self.fence.admit(plan.term)
+            if refused:  # an older leader's plan: no cap changed, no lease renewed (nodeagent/fencing.py)
+                log.warning("%s; leaving that coordinator", refused)
+                raise LeaveCoordinator(refused)
+            self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
             before = dict(self.lease.safe_caps_w)
             self.lease.set_safe_caps({c.index: c.cap_w for c in plan.safe_caps})

@@ -53,5 +53,6 @@ def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("rerunfailures"):
         return
     for item in items:
-        if item.get_closest_marker("faults") is not None and item.get_closest_marker("flaky") is None:
+        real = item.get_closest_marker("faults") is not None or item.get_closest_marker("ha") is not None
+        if real and item.get_closest_marker("flaky") is None:
             item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))

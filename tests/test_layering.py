@@ -10,7 +10,10 @@ Layers (one way only):
   also the coordinator's client API ``coordinator.client``);
 - only ``nodeagent/nvml.py`` imports ``pynvml``; the allocator is pure (no I/O, networking or
   process modules);
-- no import cycle anywhere: neither between modules (also of one package) nor between packages.
+- no import cycle anywhere: neither between modules (also of one package) nor between packages;
+- high availability: only ``coordinator/etcdconn.py`` imports the etcd client (``etcd3gw``); the
+  election and the etcd store sit below the reconcile loop and the servers (never import them);
+  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours).
 
 The simulators (``capctl.sim``, ``capctl.demo``) may import the coordinator's modules (the what-if
 simulator runs the coordinator's own models and planner): they sit above the daemons, and no
@@ -25,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("capctl", "coordinator", "nodeagent", "slurm")
 SIMULATORS = ("capctl.sim", "capctl.simgpu", "capctl.demo")
+HA_LOWER = ("coordinator.etcdconn", "coordinator.election", "coordinator.etcdstore", "coordinator.statestore")
+HA_UPPER = ("coordinator.loop", "coordinator.server", "coordinator.daemon", "coordinator.hadaemon", "coordinator.ha")
 
 
 def _module_name(path: Path) -> str:
@@ -141,6 +146,10 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the CLI reaches agents only through the agent client (capctl.agentclient)"
             elif _in(mod, "capctl.cli") and _in(dep, "coordinator") and dep != "coordinator.client":
                 rule = "the CLI reaches the coordinator only through its client API (coordinator.client)"
+            elif mod in HA_LOWER and _in(dep, *HA_UPPER):
+                rule = "the election and the etcd store sit below the loop, the servers and the daemon"
+            elif mod == "nodeagent.fencing":
+                rule = "the agent's term fence is pure logic (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -207,3 +216,24 @@ def test_allocator_is_pure():
     offenders = sorted(f"{p.relative_to(ROOT)}: {m}" for name, p in source_modules().items()
                        if _in(name, "capctl.allocator") for m in external_imports(p) if _in(m, *forbidden))
     assert offenders == []
+
+
+def test_only_etcdconn_imports_the_etcd_client():
+    users = []
+    for name, path in source_modules().items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m == "etcd3gw" or m.startswith("etcd3gw.") for m in mods):
+                users.append(name)
+    assert sorted(set(users)) == ["coordinator.etcdconn"]
+
+
+def test_the_ha_rules_catch_a_wrong_import():
+    graph = import_graph()
+    graph["coordinator.election"].add("coordinator.loop")
+    graph["nodeagent.fencing"].add("nodeagent.caps")
+    bad = violations(graph)
+    assert any(b.startswith("coordinator.election -> coordinator.loop") for b in bad)
+    assert any(b.startswith("nodeagent.fencing -> nodeagent.caps") for b in bad)

@@ -146,13 +146,25 @@ class AgentPolicy:
 
 
 @dataclass(frozen=True)
+class EtcdPolicy:
+    """High availability on etcd: the members' ``endpoints`` (http(s)://HOST:PORT), the site's key
+    ``prefix``, the leader's lease TTL ``lease_ttl_s`` (whole seconds)."""
+
+    endpoints: tuple[str, ...] = ()
+    prefix: str = "/capctl"
+    lease_ttl_s: int = 2
+
+
+@dataclass(frozen=True)
 class CoordinatorPolicy:
     """Coordinator: gRPC ``address``; ``admin_group`` may run admin operations and
-    ``status_group`` read-only status over the unix socket (None = root only)."""
+    ``status_group`` read-only status over the unix socket (None = root only); ``etcd`` for
+    coordinators in high availability (None = one coordinator)."""
 
     address: str = DEFAULT_COORDINATOR_ADDRESS
     admin_group: str | None = None
     status_group: str | None = None
+    etcd: EtcdPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +281,9 @@ class Policy:
                 "address": self.coordinator.address,
                 "admin_group": self.coordinator.admin_group,
                 "status_group": self.coordinator.status_group,
+                "etcd": None if self.coordinator.etcd is None else {
+                    "endpoints": list(self.coordinator.etcd.endpoints), "prefix": self.coordinator.etcd.prefix,
+                    "lease_ttl_s": self.coordinator.etcd.lease_ttl_s},
             },
         }
 

@@ -208,6 +208,8 @@ _PATTERN_WORDS = {
     "address": "unix:/absolute/path or host:port",
     "admin_group": "a unix group name",
     "status_group": "a unix group name",
+    "endpoints": "http://HOST:PORT or https://HOST:PORT",
+    "prefix": "a key prefix starting with / (letters, digits, _ . / -)",
     "socket_group": "a unix group name",
     "name": "a name of letters, digits and _ . : / -",
 }
@@ -740,10 +742,19 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
             address=coordinator.get("address", model.DEFAULT_COORDINATOR_ADDRESS),
             admin_group=coordinator.get("admin_group"),
             status_group=coordinator.get("status_group"),
+            etcd=_etcd_policy(coordinator.get("etcd")),
         ),
         budget_ceiling_w=_f(root_limit, None),
         source=source,
     )
+
+
+def _etcd_policy(etcd: dict | None):
+    """``coordinator.etcd`` (validated by the schema) as a :class:`model.EtcdPolicy`, or None."""
+    if not etcd:
+        return None
+    return model.EtcdPolicy(endpoints=tuple(str(e) for e in etcd["endpoints"]), prefix=str(etcd.get("prefix", "/capctl")),
+                            lease_ttl_s=int(etcd.get("lease_ttl_s", 2)))
 
 
 def _path_of(data: dict, name: str) -> tuple:

@@ -246,6 +246,8 @@ class Sampler:
 class FaultRig:
     """The cluster, its processes and the sampler. ``stop()`` ends everything it started."""
 
+    policy_text = POLICY
+
     def __init__(self, workdir: Path) -> None:
         require_coordinator()
         self.workdir = Path(workdir)
@@ -264,7 +266,7 @@ class FaultRig:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> FaultRig:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.policy_path.write_text(POLICY)
+        self.policy_path.write_text(self.policy_text)
         self.clock_file.write_text("0")
         for k, (name, count) in enumerate(NODES.items()):
             self.sims[name] = sim_node(self.workdir / f"sim-{name}", count, seed=300 + k)

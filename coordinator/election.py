@@ -1,0 +1,242 @@
+"""Leader election of the coordinators through an etcd lease (high availability).
+
+Every coordinator of a site holds one etcd lease of ``ttl_s`` seconds and registers itself under
+``<prefix>/members/<id>`` with it (its advertised address). The leader is whoever created
+``<prefix>/leader`` (a transaction "create if absent", the key attached to its lease); the key's
+create revision is the leader's **term**: etcd revisions only grow, so a later leader always has a
+higher term. The term travels in every ``CapPlan`` and ``Welcome``; agents apply plans only from the
+newest term they have seen (:mod:`nodeagent.fencing`).
+
+The leader keeps its lease alive every ``ttl_s / 4`` seconds. It may act (send plans, write admin
+state) only while :meth:`Leadership.may_send` holds: until ``sent + TTL - margin`` after the last
+keep-alive that etcd confirmed, ``sent`` being when that request left (monotonic clock). etcd
+counts the TTL from when it handles the request, later than ``sent``, so the leader stops acting
+before etcd can let anyone else take the key — even if the process was frozen (SIGSTOP) or cut
+off from etcd (no quorum) meanwhile. A standby tries to create the key every
+:data:`CAMPAIGN_PERIOD_S` seconds, which succeeds as soon as etcd has expired or revoked the old
+leader's lease. A coordinator that stops cleanly revokes its lease: the hand-over is then
+immediate.
+
+The election runs in its own thread (HTTP requests with deadlines, :mod:`coordinator.etcdconn`);
+it tells the coordinator of each change through ``on_change(elected: bool)``, called in that
+thread (the daemon forwards it to its event loop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from coordinator.etcdconn import EtcdConn, EtcdError, b64
+
+log = logging.getLogger("capctl.coordinator.election")
+
+DEFAULT_TTL_S = 2
+"""Default etcd lease TTL of a coordinator, seconds (etcd's floor is 1.5 x its election timeout:
+2 s with etcd's default 1 s election timeout; Kubernetes' leader election uses 15 s)."""
+SAFETY_MARGIN_S = 0.25
+"""A leader stops acting this long (s) before its lease can expire at etcd."""
+CAMPAIGN_PERIOD_S = 0.1
+"""How often (s) a standby tries to take the leader key."""
+
+
+class Leadership:
+    """One coordinator's part in the election (see module docstring).
+
+    Args:
+        conn: the etcd cluster.
+        prefix: key prefix of this site, e.g. ``/capctl``.
+        member_id: this coordinator's id (``Coordinator.coordinator_id``).
+        address: the gRPC address agents and the CLI reach this coordinator at.
+        ttl_s: lease TTL asked of etcd, whole seconds >= 1.
+        on_change: called with True when elected, False when deposed (election thread).
+    """
+
+    def __init__(self, conn: EtcdConn, prefix: str, member_id: str, address: str, ttl_s: int = DEFAULT_TTL_S,
+                 on_change=None) -> None:
+        self.conn = conn
+        self.prefix = prefix.rstrip("/") or "/capctl"
+        self.member_id = member_id
+        self.address = address
+        self.ttl_s = max(1, int(ttl_s))
+        self.on_change = on_change
+        self.term = 0  # > 0 while this coordinator leads
+        self.leader = ""  # the leader's address as last read ("" = none known)
+        self.leader_term = 0
+        self.standbys: list[str] = []
+        self.error = ""  # the last etcd failure, "" when the last request succeeded
+        self._lease_id = 0
+        self._deadline_mono = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def leader_key(self) -> str:
+        return f"{self.prefix}/leader"
+
+    @property
+    def member_key(self) -> str:
+        return f"{self.prefix}/members/{self.member_id}"
+
+    # -- what the coordinator asks ----------------------------------------------------------
+    def may_send(self, now_mono: float | None = None) -> bool:
+        """True while this coordinator leads and its lease surely still holds at etcd."""
+        now = time.monotonic() if now_mono is None else now_mono
+        with self._lock:
+            return self.term > 0 and now < self._deadline_mono
+
+    def role(self) -> str:
+        return "leader" if self.may_send() else "standby"
+
+    def describe(self) -> dict:
+        """``{"role", "leader", "term", "standbys"}`` for ``capctl status``."""
+        leading = self.may_send()
+        with self._lock:
+            return {"role": "leader" if leading else "standby",
+                    "leader": self.address if leading else self.leader,
+                    "term": self.term if leading else self.leader_term, "standbys": list(self.standbys)}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Leadership:
+        self._thread = threading.Thread(target=self._run, name="etcd-election", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop campaigning; revoke the lease (the leader key and membership go at once)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        was = self.term > 0
+        with self._lock:
+            self.term = 0
+            self._deadline_mono = 0.0
+        if self._lease_id:
+            try:
+                self.conn.revoke(self._lease_id)
+            except EtcdError as exc:
+                log.warning("etcd lease not revoked on stop: %s", exc)
+        if was:
+            self._notify(False)
+
+    # -- the election thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+                if self.error:
+                    log.info("etcd reachable again")
+                self.error = ""
+            except EtcdError as exc:
+                if exc.args and str(exc) != self.error:
+                    log.warning("%s", exc)
+                self.error = str(exc)
+            self._check_deadline()
+            period = self.ttl_s / 4.0 if self.term > 0 else CAMPAIGN_PERIOD_S
+            self._stop.wait(period)
+
+    def _step(self) -> None:
+        """One round: keep the lease alive (or get one), campaign when not leading, read the members."""
+        if not self._lease_id:
+            self._lease_id, granted = self.conn.grant(self.ttl_s)
+            self.conn.put(self.member_key, json.dumps({"address": self.address}), self._lease_id)
+            log.info("etcd lease %x granted (TTL %d s)", self._lease_id, granted)
+        sent = time.monotonic()
+        ttl = self.conn.keepalive(self._lease_id)
+        if ttl <= 0:
+            log.warning("etcd lease %x expired", self._lease_id)
+            self._lease_id = 0
+            self._lose("its etcd lease expired")
+            return
+        if self.term > 0:
+            kv = self.conn.get(self.leader_key)  # still ours? (an operator may have deleted it)
+            if kv is None or kv["create_revision"] != self.term:
+                self._lose("the leader key is no longer ours")
+                return
+            with self._lock:
+                self._deadline_mono = sent + min(ttl, self.ttl_s) - SAFETY_MARGIN_S
+        else:
+            self._campaign(sent, min(ttl, self.ttl_s))
+        self._read_members()
+
+    def _campaign(self, sent: float, ttl_s: float) -> None:
+        """Create the leader key if absent (attached to our lease); else note who leads."""
+        key = b64(self.leader_key)
+        value = b64(json.dumps({"id": self.member_id, "address": self.address}))
+        r = self.conn.txn(
+            compare=[{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+            success=[{"request_put": {"key": key, "value": value, "lease": self._lease_id}},
+                     {"request_range": {"key": key}}],
+            failure=[{"request_range": {"key": key}}],
+        )
+        kv = _range_kv(r, 1 if r.get("succeeded") else 0)
+        if kv is None:
+            return
+        info = _json(kv.get("value", ""))
+        term = int(kv.get("create_revision", 0))
+        if r.get("succeeded") or (info.get("id") == self.member_id and int(kv.get("lease", 0)) == self._lease_id):
+            with self._lock:
+                self.term = term
+                self._deadline_mono = sent + ttl_s - SAFETY_MARGIN_S
+                self.leader, self.leader_term = self.address, term
+            log.warning("elected leader: term %d (etcd lease %x, TTL %g s)", term, self._lease_id, ttl_s)
+            self._notify(True)
+        else:
+            with self._lock:
+                self.leader, self.leader_term = str(info.get("address", "")), term
+
+    def _read_members(self) -> None:
+        """The standbys: every registered coordinator's address except the leader's."""
+        addresses = {str(_json(kv["value"]).get("address", "")) for kv in self.conn.get_prefix(f"{self.prefix}/members/")}
+        with self._lock:
+            leader = self.address if self.term > 0 else self.leader
+            self.standbys = sorted(a for a in addresses | {self.address} if a and a != leader)
+
+    def _check_deadline(self) -> None:
+        """A leader whose lease could have expired at etcd steps down (no keep-alive confirmed in time)."""
+        if self.term > 0 and time.monotonic() >= self._deadline_mono:
+            self._lose("no etcd keep-alive confirmed within its lease")
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            was = self.term
+            self.term = 0
+            self._deadline_mono = 0.0
+            if was:
+                self.leader, self.leader_term = "", was
+        if was:
+            log.warning("stepping down as leader of term %d: %s", was, why)
+            self._notify(False)
+
+    def _notify(self, elected: bool) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(elected)
+            except Exception:  # noqa: BLE001 (the election must go on)
+                log.exception("leadership change handler failed")
+
+
+def _range_kv(reply: dict, index: int) -> dict | None:
+    """The first key-value of the ``request_range`` response at ``index`` of a txn reply (raw JSON)."""
+    try:
+        kvs = reply["responses"][index]["response_range"].get("kvs") or []
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not kvs:
+        return None
+    from coordinator.etcdconn import unb64
+
+    kv = dict(kvs[0])
+    kv["value"] = unb64(kv.get("value", ""))
+    return kv
+
+
+def _json(raw) -> dict:
+    try:
+        value = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,159 @@
+"""A connection to an etcd v3 cluster over its grpc-gateway JSON API, through ``etcd3gw``.
+
+Why ``etcd3gw`` (OpenStack, Apache-2.0, released through 2026): it speaks etcd's own v3 API
+(``/v3/kv/txn``, ``/v3/lease/*``, the grpc-gateway every etcd >= 3.4 serves, with API-path
+discovery for 3.3/3.4/3.5), needs only ``requests`` (no generated protobuf code of its own, so it
+cannot clash with the ``protobuf>=6``/``grpcio==1.85`` this project pins), and works on Python 3.11
+and etcd 3.4.23. The alternatives: ``etcd3`` (python-etcd3) has had no release since 2020 and ships
+protobuf code generated for protobuf 3 (it fails to import with protobuf >= 4 unless the slow
+pure-Python protobuf is forced); its forks (etcd3-fc, etcd3-fork, etcd3-rs) are one-off releases;
+``aetcd`` is asyncio-only (our election runs in a thread beside the event loop) and also brings its
+own generated protobuf code. etcd3gw talks to one member; :class:`EtcdConn` adds the fail-over
+across the members of a cluster.
+
+Every request has a deadline (``timeout_s``); a member that does not answer, or answers with an
+error, is skipped and the next one tried; when none answers the call raises :class:`EtcdError`.
+Reads are linearizable (etcd's default): without a quorum they fail instead of returning old data.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+from urllib.parse import urlsplit
+
+from capctl.errors import CapctlError, UserInputError
+
+log = logging.getLogger("capctl.coordinator.etcd")
+
+DEFAULT_TIMEOUT_S = 0.5
+"""Deadline of one HTTP request to one etcd member, seconds."""
+
+
+class EtcdError(CapctlError):
+    """No etcd member answered the request (message names the endpoints and the last reason)."""
+
+
+def parse_endpoints(text: str, flag: str = "--etcd-endpoints") -> list[tuple[str, str, int]]:
+    """``"http://127.0.0.1:2379,http://127.0.0.2:2379"`` -> ``[(scheme, host, port), ...]``.
+
+    Raises:
+        UserInputError: an empty list, or an endpoint that is not ``http(s)://HOST:PORT`` (named).
+    """
+    out = []
+    for raw in [p.strip() for p in text.split(",") if p.strip()]:
+        url = urlsplit(raw if "://" in raw else "http://" + raw)
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        if url.scheme not in ("http", "https") or not url.hostname or port is None or not 0 < port < 65536:
+            raise UserInputError(f"{flag}: endpoint {raw!r}: expected http://HOST:PORT or https://HOST:PORT "
+                                 "(port 1..65535), e.g. http://127.0.0.1:2379")
+        out.append((url.scheme, url.hostname, port))
+    if not out:
+        raise UserInputError(f"{flag} {text!r}: no endpoint given; expected a comma-separated list of http://HOST:PORT")
+    return out
+
+
+def b64(text: str | bytes) -> str:
+    """etcd's JSON API carries keys and values base64-encoded."""
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text or "")
+
+
+class EtcdConn:
+    """Requests to one etcd cluster, tried member after member (thread-safe).
+
+    Args:
+        endpoints: from :func:`parse_endpoints`.
+        timeout_s: deadline of one request to one member, seconds.
+    """
+
+    def __init__(self, endpoints: list[tuple[str, str, int]], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        import etcd3gw
+
+        self.endpoints = [f"{s}://{h}:{p}" for s, h, p in endpoints]
+        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout_s, api_path="/v3/")
+                         for s, h, p in endpoints]
+        self._first = 0
+        self._lock = threading.Lock()
+
+    def post(self, path: str, payload: dict) -> dict:
+        """POST ``payload`` to ``/v3/<path>`` of the first member that answers; its JSON reply.
+
+        Raises:
+            EtcdError: every member failed (timeout, refused, error status).
+        """
+        from etcd3gw import exceptions as ex
+
+        with self._lock:
+            first = self._first
+        last = ""
+        n = len(self._clients)
+        for k in range(n):
+            i = (first + k) % n
+            client = self._clients[i]
+            try:
+                reply = client.post(client.get_url(path), json=payload)
+            except (ex.Etcd3Exception, OSError, ValueError) as exc:
+                last = f"{self.endpoints[i]}: {type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            with self._lock:
+                self._first = i
+            return reply
+        raise EtcdError(f"etcd {','.join(self.endpoints)}: no member answered /v3/{path} ({last})")
+
+    # -- the few calls the coordinator makes --------------------------------------------------
+    def grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease of ``ttl_s`` seconds; returns (lease id, granted TTL in s)."""
+        r = self.post("lease/grant", {"TTL": int(ttl_s), "ID": 0})
+        return int(r["ID"]), int(r.get("TTL", ttl_s))
+
+    def keepalive(self, lease_id: int) -> int:
+        """Refresh the lease; returns its TTL in s, or -1 when etcd says it has expired."""
+        r = self.post("lease/keepalive", {"ID": lease_id})
+        return int(r.get("result", {}).get("TTL", -1))
+
+    def revoke(self, lease_id: int) -> None:
+        """Revoke the lease (its keys are deleted at once)."""
+        self.post("kv/lease/revoke", {"ID": lease_id})
+
+    def txn(self, compare: list, success: list, failure: list | None = None) -> dict:
+        """One transaction (etcd ``Txn``); the reply with ``succeeded`` and ``responses``."""
+        return self.post("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+
+    def get(self, key: str) -> dict | None:
+        """The key-value record of ``key`` (``value`` decoded to bytes, revisions as ints), or None."""
+        r = self.post("kv/range", {"key": b64(key)})
+        kvs = r.get("kvs") or []
+        return decode_kv(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> list[dict]:
+        """Every record whose key starts with ``prefix`` (see :meth:`get`)."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        r = self.post("kv/range", {"key": b64(prefix), "range_end": b64(end)})
+        return [decode_kv(kv) for kv in r.get("kvs") or []]
+
+    def put(self, key: str, value: bytes | str, lease_id: int = 0) -> None:
+        """Write ``key`` (attached to ``lease_id`` when not 0)."""
+        payload = {"key": b64(key), "value": b64(value)}
+        if lease_id:
+            payload["lease"] = lease_id
+        self.post("kv/put", payload)
+
+
+def decode_kv(kv: dict) -> dict:
+    """One ``mvccpb.KeyValue`` of the JSON API with the key and value decoded, numbers as ints."""
+    return {
+        "key": unb64(kv.get("key", "")).decode(errors="replace"),
+        "value": unb64(kv.get("value", "")),
+        "create_revision": int(kv.get("create_revision", 0)),
+        "mod_revision": int(kv.get("mod_revision", 0)),
+        "lease": int(kv.get("lease", 0)),
+    }

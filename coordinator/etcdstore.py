@@ -1,0 +1,122 @@
+"""Admin state of the coordinators in etcd (high availability): the second backend of the state
+store, beside SQLite (:mod:`coordinator.store`, the default for a single coordinator).
+
+Same interface as :class:`coordinator.store.Store` (:class:`coordinator.statestore.StateStore`):
+the budget override, the node ledger, an audit trail. Keys, under the site prefix::
+
+    <prefix>/state/budget_override   JSON {"budget_w", "policy_budget_w", "time_s"}
+    <prefix>/state/nodes             JSON node ledger {node: {"gpus": {index: [W, W, W, W]}, "seen_s"}}
+    <prefix>/audit/<unix ns>         JSON {"action", "value"}
+
+Every write is fenced by the election (:mod:`coordinator.election`): one etcd transaction that
+succeeds only while the leader key still has this coordinator's term as its create revision, so a
+deposed leader can never overwrite what its successor wrote. A refused or failed write raises
+:class:`~coordinator.store.StoreError`, as SQLite's do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from coordinator.etcdconn import EtcdConn, EtcdError, b64
+from coordinator.store import StoreError
+
+log = logging.getLogger("capctl.coordinator.etcdstore")
+
+
+class EtcdStore:
+    """The admin state in etcd (see module docstring). Every method raises :class:`StoreError`.
+
+    Args:
+        conn: the etcd cluster.
+        prefix: the site's key prefix (as the election's).
+        leadership: the :class:`~coordinator.election.Leadership` whose term fences writes (None:
+            writes are not fenced; for tools and tests).
+    """
+
+    def __init__(self, conn: EtcdConn, prefix: str, leadership=None) -> None:
+        self.conn = conn
+        self.prefix = prefix.rstrip("/") or "/capctl"
+        self.leadership = leadership
+        self.path = f"etcd {','.join(conn.endpoints)} {self.prefix}/state"
+        self.ok = True
+
+    def open(self) -> None:
+        """Nothing to open (requests carry their own connections)."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def get(self, key: str):
+        """The JSON value stored under ``<prefix>/state/<key>``, or None."""
+        try:
+            kv = self.conn.get(f"{self.prefix}/state/{key}")
+        except EtcdError as exc:
+            raise StoreError(f"state in {self.path}: read {key}: {exc}") from None
+        if kv is None:
+            return None
+        try:
+            return json.loads(kv["value"].decode())
+        except (ValueError, UnicodeDecodeError):
+            log.warning("%s/state/%s: not JSON; ignored", self.prefix, key)
+            return None
+
+    def put(self, key: str, value, action: str) -> None:
+        """Store ``value`` (JSON) under ``key`` (None deletes it) with an audit record, in one
+        transaction fenced by the leader's term.
+
+        Raises:
+            StoreError: etcd unreachable, or this coordinator no longer leads (the write is refused).
+        """
+        full = b64(f"{self.prefix}/state/{key}")
+        op = ({"request_delete_range": {"key": full}} if value is None
+              else {"request_put": {"key": full, "value": b64(json.dumps(value))}})
+        audit = {"request_put": {"key": b64(f"{self.prefix}/audit/{time.time_ns():020d}"),
+                                 "value": b64(json.dumps({"action": action, "value": value}))}}
+        compare = []
+        if self.leadership is not None:
+            term = self.leadership.term
+            if term <= 0 or not self.leadership.may_send():
+                raise StoreError(f"state in {self.path}: write {key} refused: this coordinator is not the leader")
+            compare = [{"key": b64(self.leadership.leader_key), "result": "EQUAL", "target": "CREATE",
+                        "create_revision": term}]
+        try:
+            r = self.conn.txn(compare=compare, success=[op, audit])
+        except EtcdError as exc:
+            raise StoreError(f"state in {self.path}: write {key}: {exc}") from None
+        if compare and not r.get("succeeded"):
+            raise StoreError(f"state in {self.path}: write {key} refused: the leader key is no longer ours "
+                             f"(term {compare[0]['create_revision']})")
+
+    # -- budget override (as coordinator.store.Store) ----------------------------------------
+    def budget_override(self) -> dict | None:
+        value = self.get("budget_override")
+        return value if isinstance(value, dict) and "budget_w" in value else None
+
+    def set_budget_override(self, budget_w: float, policy_budget_w: float) -> None:
+        self.put("budget_override", {"budget_w": float(budget_w), "policy_budget_w": float(policy_budget_w),
+                                     "time_s": time.time()}, "budget set")
+
+    def clear_budget_override(self) -> None:
+        self.put("budget_override", None, "budget override cleared")
+
+    # -- node ledger --------------------------------------------------------------------------
+    def save_nodes(self, nodes: dict[str, dict]) -> None:
+        """Replace the node ledger (shape: :meth:`coordinator.store.Store.save_nodes`)."""
+        data = {name: {"gpus": {str(i): list(v) for i, v in d["gpus"].items()}, "seen_s": d.get("seen_s", 0.0)}
+                for name, d in nodes.items()}
+        self.put("nodes", data, "node ledger")
+
+    def load_nodes(self) -> dict[str, dict]:
+        """The node ledger; malformed entries are skipped."""
+        value = self.get("nodes") or {}
+        out = {}
+        for name, entry in (value.items() if isinstance(value, dict) else ()):
+            try:
+                gpus = {int(k): [float(x) for x in v[:4]] for k, v in entry["gpus"].items()}
+                out[str(name)] = {"gpus": gpus, "seen_s": float(entry.get("seen_s", 0.0))}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warning("node ledger: malformed entry for %r skipped", name)
+        return out

@@ -1,0 +1,103 @@
+"""The coordinator's side of high availability: what changes when it is elected or deposed
+(:mod:`coordinator.election` decides when), and the answers a standby gives.
+
+- **Elected**: the admin state is re-read from etcd (budget override, node ledger: nodes whose
+  agents have not reconnected yet are counted at their last known caps, stale, spent), the startup
+  hold starts again (no increase before the known nodes report), and the loop runs at once.
+- **Deposed**: every agent stream is closed so that the agents go to the new leader; the loop sends
+  nothing more (``Coordinator.may_send``), and agents refuse plans of an older term anyway.
+- **Standby**: admin writes are refused with ``FAILED_PRECONDITION`` naming the leader; read-only
+  admin calls answer. An agent's AgentLink stream is *parked* for up to :data:`PARK_S` seconds: when
+  this standby is elected meanwhile, it is welcomed at once (a failover then costs no reconnect);
+  else it is refused the same way, with trailing metadata ``capctl-leader: ADDR`` (the agent goes
+  there next).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from coordinator.store import StoreError
+
+log = logging.getLogger("capctl.coordinator.ha")
+
+LEADER_METADATA_KEY = "capctl-leader"
+"""Trailing metadata key of a standby's refusal: the leader's address (agents follow it)."""
+PARK_S = 1.0
+"""How long (s) a standby holds an agent's new stream in case it is elected meanwhile; below the
+agent's welcome deadline with several coordinators (nodeagent.link.HA_WELCOME_TIMEOUT_S)."""
+
+
+def attach(coord) -> None:
+    """Prepare ``coord`` (on its event loop) for parking streams: the event set while it leads."""
+    coord.ha_elected = asyncio.Event()
+
+
+async def park(coord) -> bool:
+    """Wait up to :data:`PARK_S` s for ``coord`` to lead; True when it does (bounded wait)."""
+    event = getattr(coord, "ha_elected", None)
+    if event is None:
+        return coord.may_send()
+    try:
+        await asyncio.wait_for(event.wait(), PARK_S)
+    except asyncio.TimeoutError:
+        return False
+    return coord.may_send()
+
+
+def not_leader_message(coord, what: str) -> str:
+    """Why a standby refuses ``what``, naming the leader (or saying none is known)."""
+    ha = coord.ha.describe()
+    where = f"the leader is {ha['leader']} (term {ha['term']})" if ha["leader"] else "no leader is elected now"
+    return f"{what}: this coordinator ({coord.ha.address}) is a standby; {where}"
+
+
+def leader_metadata(coord) -> tuple:
+    """Trailing metadata of a refusal: ``((LEADER_METADATA_KEY, address),)`` or ``()``."""
+    leader = coord.ha.describe()["leader"]
+    return ((LEADER_METADATA_KEY, leader),) if leader else ()
+
+
+def on_change_threadsafe(coord, loop: asyncio.AbstractEventLoop):
+    """An ``on_change`` for :class:`~coordinator.election.Leadership` that runs :func:`elected` or
+    :func:`deposed` on the coordinator's event loop."""
+    def on_change(is_leader: bool) -> None:
+        loop.call_soon_threadsafe(elected if is_leader else deposed, coord)
+    return on_change
+
+
+def elected(coord) -> None:
+    """Take over: admin state from the store; every node without a stream counted at the caps of
+    the ledger the last leader wrote (write-ahead of its increases)."""
+    store = coord.store
+    if store is not None and store.ok:
+        try:
+            coord.policy = coord._apply_override(coord.file_policy)
+            ledger = store.load_nodes()
+            reg = coord.registry
+            for name in [n for n, node in reg.nodes.items() if node.session is None and n in ledger]:
+                del reg.nodes[name]  # counted as the last leader left it, not as at our start or last term
+            n = reg.restore_ledger(ledger, 86400.0)
+            log.info("taking over as leader (term %d): budget %g W; %d node(s) counted at their ledger caps "
+                     "until their agents report", coord.term, coord.policy.budget_w, n)
+        except StoreError as exc:
+            coord.persistent_alerts["store"] = str(exc)
+            log.error("taking over: %s", exc)
+    coord._start_clock = coord.registry.clock()
+    if getattr(coord, "ha_elected", None) is not None:
+        coord.ha_elected.set()  # parked agent streams go on now
+    # no early interval here: nothing is connected yet; each agent's first report wakes the loop
+    # (Coordinator.first_report), and an interval now would only delay that one (MIN_TICK_SPACING)
+
+
+def deposed(coord) -> None:
+    """Step down: close every agent stream (they reconnect to the leader)."""
+    if getattr(coord, "ha_elected", None) is not None:
+        coord.ha_elected.clear()
+    n = 0
+    for node in list(coord.registry.nodes.values()):
+        if node.session is not None:
+            node.session.close("this coordinator is no longer the leader")
+            n += 1
+    log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)

@@ -1,0 +1,99 @@
+"""The daemon's high-availability options: coordinators sharing an etcd cluster elect one leader
+(:mod:`coordinator.election`) and keep their admin state there (:mod:`coordinator.etcdstore`).
+
+Flags (``capctl-coordinator``)::
+
+    --etcd-endpoints http://127.0.0.1:2379,...   etcd members (HA on; without it: one coordinator, SQLite)
+    --etcd-prefix /capctl                        key prefix of this site's coordinators
+    --etcd-lease-ttl-s 2                         lease TTL, whole seconds (failover takes about this long)
+    --advertise ADDR                             the address agents and the CLI reach this coordinator at
+                                                 (default: the bound --listen address)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from capctl.errors import UserInputError
+
+log = logging.getLogger("capctl.coordinator.ha")
+
+
+def add_ha_arguments(p) -> None:
+    """The HA flags of ``capctl-coordinator`` (see module docstring)."""
+    from coordinator.election import DEFAULT_TTL_S
+
+    g = p.add_argument_group("high availability (etcd)")
+    g.add_argument("--etcd-endpoints", metavar="URLS",
+                   help="comma-separated etcd members (http://HOST:PORT); coordinators sharing them elect one leader")
+    g.add_argument("--etcd-prefix", metavar="PREFIX", help="etcd key prefix (default: the policy's, else /capctl)")
+    g.add_argument("--etcd-lease-ttl-s", type=int, metavar="S",
+                   help=f"etcd lease TTL of the leader, whole seconds >= 1 (default: the policy's, else {DEFAULT_TTL_S})")
+    g.add_argument("--advertise", metavar="ADDR",
+                   help="address agents and the CLI use for this coordinator (default: the bound --listen address)")
+
+
+class HaSetup:
+    """The etcd connection, store and election of one coordinator daemon."""
+
+    def __init__(self, args, etcd_policy=None) -> None:
+        from coordinator.election import DEFAULT_TTL_S
+        from coordinator.etcdconn import EtcdConn, parse_endpoints
+
+        if args.etcd_prefix is None:
+            args.etcd_prefix = etcd_policy.prefix if etcd_policy is not None else "/capctl"
+        if args.etcd_lease_ttl_s is None:
+            args.etcd_lease_ttl_s = etcd_policy.lease_ttl_s if etcd_policy is not None else DEFAULT_TTL_S
+        if not args.etcd_endpoints:
+            args.etcd_endpoints = ",".join(etcd_policy.endpoints)
+        if args.etcd_lease_ttl_s < 1 or args.etcd_lease_ttl_s > 3600:
+            raise UserInputError(f"--etcd-lease-ttl-s {args.etcd_lease_ttl_s}: expected 1..3600 whole seconds")
+        if not args.etcd_prefix.startswith("/"):
+            raise UserInputError(f"--etcd-prefix {args.etcd_prefix!r}: expected a key prefix starting with '/'")
+        self.args = args
+        self.conn = EtcdConn(parse_endpoints(args.etcd_endpoints))
+        self.leadership = None
+
+    @classmethod
+    def from_args(cls, args, policy) -> HaSetup | None:
+        """None without ``--etcd-endpoints`` and without the policy's ``coordinator.etcd``.
+
+        Raises:
+            UserInputError: a malformed endpoint, prefix or TTL.
+        """
+        etcd_policy = policy.coordinator.etcd
+        return cls(args, etcd_policy) if (args.etcd_endpoints or etcd_policy is not None) else None
+
+    def store(self):
+        """(the etcd store, "") — fenced by the election made in :meth:`start`."""
+        from coordinator.etcdstore import EtcdStore
+
+        self._store = EtcdStore(self.conn, self.args.etcd_prefix)
+        return self._store, ""
+
+    def attach(self, coord) -> None:
+        """Make ``coord`` a standby before anything is served (it leads only once elected)."""
+        from coordinator.election import Leadership
+
+        self.leadership = Leadership(self.conn, self.args.etcd_prefix, coord.coordinator_id, "",
+                                     ttl_s=self.args.etcd_lease_ttl_s)
+        self._store.leadership = self.leadership
+        coord.ha = self.leadership
+        from coordinator import ha
+
+        ha.attach(coord)
+
+    def start(self, coord, listen_addr: str, loop) -> None:
+        """Start campaigning for ``coord``, advertised at ``--advertise`` or ``listen_addr``."""
+        from coordinator import ha
+
+        address = self.args.advertise or listen_addr
+        self.leadership.address = address
+        self.leadership.on_change = ha.on_change_threadsafe(coord, loop)
+        self.leadership.start()
+        log.info("high availability: etcd %s, prefix %s, lease TTL %d s, advertised as %s",
+                 ",".join(self.conn.endpoints), self.args.etcd_prefix, self.args.etcd_lease_ttl_s, address)
+
+    def stop(self) -> None:
+        if self.leadership is not None:
+            self.leadership.stop()

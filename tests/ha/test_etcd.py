@@ -1,0 +1,66 @@
+"""The election and the admin-state store on a real 3-member etcd (``-m ha``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from capctl.demo.processes import wait_until
+from coordinator.election import Leadership
+from coordinator.etcdconn import EtcdConn, b64, parse_endpoints
+from coordinator.etcdstore import EtcdStore
+from coordinator.store import StoreError
+from tests.etcdcluster import EtcdCluster
+
+pytestmark = pytest.mark.ha
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster
+
+
+def test_one_leader_newer_terms_and_fenced_writes(etcd):
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a = Leadership(conn, "/t1", "A", "unix:/a").start()
+    wait_until(a.may_send, 10.0, 0.02, "A elected")
+    b = Leadership(conn, "/t1", "B", "unix:/b").start()
+    try:
+        wait_until(lambda: b.leader == "unix:/a", 10.0, 0.02, "B sees A lead")
+        assert not b.may_send() and b.describe()["role"] == "standby"
+        store_a, store_b = EtcdStore(conn, "/t1", a), EtcdStore(conn, "/t1", b)
+        store_a.set_budget_override(2500.0, 2800.0)
+        with pytest.raises(StoreError, match="not the leader"):
+            store_b.set_budget_override(1.0, 2800.0)
+        term_a = a.term
+        a._stop.set()  # A freezes: no keep-alive, no revoke
+        a._thread.join()
+        wait_until(b.may_send, 10.0, 0.02, "B elected after A's lease expired")
+        assert b.term > term_a and not a.may_send()
+        a.term, a._deadline_mono = term_a, time.monotonic() + 60  # a deposed leader that believes it leads
+        with pytest.raises(StoreError, match="no longer ours"):
+            store_a.set_budget_override(9999.0, 2800.0)  # fenced by the leader key's create revision
+        assert store_b.budget_override()["budget_w"] == 2500.0  # the change before the failover is kept
+        store_b.save_nodes({"n1": {"gpus": {0: [300.0, 200.0, 700.0, 250.0]}, "seen_s": 1.0}})
+        assert store_a.load_nodes() == {"n1": {"gpus": {0: [300.0, 200.0, 700.0, 250.0]}, "seen_s": 1.0}}
+    finally:
+        b.stop()
+        a.term = 0
+        a._lease_id = 0
+    assert conn.get("/t1/leader") is None  # revoked on stop: the next one takes over at once
+
+
+def test_a_leader_whose_key_is_deleted_steps_down(etcd):
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    changes = []
+    a = Leadership(conn, "/t2", "A", "unix:/a", on_change=changes.append).start()
+    try:
+        wait_until(a.may_send, 10.0, 0.02, "A elected")
+        term = a.term
+        conn.post("kv/deleterange", {"key": b64("/t2/leader")})  # an operator deletes the key
+        wait_until(lambda: changes[-1:] == [True] and a.term > term, 10.0, 0.02, "A re-elected with a newer term")
+        assert changes == [True, False, True]
+    finally:
+        a.stop()

@@ -1,0 +1,141 @@
+"""Small logic tests of the HA parts (no etcd): the agent's term fence, the link's choice of
+coordinator, endpoint parsing, the status view's HA fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from capctl.errors import UserInputError
+from capctl.statusview import render_status, status_dict
+from capctl.v1 import capctl_pb2 as pb
+from coordinator.etcdconn import parse_endpoints
+from nodeagent.fencing import TermFence
+from nodeagent.link import AgentLinkClient
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "status-schema.json").read_text())
+
+
+def test_fence_admits_the_newest_term_only():
+    f = TermFence()
+    assert f.admit(0) == ""  # a coordinator without etcd
+    f.see(7)  # a Welcome of term 7
+    assert f.admit(7) == "" and f.newest == 7
+    assert "term 5 refused: term 7 seen" in f.admit(5)
+    assert f.admit(0) != ""  # no fallback to an unfenced coordinator once a term was seen
+    assert f.admit(9) == "" and f.newest == 9 and "term 7" in f.admit(7)
+    assert f.refused == 3
+
+
+def _link(target: str) -> AgentLinkClient:
+    return AgentLinkClient(target, lambda: None, lambda w: None, lambda p: None)
+
+
+def test_link_rotates_through_the_coordinators_and_follows_a_named_leader():
+    link = _link("unix:/a, unix:/b,unix:/c")
+    assert link.targets == ["unix:/a", "unix:/b", "unix:/c"]
+    picks = []
+    for _ in range(4):
+        link.target_now = link._pick_target()
+        picks.append(link.target_now)
+    assert picks == ["unix:/a", "unix:/b", "unix:/c", "unix:/a"]
+
+    class Refusal:
+        def trailing_metadata(self):
+            return (("capctl-leader", "unix:/c"),)
+    link._note_leader(Refusal())
+    assert link._pick_target() == "unix:/c"
+
+    class Elsewhere:
+        def trailing_metadata(self):
+            return (("capctl-leader", "unix:/not-mine"),)
+    link.target_now = "unix:/a"
+    link._note_leader(Elsewhere())  # a leader we do not know: keep rotating
+    assert link._pick_target() == "unix:/b"
+    assert _link("unix:/only").targets == ["unix:/only"]
+
+
+def test_parse_endpoints():
+    assert parse_endpoints("http://127.0.0.1:2379,https://h:1") == [("http", "127.0.0.1", 2379), ("https", "h", 1)]
+    assert parse_endpoints("127.0.0.2:2380") == [("http", "127.0.0.2", 2380)]
+    for bad in ("", "ftp://h:1", "http://h", "http://h:0", "http://h:99999"):
+        with pytest.raises(UserInputError, match="--etcd-endpoints"):
+            parse_endpoints(bad)
+
+
+def test_status_shows_leader_term_and_standbys():
+    reply = pb.StatusReply(budget_w=2800, interval_s=0.4, ha_role="standby", leader="h1:7373", term=42,
+                           standbys=["h2:7373", "h3:7373"])
+    d = status_dict(reply)
+    jsonschema.validate(d, SCHEMA)
+    assert d["ha"] == {"role": "standby", "leader": "h1:7373", "term": 42, "standbys": ["h2:7373", "h3:7373"]}
+    text = render_status(d)
+    assert "this coordinator is standby; leader h1:7373, term 42; standbys h2:7373, h3:7373" in text
+    single = status_dict(pb.StatusReply(budget_w=2800))
+    assert "ha" not in single and "high availability" not in render_status(single)
+
+
+def test_policy_coordinator_etcd(tmp_path):
+    from capctl.policy import PolicyError, load_policy
+
+    base = ("version: 1\nbudget_w: 1000\ndomains: {name: c, kind: cluster, limit_w: 1000, nodes: 'n[1-2]'}\n"
+            "coordinator:\n  etcd: {endpoints: [%s]%s}\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(base % ("'http://127.0.0.1:2379', 'https://e2:2380'", ", lease_ttl_s: 3"))
+    etcd = load_policy(str(path)).coordinator.etcd
+    assert (etcd.endpoints, etcd.prefix, etcd.lease_ttl_s) == (("http://127.0.0.1:2379", "https://e2:2380"), "/capctl", 3)
+    path.write_text(base % ("'ftp://x:1'", ""))
+    with pytest.raises(PolicyError) as err:
+        load_policy(str(path))
+    text = "\n".join(err.value.errors)
+    assert "p.yaml:5" in text and "ftp://x:1" in text and "http://HOST:PORT" in text, text
+    path.write_text(base % ("'http://h:1'", ", lease_ttl_s: 0"))
+    with pytest.raises(PolicyError, match="lease_ttl_s"):
+        load_policy(str(path))
+
+
+def test_agent_state_keeps_the_newest_term(tmp_path):
+    from nodeagent import agentstate
+
+    path = tmp_path / "agent-state.json"
+    agentstate.write(path, node="n1", jobs={}, safe_caps={}, plan_seq=3, coordinator_id="x", coordinator_term=41)
+    assert agentstate.coordinator_term(agentstate.read(path)) == 41
+    assert agentstate.coordinator_term({}) == 0 and agentstate.coordinator_term({"coordinator_term": "junk"}) == 0
+
+
+def test_agent_refuses_a_plan_of_an_older_term_and_keeps_caps_and_lease(tmp_path):
+    from nodeagent.link import LeaveCoordinator
+    from tests.nodeagent.puredevice import PureDevice
+    from tests.nodeagent.test_agent_logic import make_agent
+
+    dev = PureDevice(2, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    agent.on_welcome(pb.Welcome(protocol_version="capctl.v1", coordinator_id="new", interval_s=1.0, term=12))
+    ack = agent.on_plan(pb.CapPlan(seq=1, term=12, lease_s=5.0, caps=[pb.CapAssignment(index=0, cap_w=350.0)]))
+    assert ack.ok and agent.plan_term == 12
+    expiry = agent.lease.expiry_mono_s
+    with pytest.raises(LeaveCoordinator, match="term 9 refused: term 12 seen"):
+        agent.on_plan(pb.CapPlan(seq=2, term=9, lease_s=60.0, caps=[pb.CapAssignment(index=0, cap_w=200.0)]))
+    assert agent.backend.get_cap_w(0) == 350.0  # the deposed leader changed nothing
+    assert agent.lease.expiry_mono_s == expiry and agent.plan_term == 12 and agent.fence.refused == 1
+    st = agent.local_status()
+    assert (st.coordinator_term, st.plans_refused, st.plan_term) == (12, 1, 12)
+
+
+def test_agent_refuses_clear_text_to_any_coordinator_of_its_list(tmp_path):
+    """Every address of an HA list is checked on its own: a unix socket first does not let a network
+    address through in clear text (192.0.2.1: TEST-NET-1, RFC 5737, never reached)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPCTL_", "NOTIFY_SOCKET"))}
+    argv = [sys.executable, "-m", "nodeagent.daemon", "--node", "n1", "--coordinator",
+            f"unix:{tmp_path / 'c1.sock'},192.0.2.1:7373", "--socket", str(tmp_path / "a.sock"),
+            "--state-dir", str(tmp_path / "a")]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "--coordinator 192.0.2.1:7373: a network address needs TLS" in r.stderr, r.stderr
