@@ -322,7 +322,7 @@ async def serve(args) -> int:
 
     ha = hadaemon.HaSetup.from_args(args, policy)  # None without --etcd-endpoints or policy coordinator.etcd
     store, store_error = ha.store() if ha else _open_store(args.state_dir)
-    finished = _open_finished(args)
+    finished = _open_finished(args, ha)
     metrics = Metrics()
     coord = Coordinator(policy, os.path.abspath(args.policy), store=store, dry_run=args.dry_run,
                         store_error=store_error, metrics=metrics, finished=finished)
@@ -382,8 +382,9 @@ def _remove(*paths: str | None) -> None:
                 pass
 
 
-def _open_finished(args):
-    """The finished-job store (coordinator.finished) in ``--state-dir`` with the retention flags.
+def _open_finished(args, ha=None):
+    """The finished-job store (coordinator.finished) with the retention flags: in etcd when ``ha`` (a
+    :class:`coordinator.hadaemon.HaSetup`) is given, else in ``--state-dir``.
 
     Raises:
         UserInputError: a non-positive ``--finished-retention-days`` or ``--finished-max-jobs``.
@@ -395,6 +396,8 @@ def _open_finished(args):
     except ValueError:
         raise UserInputError(f"--finished-retention-days {args.finished_retention_days!r} / --finished-max-jobs "
                              f"{args.finished_max_jobs!r}: both must be positive") from None
+    if ha is not None:
+        return ha.finished(retention)
     finished, error = open_store(args.state_dir, retention)
     if error:
         log.error("%s; finished jobs are kept in memory only", error)

@@ -26,6 +26,22 @@ from coordinator.store import StoreError
 log = logging.getLogger("capctl.coordinator.etcdstore")
 
 
+def fence(leadership, what: str) -> list[dict]:
+    """The etcd transaction comparison that makes a write succeed only while ``leadership`` (a
+    :class:`~coordinator.election.Leadership`, or None: unfenced) still holds the leader key with its
+    term as create revision; ``what`` names the write in errors.
+
+    Raises:
+        StoreError: this coordinator does not lead now (the write is refused before it is sent).
+    """
+    if leadership is None:
+        return []
+    term = leadership.term
+    if term <= 0 or not leadership.may_send():
+        raise StoreError(f"{what} refused: this coordinator is not the leader")
+    return [{"key": b64(leadership.leader_key), "result": "EQUAL", "target": "CREATE", "create_revision": term}]
+
+
 class EtcdStore:
     """The admin state in etcd (see module docstring). Every method raises :class:`StoreError`.
 
@@ -75,13 +91,7 @@ class EtcdStore:
               else {"request_put": {"key": full, "value": b64(json.dumps(value))}})
         audit = {"request_put": {"key": b64(f"{self.prefix}/audit/{time.time_ns():020d}"),
                                  "value": b64(json.dumps({"action": action, "value": value}))}}
-        compare = []
-        if self.leadership is not None:
-            term = self.leadership.term
-            if term <= 0 or not self.leadership.may_send():
-                raise StoreError(f"state in {self.path}: write {key} refused: this coordinator is not the leader")
-            compare = [{"key": b64(self.leadership.leader_key), "result": "EQUAL", "target": "CREATE",
-                        "create_revision": term}]
+        compare = fence(self.leadership, f"state in {self.path}: write {key}")
         try:
             r = self.conn.txn(compare=compare, success=[op, audit])
         except EtcdError as exc:

@@ -71,6 +71,14 @@ class HaSetup:
         self._store = EtcdStore(self.conn, self.args.etcd_prefix)
         return self._store, ""
 
+    def finished(self, retention):
+        """The finished-job store in etcd (:class:`coordinator.etcdfinished.EtcdFinishedJobs`), fenced
+        by the election made in :meth:`attach`."""
+        from coordinator.etcdfinished import EtcdFinishedJobs
+
+        self._finished = EtcdFinishedJobs(self.conn, self.args.etcd_prefix, retention)
+        return self._finished
+
     def attach(self, coord) -> None:
         """Make ``coord`` a standby before anything is served (it leads only once elected)."""
         from coordinator.election import Leadership
@@ -78,6 +86,8 @@ class HaSetup:
         self.leadership = Leadership(self.conn, self.args.etcd_prefix, coord.coordinator_id, "",
                                      ttl_s=self.args.etcd_lease_ttl_s)
         self._store.leadership = self.leadership
+        if getattr(self, "_finished", None) is not None:
+            self._finished.leadership = self.leadership
         coord.ha = self.leadership
         from coordinator import ha
 

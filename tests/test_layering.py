@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("capctl", "coordinator", "nodeagent", "slurm")
 SIMULATORS = ("capctl.sim", "capctl.simgpu", "capctl.demo")
-HA_LOWER = ("coordinator.etcdconn", "coordinator.election", "coordinator.etcdstore", "coordinator.statestore")
+HA_LOWER = ("coordinator.etcdconn", "coordinator.election", "coordinator.etcdstore", "coordinator.etcdfinished",
+            "coordinator.statestore")
 HA_UPPER = ("coordinator.loop", "coordinator.server", "coordinator.daemon", "coordinator.hadaemon", "coordinator.ha")
 
 

@@ -64,3 +64,35 @@ def test_a_leader_whose_key_is_deleted_steps_down(etcd):
         assert changes == [True, False, True]
     finally:
         a.stop()
+
+
+def test_finished_jobs_in_etcd_are_fenced_listed_and_expired(etcd):
+    """Issue 15's admin state includes finished jobs: kept in etcd (shared by the coordinators),
+    written only by the leader, listed newest first, and bounded by the retention."""
+    from coordinator.etcdfinished import EtcdFinishedJobs
+    from coordinator.finished import FinishedJob, Retention
+
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a = Leadership(conn, "/t9", "A", "unix:/a").start()
+    wait_until(a.may_send, 10.0, 0.02, "A elected")
+    b = Leadership(conn, "/t9", "B", "unix:/b").start()
+    try:
+        wait_until(lambda: b.leader == "unix:/a", 10.0, 0.02, "B sees A lead")
+        now = time.time()
+        leader = EtcdFinishedJobs(conn, "/t9", Retention(max_age_s=3600.0, max_jobs=3), leadership=a)
+        standby = EtcdFinishedJobs(conn, "/t9", Retention(max_age_s=3600.0, max_jobs=3), leadership=b)
+        for k in range(4):
+            leader.put(FinishedJob(job_id=f"j{k}", end_time_s=now - 100 + k, energy_j=1000.0 + k, nodes=("n1",)))
+        with pytest.raises(StoreError, match="not the leader"):
+            standby.put(FinishedJob(job_id="x", end_time_s=now))
+        assert standby.get("j2").energy_j == 1002.0 and standby.get("x") is None  # one store for all
+        assert [j.job_id for j in standby.since(0.0)] == ["j3", "j2", "j1", "j0"]
+        assert [j.job_id for j in standby.since(now - 98.5, limit=1)] == ["j3"]
+        leader.put(FinishedJob(job_id="old", end_time_s=now - 7200.0))
+        assert leader.expire(now) == 2  # beyond 3 records the oldest go, and anything past 1 h
+        assert [j.job_id for j in standby.since(0.0)] == ["j3", "j2", "j1"]
+        conn.put("/t9/finished/garbage", b"not json")
+        assert [j.job_id for j in standby.since(0.0)] == ["j3", "j2", "j1"]  # a bad record is skipped
+    finally:
+        b.stop()
+        a.stop()
