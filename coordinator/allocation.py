@@ -38,6 +38,9 @@ from capctl.allocator.thermal import thermal_ceiling_w
 GpuKey = tuple[str, int]
 
 FIXED_EPS_W = 1e-3
+OOB_TOLERANCE_W = 1.0
+"""An enforced limit this far or more below the requested one is another limit binding (W; the
+agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W)."""
 
 UNCONTROLLABLE_STATES = capstates.UNCONTROLLABLE  # held at their accounted cap (capctl.capstates)
 """Agent cap states of a GPU whose limit capctl cannot set now: it is fixed at its accounted
@@ -236,7 +239,8 @@ class _GpuRows:
             g = gpumap[idx]
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
-            fixed = stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
+            fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
+                     or bool(g.constraints_problem))
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
@@ -245,6 +249,11 @@ class _GpuRows:
                 lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
+                if g.cap_state == capstates.OOB_LIMITED and g.enforced_w < g.cap_w - OOB_TOLERANCE_W:
+                    # observed state first: another limit binds below the request (out-of-band):
+                    # the GPU cannot use more than its enforced limit, so it is planned (and its
+                    # request brought down) within it and the job-mates pace to it
+                    hi = max(lo, min(hi, g.enforced_w))
                 th = thermal.get(idx)
                 if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
                     c_pos.append(len(gpus))

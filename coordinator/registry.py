@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 
-from capctl import capstates
+from capctl import capstates, devicedata
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
 log = logging.getLogger("capctl.coordinator.registry")
@@ -124,9 +124,18 @@ class GpuObs:
         """``(node, index)``: the GPU's identity in the coordinator."""
         return (self.node, self.index)
 
+    @property
+    def constraints_problem(self) -> str:
+        """What is wrong with the limit constraints its agent reported ("" when usable;
+        :func:`capctl.devicedata.constraints_problem`): such a GPU is held at its limit."""
+        return devicedata.constraints_problem(self.min_cap_w, self.max_cap_w)
+
     def accounted_w(self, now_mono: float, ack_memory_s: float) -> float:
-        """The highest cap this GPU may be enforcing now (W); see the module docstring."""
+        """The highest cap this GPU may be enforcing now (W); see the module docstring. Without a
+        reading: its maximum limit (with unusable constraints: the highest value it reported)."""
         if not self.have_reading:
+            if self.constraints_problem:
+                return max(self.min_cap_w, self.max_cap_w, self.default_cap_w)
             return self.max_cap_w
         value = self.enforced_w
         pending = self.pending
@@ -261,6 +270,9 @@ class Registry:
             g.max_sm_clock_mhz = info.max_sm_clock_mhz
             g.pre_job_cap_w = info.pre_job_cap_w
             g.pending.clear()  # plans of an older stream will never be acked
+            problem = devicedata.unsupported_message(info.min_cap_w, info.max_cap_w)
+            if problem:  # bad device data: held at its limit, flagged (its telemetry says the same)
+                g.cap_state, g.error = capstates.UNSUPPORTED_CONSTRAINTS, f"GPU {info.index}: {problem}"
             node.gpus[info.index] = g
         if node.session is not None and node.session is not session:
             # a new stream while the old one is still open: an agent restart, or two agents
@@ -386,6 +398,8 @@ class Registry:
         g.enforced_w = t.enforced_w
         if state:
             g.cap_state = state
+        if g.constraints_problem:  # whatever an older agent says: bad device data holds the GPU
+            g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable
 
+from capctl import capstates
 from capctl.errors import CapctlError, UserInputError
 from nodeagent import messages
 from nodeagent.backend import DeviceInfo
@@ -129,7 +130,10 @@ class JobBinding(AgentCore):
             if job_id in self.jobs:
                 indices = sorted(set(self.jobs[job_id]["gpu_indices"]) | set(indices))
             start, results = self._bind_and_cap(job_id, indices, req, connected)
-            ok = all(not messages.result_error(r) for r in results.values()) and len(results) == len(start)
+            # a GPU with unusable limit constraints is held at its limit (bad device data, flagged
+            # UNSUPPORTED_CONSTRAINTS in its result): not a start-cap failure of the healthy ones
+            ok = all(not messages.result_error(r) or getattr(r, "state", "") == capstates.UNSUPPORTED_CONSTRAINTS
+                     for r in results.values()) and len(results) == len(start)
             binding = self._binding(job_id)
             reply = capctl_pb2.JobStartReply(
                 ok=ok, message=(f"job {job_id} bound to GPUs {indices} on {self.node}; start cap applied to "
