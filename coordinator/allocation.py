@@ -62,6 +62,7 @@ class GpuInput:
     curve: object
     thermal_ceiling_w: float
     idle_cap_w: float
+    idle_target_w: float = 0.0  # an idle GPU's pre-job limit to come back from headroom (W; 0: none)
 
 
 @dataclasses.dataclass
@@ -221,6 +222,7 @@ class _GpuRows:
     def __init__(self, policy, models, now_mono: float, ack_memory_s: float) -> None:
         self.policy_min = policy.min_cap_w
         self.idle_policy = policy.idle_cap_w
+        self.reserve = bool(getattr(policy, "reserve_pre_job_limits", False))
         self.curve_of = models.curve
         self.now_mono = now_mono
         self.ack_memory_s = ack_memory_s
@@ -239,6 +241,7 @@ class _GpuRows:
             g = gpumap[idx]
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
+            target = 0.0
             fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
                      or bool(g.constraints_problem))
             if fixed:
@@ -260,11 +263,15 @@ class _GpuRows:
                     c_vals.append((g.temp_c, th[0], th[1], th[2], g.slowdown_temp_c))
                 if idle_policy is not None:
                     idle = min(max(idle_policy, lo), hi)
-                else:  # null: back to the pre-job limit still to be restored, else kept where it is
+                elif self.reserve:  # null, reserved: back to the pre-job limit to restore, else kept
                     idle = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
+                else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes
+                    idle = lo  # back from the headroom left once every running job has its watts
+                    target = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
             gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
                 key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
                 g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
+                target if job_of.get(idx) is None else 0.0,
             ))
 
 
@@ -302,6 +309,7 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     keys = [g.key for g in inputs.gpus]
     caps = np.asarray(result.cap_w, dtype=float).tolist()
     desired = {g.key: (g.accounted_w if g.fixed else caps[i]) for i, g in enumerate(inputs.gpus)}
+    idle_from_headroom(inputs, desired)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -315,6 +323,45 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+
+
+def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
+    """Raise idle GPUs toward their pre-job limit (``GpuInput.idle_target_w``, W) out of the
+    headroom the solve left, in place on ``desired`` (GPU key -> W).
+
+    The rule (docs/policy.md, "Idle GPUs"): with ``idle_cap_w: null`` the solve sees an idle GPU at
+    its minimum cap, so running jobs under the same domains get every watt they can use; what is
+    left in a domain (``limit_w - sum(desired)`` of its members) no running job can use, and only
+    that goes back to its idle GPUs, in proportion to what each still lacks, with the grant of a GPU
+    the smallest of its domains' ratios: one pass, so no domain ever exceeds its limit. With
+    headroom enough (as at a job's end under a budget that allows it) every pre-job limit comes back
+    fully."""
+    want = {g.key: g.idle_target_w - desired[g.key] for g in inputs.gpus
+            if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6}
+    if not want:
+        return
+    ratio: dict = {}
+    for d in inputs.domains:
+        lim = d["limit_w"]
+        if lim is None or not math.isfinite(lim):
+            continue
+        members = inputs.domain_members.get(d["name"], ())
+        wanted = sum(want.get(k, 0.0) for k in members)
+        if wanted <= 0:
+            continue
+        head = float(lim) - sum(desired.get(k, 0.0) for k in members) - LIMIT_SLACK_W
+        ratio[d["name"]] = min(1.0, max(0.0, head / wanted))
+    domains_of: dict = {}
+    for name, r in ratio.items():
+        for k in inputs.domain_members.get(name, ()):
+            if k in want:
+                domains_of[k] = min(domains_of.get(k, 1.0), r)
+    for k, w in want.items():
+        desired[k] += w * domains_of.get(k, 1.0)
+
+
+LIMIT_SLACK_W = 0.01
+"""Watts kept unallocated in each domain by :func:`idle_from_headroom` (float rounding)."""
 
 
 def build_problem(inputs: SolveInputs):
