@@ -63,6 +63,11 @@ class GpuInput:
     thermal_ceiling_w: float
     idle_cap_w: float
     idle_target_w: float = 0.0  # an idle GPU's pre-job limit to come back from headroom (W; 0: none)
+    pace: float = math.nan  # measured SM clock / max SM clock of its latest sample (coordinator.paceloop)
+    pace_at_w: float = 0.0  # the enforced limit that sample was taken at (W)
+    paced: bool = False  # a fresh busy sample whose clock the power cap set (SW_POWER_CAP)
+    straggler: str = ""  # why its pace does not respond to power ("" = it does)
+    speed: float = 1.0  # pace of a straggler relative to its curve at its cap (allocator ``speed``)
 
 
 @dataclasses.dataclass
@@ -242,6 +247,7 @@ class _GpuRows:
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
             target = 0.0
+            strag = ""
             fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
                      or bool(g.constraints_problem))
             if fixed:
@@ -252,6 +258,9 @@ class _GpuRows:
                 lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
+                strag = straggler_reason(g, self.now_mono)
+                if strag:  # held where extra watts buy nothing; the solve paces job-mates to it
+                    hi = max(lo, min(hi, g.sample_enforced_w))
                 if g.cap_state == capstates.OOB_LIMITED and g.enforced_w < g.cap_w - OOB_TOLERANCE_W:
                     # observed state first: another limit binds below the request (out-of-band):
                     # the GPU cannot use more than its enforced limit, so it is planned (and its
@@ -273,6 +282,40 @@ class _GpuRows:
                 g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
                 target if job_of.get(idx) is None else 0.0,
             ))
+            if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
+                _pace(gpus[-1], g, strag)
+
+
+PACE_FRESH_S = 10.0
+"""A telemetry sample older than this (s) is not a pace measurement (several intervals at 1-5 s)."""
+STRAGGLER_SAMPLES = 2
+"""Consecutive busy samples in a hardware slowdown before a GPU is a straggler (one is a blip)."""
+
+
+def straggler_reason(g, now_mono: float) -> str:
+    """Why GPU ``g`` (:class:`coordinator.registry.GpuObs`) is a straggler, "" when it is not: its
+    clock is held by a hardware slowdown no power cap lifts (:func:`coordinator.registry.stuck_slowdown`)
+    in its last :data:`STRAGGLER_SAMPLES` fresh samples."""
+    if g.slowdown_run < STRAGGLER_SAMPLES or now_mono - g.sample_mono > PACE_FRESH_S:
+        return ""
+    return (f"HW slowdown: SM clock held at {g.sm_clock_mhz} of {g.max_sm_clock_mhz} MHz at any cap "
+            f"({', '.join(g.reasons)})")
+
+
+def _pace(gi: GpuInput, g, strag: str) -> None:
+    """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`)."""
+    from capctl.allocator.curves import DEFAULT_CURVES
+
+    gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
+    gi.pace_at_w = g.sample_enforced_w
+    up = [r.upper() for r in g.reasons]
+    gi.paced = (not strag and g.utilization_pct >= 20.0 and any("POWER_CAP" in r for r in up)
+                and not any("SLOWDOWN" in r for r in up) and gi.pace > 0 and gi.pace_at_w > 0)
+    if strag:
+        curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
+        model = float(curve.rate(max(gi.pace_at_w, gi.min_cap_w)))
+        gi.straggler = strag
+        gi.speed = min(1.0, max(0.05, gi.pace / model)) if model > 0 else 1.0
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
@@ -309,6 +352,7 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     keys = [g.key for g in inputs.gpus]
     caps = np.asarray(result.cap_w, dtype=float).tolist()
     desired = {g.key: (g.accounted_w if g.fixed else caps[i]) for i, g in enumerate(inputs.gpus)}
+    paced_split(inputs, desired)
     idle_from_headroom(inputs, desired)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
@@ -323,6 +367,30 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+
+
+def paced_split(inputs: SolveInputs, desired: dict) -> None:
+    """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
+    job, keeping a job's correction only when every limited domain stays within its limit."""
+    from coordinator import paceloop
+
+    moved = paceloop.correct(inputs.gpus, desired, inputs.jobs)
+    if not moved:
+        return
+    limited = [(d["name"], float(d["limit_w"])) for d in inputs.domains
+               if d["limit_w"] is not None and math.isfinite(d["limit_w"])]
+    load = {name: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(name, ())) for name, _ in limited}
+    job_of = {g.key: g.job for g in inputs.gpus}
+    by_job: dict = {}
+    for k, c in moved.items():
+        by_job.setdefault(job_of[k], {})[k] = c
+    for caps in by_job.values():
+        delta = {name: sum(c - desired[k] for k, c in caps.items() if k in inputs.domain_members.get(name, ()))
+                 for name, _ in limited}
+        if all(load[name] + delta[name] <= lim + 1e-6 for name, lim in limited):
+            desired.update(caps)
+            for name in load:
+                load[name] += delta[name]
 
 
 def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
@@ -388,7 +456,7 @@ def build_problem(inputs: SolveInputs):
         curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
         curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
         curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G),
-        speed=np.ones(G),
+        speed=np.fromiter((g.speed for g in gpus), f, G),
         job_of_gpu=job_of,
         prev_cap_w=np.fromiter((math.nan if g.fixed else g.observed_w for g in gpus), f, G),
         idle_cap_w=np.fromiter((g.idle_cap_w for g in gpus), f, G),

@@ -118,6 +118,11 @@ class GpuObs:
     new_samples: list[Sample] = dataclasses.field(default_factory=list)
     # running sums over ``throttle_hist`` (samples, thermal, power), kept by :meth:`add_throttle`
     throttle_sums: list = dataclasses.field(default_factory=lambda: [0, 0, 0])
+    # the latest telemetry sample's enforced limit (W) and time (mono s): the operating point its
+    # SM clock was measured at (an ack may have changed ``enforced_w`` since)
+    sample_enforced_w: float = 0.0
+    sample_mono: float = -1e18
+    slowdown_run: int = 0  # consecutive busy samples in a slowdown power cannot lift (HW, not thermal)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -227,6 +232,14 @@ class NodeObs:
     def stale(self, now_mono: float, lease_s: float) -> bool:
         """True when the node sent no report within the lease or its stream is closed."""
         return self.session is None or (now_mono - self.last_report_mono) > lease_s
+
+
+def stuck_slowdown(reasons) -> bool:
+    """A clocks-event-reason set whose slowdown no power cap lifts: a hardware slowdown
+    (``HW_SLOWDOWN``, e.g. an external power-brake or a failing part) without a thermal reason
+    (a thermal slowdown is one power can fix by cooling the GPU; NVML clocks event reasons)."""
+    up = [r.upper() for r in reasons]
+    return any("HW_SLOWDOWN" in r for r in up) and not any("THERMAL" in r for r in up)
 
 
 class Registry:
@@ -340,6 +353,9 @@ class Registry:
             g.error = t.error
             thermal, power = classify_reasons(reasons)
             g.add_throttle(now, thermal, power)
+            g.sample_enforced_w = t.enforced_w
+            g.sample_mono = now
+            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck_slowdown(reasons)) else 0
             if len(g.new_samples) < 1024:
                 g.new_samples.append(Sample(now, power_w, t.enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job

@@ -1,0 +1,122 @@
+"""Closed loop on each job's measured pace (issue 12, "Closed loop on the pace"; pure).
+
+The model-based solve (:func:`coordinator.allocation.solve`) proposes the caps; it decides how
+many watts each job gets. Open-loop, its split of a job's watts over the job's GPUs follows the
+per-GPU rate curves, which are estimates: a curve refit moves caps by hundreds of watts while the
+GPUs' measured pace says nothing changed (the oscillation of issue 12). This module corrects the
+split inside each synchronous job from what the GPUs report: the pace of GPU g is
+``f_g = sm_clock / max_sm_clock`` measured at its enforced limit ``e_g`` (one telemetry sample, so
+the pair is consistent), for GPUs whose clock the power cap sets (``SW_POWER_CAP`` reason).
+
+The correction is one damped Newton step toward equal pace at the job's total ``T`` (the solve's
+sum over the job's GPUs)::
+
+    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's curve at f_g  (W per unit pace)
+    f*  chosen so that sum_g c_g = T         (closed form; clipped GPUs fixed, a few passes)
+
+so GPUs measurably faster than the pace-setter come down, the slower go up within their ceilings,
+and a job's GPUs converge to equal pace even where the curves are wrong.
+
+Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * s_g / s_true) x``
+with ``s_true`` the device's real slope. DVFS power is ~cubic in the clock (P = P_idle + P_dyn f^3),
+and the curves' slope is within a factor 2 of it over the cap range (Zeus-fitted curves); with
+``GAIN = 0.6`` the loop factor stays in [-0.2, 0.7]: no sign change for slope errors up to 1.67x
+(overdamped, monotone), |factor| < 1 up to 3.3x (stable). Damping: no move below
+:data:`PACE_DEADBAND` (one 15 MHz clock step of a ~2 GHz part, 0.75 %; the clock is quantized) and
+no move of a job's caps while any of its GPUs has no fresh power-capped sample.
+"""
+
+from __future__ import annotations
+
+import math
+
+GAIN = 0.6
+"""Loop gain of the Newton step (see module docstring for the stability bound)."""
+PACE_DEADBAND = 0.0075
+"""Pace differences (fraction of max clock) below this are noise: one 15 MHz step of ~2 GHz."""
+_PASSES = 4
+AT_CAP_TOLERANCE_W = 1.0
+"""A pace sample is of the current operating point when taken at the GPU's current enforced limit
+(within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
+
+
+def slope_w(curve, pace: float) -> float:
+    """dP/df (W per unit pace) of ``curve`` (:class:`~capctl.allocator.curves.CurveParams`:
+    ``P(r) = sat_w - k_w log1p((1 - r) / a)``) at pace ``pace`` (0..1)."""
+    r = min(max(pace, 0.0), 1.0)
+    return float(curve.k_w) / (float(curve.a) + 1.0 - r)
+
+
+def correct(gpus, desired: dict, jobs) -> dict:
+    """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
+    moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
+
+    ``gpus``: :class:`coordinator.allocation.GpuInput` rows (``pace``, ``pace_at_w``,
+    ``observed_w``, ``paced``, ``min_cap_w``, ``max_cap_w``, ``thermal_ceiling_w``, ``curve``,
+    ``job``, ``fixed``). The loop owns the split of a job whose GPUs are all ``paced`` (a fresh
+    sample with the cap setting the clock) and not fixed: a Newton step when every sample is of the
+    current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
+    current split scaled to the job's total (the curves alone never move it). Other jobs keep the
+    solve's split.
+    """
+    by_job: dict = {}
+    for g in gpus:
+        if g.job is not None and g.job in jobs:
+            by_job.setdefault(g.job, []).append(g)
+    out = {}
+    for job, members in by_job.items():
+        if len(members) < 2 or not all(g.paced and not g.fixed for g in members):
+            continue
+        total = sum(desired[g.key] for g in members)
+        paces = [g.pace for g in members]
+        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members)
+        if current and max(paces) - min(paces) > PACE_DEADBAND:
+            caps = _split(members, total)
+        else:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
+            caps = _hold(members, total)
+        if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
+            out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
+    return out
+
+
+def _hold(members, total_w: float) -> dict:
+    """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's range."""
+    now = sum(g.observed_w for g in members)
+    if now <= 0:
+        return {}
+    k = total_w / now
+    return {g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in members}
+
+
+def _hi(g) -> float:
+    return max(g.min_cap_w, min(g.max_cap_w, g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf))
+
+
+def _split(members, total_w: float) -> dict:
+    """One damped Newton step of ``members`` toward equal pace with ``sum(caps) == total_w`` (W)."""
+    from capctl.allocator.curves import DEFAULT_CURVES
+
+    s = {g.key: GAIN * slope_w(g.curve or DEFAULT_CURVES["H100"], g.pace) for g in members}
+    lo = {g.key: g.min_cap_w for g in members}
+    hi = {g.key: _hi(g) for g in members}
+    caps: dict = {}
+    free = list(members)
+    budget = total_w
+    for _ in range(_PASSES):
+        den = sum(s[g.key] for g in free)
+        if den <= 0 or not free:
+            break
+        target = (budget - sum(g.pace_at_w - s[g.key] * g.pace for g in free)) / den
+        clipped = []
+        for g in free:
+            c = g.pace_at_w + s[g.key] * (target - g.pace)
+            if c < lo[g.key] or c > hi[g.key]:
+                caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
+                clipped.append(g)
+            else:
+                caps[g.key] = c
+        if not clipped:
+            break
+        budget -= sum(caps[g.key] for g in clipped)
+        free = [g for g in free if g not in clipped]
+    return caps
