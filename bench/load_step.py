@@ -48,13 +48,15 @@ def settled_after(caps: list[float]) -> int:
     return k + 1
 
 
-def run(workdir: Path, interval_s: float, intervals: int, seed: int) -> dict:
+def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_factors=()) -> dict:
     kw = {"n1": {"seed": seed}, "n2": {"seed": seed + 1}}
     with Cluster(workdir, {"n1": 4, "n2": 4}, budget_w=0.7 * 700.0 * 8, interval_s=interval_s,
                  lease_s=max(3.0, 4 * interval_s), sim_kwargs=kw) as cl:
-        for sim in cl.sims.values():
+        for j, sim in enumerate(cl.sims.values()):
             for i in range(4):
                 sim.set_load(i, 300.0)
+                if power_factors:
+                    sim.set_param(i, "power_factor", power_factors[(4 * j + i) % len(power_factors)])
         with AdminClient(cl.coordinator.admin_address) as c:
             wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 30, "agents")
             assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
@@ -80,9 +82,11 @@ def main() -> int:
     ap.add_argument("--interval-s", type=float, default=2.0)
     ap.add_argument("--intervals", type=int, default=16)
     ap.add_argument("--seed", type=int, default=100)
+    ap.add_argument("--power-factors", type=lambda t: [float(x) for x in t.split(",")], default=[],
+                    help="per-GPU dynamic power factors, cycled (e.g. 1,1.15,0.9,1.3: parts needing more power)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        out = run(Path(d), args.interval_s, args.intervals, args.seed)
+        out = run(Path(d), args.interval_s, args.intervals, args.seed, args.power_factors)
     worst_rev = worst_settle = 0
     for key, caps in out["caps"].items():
         rev, settle = reversals(caps), settled_after(caps)

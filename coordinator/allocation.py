@@ -309,8 +309,10 @@ def _pace(gi: GpuInput, g, strag: str) -> None:
     gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
     gi.pace_at_w = g.sample_enforced_w
     up = [r.upper() for r in g.reasons]
-    gi.paced = (not strag and g.utilization_pct >= 20.0 and any("POWER_CAP" in r for r in up)
-                and not any("SLOWDOWN" in r for r in up) and gi.pace > 0 and gi.pace_at_w > 0)
+    # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
+    # (pace 1.0: the fastest a GPU gets, so the loop may bring its cap down, never needs to raise it)
+    gi.paced = (not strag and g.utilization_pct >= 20.0 and not any("SLOWDOWN" in r for r in up)
+                and (any("POWER_CAP" in r for r in up) or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
     if strag:
         curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
         model = float(curve.rate(max(gi.pace_at_w, gi.min_cap_w)))
@@ -374,12 +376,24 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
     job, keeping a job's correction only when every limited domain stays within its limit."""
     from coordinator import paceloop
 
-    moved = paceloop.correct(inputs.gpus, desired, inputs.jobs)
-    if not moved:
-        return
     limited = [(d["name"], float(d["limit_w"])) for d in inputs.domains
                if d["limit_w"] is not None and math.isfinite(d["limit_w"])]
     load = {name: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(name, ())) for name, _ in limited}
+    head = {name: lim - load[name] - LIMIT_SLACK_W for name, lim in limited}
+
+    def extra_w(members) -> float:
+        # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
+        # left in all its limited domains; granted job by job, so no domain is counted twice
+        keys = {g.key for g in members}
+        mine = [n for n, _ in limited if keys & inputs.domain_members.get(n, frozenset())]
+        grant = max(0.0, min((head[n] for n in mine), default=0.0))
+        for n in mine:
+            head[n] -= grant
+        return grant
+
+    moved = paceloop.correct(inputs.gpus, desired, inputs.jobs, extra_w)
+    if not moved:
+        return
     job_of = {g.key: g.job for g in inputs.gpus}
     by_job: dict = {}
     for k, c in moved.items():

@@ -18,36 +18,42 @@ so GPUs measurably faster than the pace-setter come down, the slower go up withi
 and a job's GPUs converge to equal pace even where the curves are wrong.
 
 Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * s_g / s_true) x``
-with ``s_true`` the device's real slope. DVFS power is ~cubic in the clock (P = P_idle + P_dyn f^3),
-and the curves' slope is within a factor 2 of it over the cap range (Zeus-fitted curves); with
-``GAIN = 0.6`` the loop factor stays in [-0.2, 0.7]: no sign change for slope errors up to 1.67x
-(overdamped, monotone), |factor| < 1 up to 3.3x (stable). Damping: no move below
-:data:`PACE_DEADBAND` (one 15 MHz clock step of a ~2 GHz part, 0.75 %; the clock is quantized) and
-no move of a job's caps while any of its GPUs has no fresh power-capped sample.
+with ``s_true`` the device's real slope. :func:`slope_w` bounds ``s_true`` from above by the factor
+``P / (P - P_static)`` (1.1-1.4 for a busy GPU: static power 10-30 % of the draw), so with
+``GAIN = 0.7`` the loop factor is ``1 - 0.7 * (1.1..1.4)`` = 0.02..0.3: overdamped (no sign
+change, so a GPU's cap changes direction at most once after a step) and stable (|factor| < 1) for
+any slope overestimate below 2.9x. Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock
+steps: the clock is quantized), and no Newton step from a sample older than the current cap
+(:data:`AT_CAP_TOLERANCE_W`: the loop delay would apply one correction twice); the split is then
+held, scaled to the job's total.
 """
 
 from __future__ import annotations
 
 import math
 
-GAIN = 0.6
+GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
-PACE_DEADBAND = 0.0075
-"""Pace differences (fraction of max clock) below this are noise: one 15 MHz step of ~2 GHz."""
+PACE_DEADBAND = 0.016
+"""Pace differences (fraction of max clock) up to this are noise: two 15 MHz steps of a ~2 GHz
+part (the clock is quantized to 15 MHz; a one-step difference is what equal caps give)."""
 _PASSES = 4
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
 
 
-def slope_w(curve, pace: float) -> float:
-    """dP/df (W per unit pace) of ``curve`` (:class:`~capctl.allocator.curves.CurveParams`:
-    ``P(r) = sat_w - k_w log1p((1 - r) / a)``) at pace ``pace`` (0..1)."""
-    r = min(max(pace, 0.0), 1.0)
-    return float(curve.k_w) / (float(curve.a) + 1.0 - r)
+def slope_w(at_w: float, pace: float) -> float:
+    """dP/df (W per unit pace) of a GPU drawing ``at_w`` (W, its enforced limit when capped) at pace
+    ``pace`` (0..1): ``3 P / f``, the slope of the DVFS power law ``P = P_static + P_dyn f^3``
+    (dynamic power ~ C V^2 f with V ~ f; Hsu & Feng, SC'05; NVIDIA DVFS) with the static power
+    taken as 0, so it bounds the true slope ``3 (P - P_static) / f`` from above (by
+    ``P / (P - P_static)``, 1.1-1.4 for a busy datacenter GPU). Independent of the fitted curves on
+    purpose: the loop must work where the models are wrong."""
+    return 3.0 * float(at_w) / max(float(pace), 0.05)
 
 
-def correct(gpus, desired: dict, jobs) -> dict:
+def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
     """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
     moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
 
@@ -57,7 +63,8 @@ def correct(gpus, desired: dict, jobs) -> dict:
     sample with the cap setting the clock) and not fixed: a Newton step when every sample is of the
     current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
     current split scaled to the job's total (the curves alone never move it). Other jobs keep the
-    solve's split.
+    solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
+    add to the solve's total (headroom the solve left, which the measured clocks say it can use).
     """
     by_job: dict = {}
     for g in gpus:
@@ -67,7 +74,7 @@ def correct(gpus, desired: dict, jobs) -> dict:
     for job, members in by_job.items():
         if len(members) < 2 or not all(g.paced and not g.fixed for g in members):
             continue
-        total = sum(desired[g.key] for g in members)
+        total = sum(desired[g.key] for g in members) + (extra_w(members) if extra_w else 0.0)
         paces = [g.pace for g in members]
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
@@ -94,9 +101,7 @@ def _hi(g) -> float:
 
 def _split(members, total_w: float) -> dict:
     """One damped Newton step of ``members`` toward equal pace with ``sum(caps) == total_w`` (W)."""
-    from capctl.allocator.curves import DEFAULT_CURVES
-
-    s = {g.key: GAIN * slope_w(g.curve or DEFAULT_CURVES["H100"], g.pace) for g in members}
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {}
