@@ -74,8 +74,11 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
     for job, members in by_job.items():
         if len(members) < 2 or not all(g.paced and not g.fixed for g in members):
             continue
-        total = sum(desired[g.key] for g in members) + (extra_w(members) if extra_w else 0.0)
         paces = [g.pace for g in members]
+        slowest = min(members, key=lambda g: g.pace)
+        # more watts help only if the pace-setter can take them (not held at its ceiling)
+        more = extra_w(members) if extra_w and _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0
+        total = sum(desired[g.key] for g in members) + more
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total)
@@ -100,13 +103,20 @@ def _hi(g) -> float:
 
 
 def _split(members, total_w: float) -> dict:
-    """One damped Newton step of ``members`` toward equal pace with ``sum(caps) == total_w`` (W)."""
+    """One damped Newton step of ``members`` toward equal pace with ``sum(caps) <= total_w`` (W).
+
+    GPUs whose step leaves their range are clipped and the pace target recomputed for the rest
+    (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
+    there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
+    ``total_w``; the rest is left to the other jobs."""
     s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {}
+    at_hi: list = []
     free = list(members)
     budget = total_w
+    target = 1.0
     for _ in range(_PASSES):
         den = sum(s[g.key] for g in free)
         if den <= 0 or not free:
@@ -115,13 +125,20 @@ def _split(members, total_w: float) -> dict:
         clipped = []
         for g in free:
             c = g.pace_at_w + s[g.key] * (target - g.pace)
-            if c < lo[g.key] or c > hi[g.key]:
+            if c > hi[g.key] or c < lo[g.key]:
                 caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
                 clipped.append(g)
+                if c > hi[g.key]:
+                    at_hi.append(g)
             else:
                 caps[g.key] = c
         if not clipped:
             break
         budget -= sum(caps[g.key] for g in clipped)
         free = [g for g in free if g not in clipped]
+    if at_hi:  # the pace the ceiling-held GPUs reach bounds everybody's
+        reach = min(g.pace + (hi[g.key] - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0)
+        for g in members:
+            if g not in at_hi:
+                caps[g.key] = min(caps[g.key], max(lo[g.key], g.pace_at_w + s[g.key] * (reach - g.pace)))
     return caps
