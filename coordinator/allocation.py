@@ -259,8 +259,9 @@ class _GpuRows:
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
                 strag = straggler_reason(g, self.now_mono)
-                if strag:  # held where extra watts buy nothing; the solve paces job-mates to it
-                    hi = max(lo, min(hi, g.sample_enforced_w))
+                if strag:  # held where extra watts buy nothing (its draw, +5 % and 5 W for noise);
+                    # the solve paces its job-mates to it (its measured speed) and frees the rest
+                    hi = max(lo, min(hi, g.sample_enforced_w, STRAGGLER_MARGIN * g.power_w + 5.0))
                 if g.cap_state == capstates.OOB_LIMITED and g.enforced_w < g.cap_w - OOB_TOLERANCE_W:
                     # observed state first: another limit binds below the request (out-of-band):
                     # the GPU cannot use more than its enforced limit, so it is planned (and its
@@ -288,6 +289,8 @@ class _GpuRows:
 
 PACE_FRESH_S = 10.0
 """A telemetry sample older than this (s) is not a pace measurement (several intervals at 1-5 s)."""
+STRAGGLER_MARGIN = 1.05
+"""A straggler's cap: its draw times this (+5 W): what it uses at its stuck clock, with room for noise."""
 STRAGGLER_SAMPLES = 2
 """Consecutive busy samples in a hardware slowdown before a GPU is a straggler (one is a blip)."""
 
@@ -315,7 +318,7 @@ def _pace(gi: GpuInput, g, strag: str) -> None:
                 and (any("POWER_CAP" in r for r in up) or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
     if strag:
         curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
-        model = float(curve.rate(max(gi.pace_at_w, gi.min_cap_w)))
+        model = float(curve.rate(max(gi.max_cap_w, gi.min_cap_w)))  # at the cap it is held at
         gi.straggler = strag
         gi.speed = min(1.0, max(0.05, gi.pace / model)) if model > 0 else 1.0
 

@@ -639,6 +639,7 @@ class _Tally:
     jobs_by_id: dict = dataclasses.field(default_factory=dict)  # job id -> its bindings
     alerts: list = dataclasses.field(default_factory=list)
     clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
+    straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
 
 
 def build_view(snap: _Snapshot) -> View:
@@ -650,7 +651,8 @@ def build_view(snap: _Snapshot) -> View:
         policy_path=snap.policy_path, coordinator_id=snap.coordinator_id,
         last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
     )
-    tally = _Tally(alerts=list(snap.alerts))
+    tally = _Tally(alerts=list(snap.alerts),
+                   straggler={gi.key: gi.straggler for gi in snap.inputs.gpus if getattr(gi, "straggler", "")})
     ceil_of = {gi.key: gi.thermal_ceiling_w for gi in snap.inputs.gpus}
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
@@ -698,7 +700,9 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
             clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
             thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w),
-            max_sm_clock_mhz=max_sm_clock, detail=error if cap_state and cap_state not in capstates.NORMAL else "",
+            max_sm_clock_mhz=max_sm_clock,
+            detail=error if cap_state and cap_state not in capstates.NORMAL else tally.straggler.get(key, ""),
+            flags=["STRAGGLER"] if key in tally.straggler else [],
             curve=snap.curve_kind.get(key, "") if snap.curve_kind else "",
             **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),
         )

@@ -62,6 +62,9 @@ def explain_lines(job, reply, gpus) -> list[str]:
         state = capstates.of(g)
         if state and state not in capstates.NORMAL:
             lines.append(f"{node} GPU {g.index}: {state}" + (f" — {g.detail}" if g.detail else "") + ".")
+        if "STRAGGLER" in g.flags:
+            lines.append(f"{node} GPU {g.index}: STRAGGLER — {g.detail}; held where more watts buy nothing, its "
+                         "job-mates are capped to its pace and the watts freed go to other jobs.")
         if g.curve == "generic":
             lines.append(f"{node} GPU {g.index}: curve generic (no built-in model for this device; "
                          "mapped from its limit constraints until learned).")

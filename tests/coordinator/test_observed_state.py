@@ -102,3 +102,47 @@ def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
             assert job.measured_step_rate == pytest.approx(slowest, abs=0.02)
             text = c.explain("J").text
             assert "Measured step rate" in text and "cap 59" not in text
+
+
+def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from coordinator.client import AdminClient
+    from coordinator.metrics import _observed_families
+
+    budget = 0.7 * 700.0 * 6
+    with Cluster(tmp_path, {"n1": 4, "n2": 2}, budget_w=budget, interval_s=0.5, lease_s=3.0) as cl:
+        for name, sim in cl.sims.items():
+            for i in range(sim.gpu_count):
+                sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20, "agents")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            assert cl.agent("n2").client().job_start("K", ["0", "1"]).ok
+            n1, n2 = cl.sims["n1"], cl.sims["n2"]
+            wait_for(lambda: all(n.read(i)["limit_w"] < 600 for n in (n1, n2) for i in range(n.gpu_count)), 20,
+                     "every GPU capped")
+            time.sleep(2.0)
+            k_before = [n2.read(i)["limit_w"] for i in range(2)]
+            n1.inject(0, "stuck_slowdown", 0.7)  # 1,386 MHz of 1,980 at any cap
+
+            def flagged():
+                g = {(n.name, x.index): x for n in c.status().nodes for x in n.gpus}
+                return "STRAGGLER" in g[("n1", 0)].flags and all(n1.read(i)["limit_w"] < 400 for i in (1, 2, 3))
+            wait_for(flagged, 20, "straggler flagged and its job-mates brought down")
+            stuck = n1.read(0)["sm_clock_mhz"]
+            wait_for(lambda: all(n2.read(i)["limit_w"] > k_before[i] + 100 for i in range(2)), 20,
+                     "the freed watts went to job K")
+            st = c.status()
+            g = {(n.name, x.index): x for n in st.nodes for x in n.gpus}
+            assert "HW slowdown" in g[("n1", 0)].detail
+            assert g[("n1", 0)].cap_w < 0.5 * 700  # held near its draw, not at its 490 W
+            # job-mates at its pace: within the loop's deadband (two 15 MHz clock steps) and a step
+            assert all(n1.read(i)["sm_clock_mhz"] <= stuck + 45 for i in (1, 2, 3))
+            text = c.explain("J").text
+            assert "STRAGGLER" in text and "HW slowdown" in text
+            fams = {f.name: f for f in _observed_families(st)}
+            assert [s.labels["gpu"] for s in fams["capctl_gpu_straggler"].samples] == ["0"]
+            assert st.enforced_w <= budget + 1e-6
