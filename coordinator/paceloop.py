@@ -59,7 +59,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
 
     ``gpus``: :class:`coordinator.allocation.GpuInput` rows (``pace``, ``pace_at_w``,
     ``observed_w``, ``paced``, ``min_cap_w``, ``max_cap_w``, ``thermal_ceiling_w``, ``curve``,
-    ``job``, ``fixed``). The loop owns the split of a job whose GPUs are all ``paced`` (a fresh
+    ``job``, ``fixed``, ``straggler``). A straggler is held at its ceiling and its measured pace
+    bounds its job-mates' (its pace does not respond to power). The loop owns the split of a job whose GPUs are all ``paced`` (a fresh
     sample with the cap setting the clock) and not fixed: a Newton step when every sample is of the
     current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
     current split scaled to the job's total (the curves alone never move it). Other jobs keep the
@@ -72,14 +73,15 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
             by_job.setdefault(g.job, []).append(g)
     out = {}
     for job, members in by_job.items():
-        if len(members) < 2 or not all(g.paced and not g.fixed for g in members):
+        if (len(members) < 2 or not all((g.paced or g.straggler) and not g.fixed for g in members)
+                or not any(g.paced for g in members)):
             continue
         paces = [g.pace for g in members]
         slowest = min(members, key=lambda g: g.pace)
         # more watts help only if the pace-setter can take them (not held at its ceiling)
         more = extra_w(members) if extra_w and _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0
         total = sum(desired[g.key] for g in members) + more
-        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members)
+        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total)
         else:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
@@ -90,12 +92,33 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
 
 
 def _hold(members, total_w: float) -> dict:
-    """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's range."""
-    now = sum(g.observed_w for g in members)
+    """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
+    range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`)."""
+    strag = [g for g in members if g.straggler]
+    rest = [g for g in members if not g.straggler]
+    caps = {g.key: _hi(g) for g in strag}  # held (where extra watts buy nothing)
+    now = sum(g.observed_w for g in rest)
     if now <= 0:
         return {}
-    k = total_w / now
-    return {g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in members}
+    k = (total_w - sum(caps.values())) / now
+    caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in rest})
+    at_hi = [g for g in rest if caps[g.key] >= _hi(g) - AT_CAP_TOLERANCE_W]
+    return _bound_by_ceiling(members, caps, at_hi)
+
+
+def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
+    """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
+    ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
+    reach = min((g.pace + (_hi(g) - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0), default=math.inf)
+    reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
+    if not math.isfinite(reach):
+        return caps
+    held = {g.key for g in at_hi} | {g.key for g in members if g.straggler}
+    for g in members:
+        if g.key not in held:
+            caps[g.key] = min(caps[g.key], max(g.min_cap_w, g.pace_at_w + s[g.key] * (reach - g.pace)))
+    return caps
 
 
 def _hi(g) -> float:
@@ -112,10 +135,10 @@ def _split(members, total_w: float) -> dict:
     s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
-    caps: dict = {}
+    caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
     at_hi: list = []
-    free = list(members)
-    budget = total_w
+    free = [g for g in members if not g.straggler]
+    budget = total_w - sum(caps.values())
     target = 1.0
     for _ in range(_PASSES):
         den = sum(s[g.key] for g in free)
@@ -136,9 +159,4 @@ def _split(members, total_w: float) -> dict:
             break
         budget -= sum(caps[g.key] for g in clipped)
         free = [g for g in free if g not in clipped]
-    if at_hi:  # the pace the ceiling-held GPUs reach bounds everybody's
-        reach = min(g.pace + (hi[g.key] - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0)
-        for g in members:
-            if g not in at_hi:
-                caps[g.key] = min(caps[g.key], max(lo[g.key], g.pace_at_w + s[g.key] * (reach - g.pace)))
-    return caps
+    return _bound_by_ceiling(members, caps, at_hi)  # the pace the ceiling-held GPUs reach bounds all

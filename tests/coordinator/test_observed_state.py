@@ -140,7 +140,8 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
             assert "HW slowdown" in g[("n1", 0)].detail
             assert g[("n1", 0)].cap_w < 0.5 * 700  # held near its draw, not at its 490 W
             # job-mates at its pace: within the loop's deadband (two 15 MHz clock steps) and a step
-            assert all(n1.read(i)["sm_clock_mhz"] <= stuck + 45 for i in (1, 2, 3))
+            clocks = [n1.read(i)["sm_clock_mhz"] for i in (1, 2, 3)]
+            assert all(c_ <= stuck + 45 for c_ in clocks), (stuck, clocks, [n1.read(i)["limit_w"] for i in range(4)])
             text = c.explain("J").text
             assert "STRAGGLER" in text and "HW slowdown" in text
             fams = {f.name: f for f in _observed_families(st)}
