@@ -92,7 +92,7 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
     """A job's end on a real agent never pushes the sum of enforced limits above the budget, and
     the running job keeps the watts (docs/policy.md, "Idle GPUs"): the idle GPUs' restore is held
     at the coordinator's allowance (their minimum while J1 can use every watt) and completes when
-    headroom no running job can use appears (here: the budget raised to the TDP of all GPUs)."""
+    headroom no running job can use appears (here: the budget raised above the TDP of all GPUs)."""
     try:
         from tests.support.processes import Cluster
     except ImportError as exc:
@@ -123,13 +123,13 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
             wait_for(lambda: min(j1_limits()) > budget / 8 + 50.0, 20, "J1's caps raised")
             assert all(cl.sims["n2"].read(i)["limit_w"] <= 200.0 + 1e-6 for i in (2, 3))
             held_ns = time.monotonic_ns()
-            # headroom nobody can use (budget = 8 x 700 W): the pre-job limits come back fully
-            assert c.set_budget(5600.0).ok
+            # headroom nobody can use (budget above 8 x 700 W): the pre-job limits come back fully
+            assert c.set_budget(6000.0).ok
             wait_for(lambda: all(cl.sims["n2"].read(i)["limit_w"] == 700.0 for i in (2, 3)), 20,
                      "pre-job limits restored")
             time.sleep(1.0)
             res = journal_check(cl, budget, capped_ns, held_ns)
-            full = journal_check(cl, 5600.0, held_ns)
+            full = journal_check(cl, 6000.0, held_ns)
             restored = journal_check(cl, None, capped_ns, gpus={"n2": [2, 3]})
     assert res.complete and res.changes >= 2, res.describe()
     assert res.ok and full.ok, res.describe() + full.describe()
