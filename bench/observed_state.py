@@ -74,8 +74,36 @@ def idle(workdir: Path) -> None:
             print(f"idle: B's caps before A ends {before}, 4 s after {after}; A's idle GPUs {idle_w}")
 
 
+def straggler(workdir: Path) -> None:
+    with Cluster(workdir, {"n1": 4, "n2": 4}, budget_w=0.7 * TDP_W * 8, interval_s=1.0, lease_s=5.0) as cl:
+        for sim in cl.sims.values():
+            for i in range(4):
+                sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20, "agents")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            assert cl.agent("n2").client().job_start("K", ["0", "1", "2", "3"]).ok
+            time.sleep(8)
+            cl.sims["n1"].inject(0, "stuck_slowdown", 0.42)
+            time.sleep(10)
+            dev = _devices(cl)
+            st = c.status()
+            jobs = {j.job_id: j for j in st.jobs}
+            flags = {(n.name, g.index): list(getattr(g, "flags", [])) for n in st.nodes for g in n.gpus}
+            print("straggler: n1/0 %.0f W at %.0f MHz, flags %s" % (dev[("n1", 0)]["limit_w"], dev[("n1", 0)]["sm_clock_mhz"],
+                                                                 flags[("n1", 0)]))
+            print("straggler: J's job-mates W/MHz: " + ", ".join(f"n1/{i} {dev[('n1', i)]['limit_w']:.0f}/"
+                                                                f"{dev[('n1', i)]['sm_clock_mhz']:.0f}" for i in (1, 2, 3)))
+            print("straggler: K's caps W: " + ", ".join(f"{dev[('n2', i)]['limit_w']:.0f}" for i in range(4)))
+            j = jobs["J"]
+            print(f"straggler: J predicted {j.predicted_step_rate:.3f}, measured "
+                  f"{getattr(j, 'measured_step_rate', float('nan')):.3f}, true pace (slowest clock / max) "
+                  f"{min(dev[('n1', i)]['sm_clock_mhz'] for i in range(4)) / 1980:.3f}")
+            print("straggler: explain:", c.explain("J").text.replace("\n", " | "))
+
+
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["oob", "idle"]
+    which = sys.argv[1:] or ["oob", "idle", "straggler"]
     with tempfile.TemporaryDirectory() as d:
         for name in which:
             (Path(d) / name).mkdir()

@@ -742,6 +742,7 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
                                          qos=first.qos or None))
         rate = out.job_rate.get(job_id, 0.0) if out else 0.0
         binding = out.job_binding.get(job_id, "") if out else ""
+        rate, binding = observed.straggler_bound(rate, binding, keys, tally.straggler, tally.clock_fraction)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
@@ -814,6 +815,9 @@ def explain_text(job, reply, gpus, status) -> str:
                      "job-mates are capped to the same pace instead of waiting for it.")
     elif b == "saturated":
         lines.append("Not limited: the job runs at its uncapped rate.")
+    elif b == "straggler":
+        lines.append("Binding constraint: a straggler — a GPU of this job runs slow at any cap; its job-mates are "
+                     "capped toward its pace (not below their minimum limit) and the watts freed go to other jobs.")
     elif b:
         lines.append(f"Binding constraint: {b}.")
     if reply.slowest_node:

@@ -34,6 +34,17 @@ def measured_step_rate(fraction_of: Mapping, keys: Iterable) -> float:
     return min(vals) if vals else 0.0
 
 
+def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fraction_of: Mapping) -> tuple[float, str]:
+    """``(predicted step rate, binding)`` of a job: a job with a straggler among its GPUs ``keys``
+    (``straggler``: GPU key -> reason) runs at the straggler's measured pace whatever the caps (its
+    pace does not respond to power), so that pace is the prediction and ``"straggler"`` the
+    binding; other jobs keep the allocator's ``(rate, binding)``."""
+    paces = [fraction_of[k] for k in keys if k in straggler and k in fraction_of]
+    if not paces:
+        return rate, binding
+    return min(paces), "straggler"
+
+
 def limit_w(gpu) -> float:
     """The limit that binds a ``GpuStatus`` (W): its enforced limit where that is lower than the
     allocated cap, else the cap."""
@@ -64,7 +75,7 @@ def explain_lines(job, reply, gpus) -> list[str]:
             lines.append(f"{node} GPU {g.index}: {state}" + (f" — {g.detail}" if g.detail else "") + ".")
         if "STRAGGLER" in g.flags:
             lines.append(f"{node} GPU {g.index}: STRAGGLER — {g.detail}; held where more watts buy nothing, its "
-                         "job-mates are capped to its pace and the watts freed go to other jobs.")
+                         "job-mates are capped toward its pace and the watts freed go to other jobs.")
         if g.curve == "generic":
             lines.append(f"{node} GPU {g.index}: curve generic (no built-in model for this device; "
                          "mapped from its limit constraints until learned).")
