@@ -434,8 +434,10 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
         wanted = sum(want.get(k, 0.0) for k in members)
         if wanted <= 0:
             continue
-        head = float(lim) - sum(desired.get(k, 0.0) for k in members) - LIMIT_SLACK_W
-        ratio[d["name"]] = min(1.0, max(0.0, head / wanted))
+        head = float(lim) - sum(desired.get(k, 0.0) for k in members)
+        # all of it when it fits (a budget equal to the pre-job limits' sum restores them exactly),
+        # else in proportion, LIMIT_SLACK_W below the limit (float rounding)
+        ratio[d["name"]] = 1.0 if head >= wanted - 1e-9 else min(1.0, max(0.0, (head - LIMIT_SLACK_W) / wanted))
     domains_of: dict = {}
     for name, r in ratio.items():
         for k in inputs.domain_members.get(name, ()):
