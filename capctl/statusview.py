@@ -45,6 +45,9 @@ def gpu_dict(g) -> dict:
         "thermal_ceiling_w": _num(g.thermal_ceiling_w),
         "cap_state": capstates.of(g),
         "node": g.node,
+        "detail": g.detail,
+        "curve": g.curve,
+        "flags": list(g.flags),
     }
 
 
@@ -67,6 +70,7 @@ def job_dict(j) -> dict:
         "gpus": int(j.gpus),
         "weight": _num(j.weight),
         "predicted_step_rate": _num(j.predicted_step_rate),
+        "measured_step_rate": _num(j.measured_step_rate),
         "binding": j.binding,
         "allocated_w": _num(j.allocated_w),
         "energy_j": _num(j.energy_j),
@@ -213,7 +217,8 @@ def render_gpus(d: dict, limit: int | None = None, with_node: bool = True) -> st
             rows.append((margin if margin is not None else math.inf, [
                 n["name"], str(g["index"]), g["job_id"] or "-", _f(g["cap_w"]), _f(g["enforced_w"]), _f(g["power_w"]),
                 _f(g["temp_c"], "{:.1f}"), _f(margin, "{:+.1f}"), str(g["sm_clock_mhz"]),
-                _short_reasons(g["clocks_event_reasons"]), g["cap_state"] or "-"]))
+                _short_reasons(g["clocks_event_reasons"]),
+                "+".join([g["cap_state"] or "-"] + list(g.get("flags") or []))]))
     if limit is not None:
         rows.sort(key=lambda r: r[0])
         rows = rows[:limit]

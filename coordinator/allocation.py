@@ -38,6 +38,9 @@ from capctl.allocator.thermal import thermal_ceiling_w
 GpuKey = tuple[str, int]
 
 FIXED_EPS_W = 1e-3
+OOB_TOLERANCE_W = 1.0
+"""An enforced limit this far or more below the requested one is another limit binding (W; the
+agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W)."""
 
 UNCONTROLLABLE_STATES = capstates.UNCONTROLLABLE  # held at their accounted cap (capctl.capstates)
 """Agent cap states of a GPU whose limit capctl cannot set now: it is fixed at its accounted
@@ -59,6 +62,12 @@ class GpuInput:
     curve: object
     thermal_ceiling_w: float
     idle_cap_w: float
+    idle_target_w: float = 0.0  # an idle GPU's pre-job limit to come back from headroom (W; 0: none)
+    pace: float = math.nan  # measured SM clock / max SM clock of its latest sample (coordinator.paceloop)
+    pace_at_w: float = 0.0  # the enforced limit that sample was taken at (W)
+    paced: bool = False  # a fresh busy sample whose clock the power cap set (SW_POWER_CAP)
+    straggler: str = ""  # why its pace does not respond to power ("" = it does)
+    speed: float = 1.0  # pace of a straggler relative to its curve at its cap (allocator ``speed``)
 
 
 @dataclasses.dataclass
@@ -218,6 +227,7 @@ class _GpuRows:
     def __init__(self, policy, models, now_mono: float, ack_memory_s: float) -> None:
         self.policy_min = policy.min_cap_w
         self.idle_policy = policy.idle_cap_w
+        self.reserve = bool(getattr(policy, "reserve_pre_job_limits", False))
         self.curve_of = models.curve
         self.now_mono = now_mono
         self.ack_memory_s = ack_memory_s
@@ -236,7 +246,10 @@ class _GpuRows:
             g = gpumap[idx]
             key = (name, idx)
             accounted = g.accounted_w(now_mono, ack_memory_s)
-            fixed = stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
+            target = 0.0
+            strag = ""
+            fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
+                     or bool(g.constraints_problem))
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
@@ -245,18 +258,69 @@ class _GpuRows:
                 lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
+                strag = straggler_reason(g, self.now_mono)
+                if strag:  # held where extra watts buy nothing (its draw, +5 % and 5 W for noise);
+                    # the solve paces its job-mates to it (its measured speed) and frees the rest
+                    hi = max(lo, min(hi, g.sample_enforced_w, STRAGGLER_MARGIN * g.power_w + 5.0))
+                if g.cap_state == capstates.OOB_LIMITED and g.enforced_w < g.cap_w - OOB_TOLERANCE_W:
+                    # observed state first: another limit binds below the request (out-of-band):
+                    # the GPU cannot use more than its enforced limit, so it is planned (and its
+                    # request brought down) within it and the job-mates pace to it
+                    hi = max(lo, min(hi, g.enforced_w))
                 th = thermal.get(idx)
                 if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
                     c_pos.append(len(gpus))
                     c_vals.append((g.temp_c, th[0], th[1], th[2], g.slowdown_temp_c))
                 if idle_policy is not None:
                     idle = min(max(idle_policy, lo), hi)
-                else:  # null: back to the pre-job limit still to be restored, else kept where it is
+                elif self.reserve:  # null, reserved: back to the pre-job limit to restore, else kept
                     idle = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
+                else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes
+                    idle = lo  # back from the headroom left once every running job has its watts
+                    target = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
             gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
                 key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
                 g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
+                target if job_of.get(idx) is None else 0.0,
             ))
+            if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
+                _pace(gpus[-1], g, strag)
+
+
+PACE_FRESH_S = 10.0
+"""A telemetry sample older than this (s) is not a pace measurement (several intervals at 1-5 s)."""
+STRAGGLER_MARGIN = 1.05
+"""A straggler's cap: its draw times this (+5 W): what it uses at its stuck clock, with room for noise."""
+STRAGGLER_SAMPLES = 2
+"""Consecutive busy samples in a hardware slowdown before a GPU is a straggler (one is a blip)."""
+
+
+def straggler_reason(g, now_mono: float) -> str:
+    """Why GPU ``g`` (:class:`coordinator.registry.GpuObs`) is a straggler, "" when it is not: its
+    clock is held by a hardware slowdown no power cap lifts (:func:`coordinator.registry.stuck_slowdown`)
+    in its last :data:`STRAGGLER_SAMPLES` fresh samples."""
+    if g.slowdown_run < STRAGGLER_SAMPLES or now_mono - g.sample_mono > PACE_FRESH_S:
+        return ""
+    return (f"HW slowdown: SM clock held at {g.sm_clock_mhz} of {g.max_sm_clock_mhz} MHz at any cap "
+            f"({', '.join(g.reasons)})")
+
+
+def _pace(gi: GpuInput, g, strag: str) -> None:
+    """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`)."""
+    from capctl.allocator.curves import DEFAULT_CURVES
+
+    gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
+    gi.pace_at_w = g.sample_enforced_w
+    up = [r.upper() for r in g.reasons]
+    # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
+    # (pace 1.0: the fastest a GPU gets, so the loop may bring its cap down, never needs to raise it)
+    gi.paced = (not strag and g.utilization_pct >= 20.0 and not any("SLOWDOWN" in r for r in up)
+                and (any("POWER_CAP" in r for r in up) or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
+    if strag:
+        curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
+        model = float(curve.rate(max(gi.max_cap_w, gi.min_cap_w)))  # at the cap it is held at
+        gi.straggler = strag
+        gi.speed = min(1.0, max(0.05, gi.pace / model)) if model > 0 else 1.0
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
@@ -293,6 +357,8 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     keys = [g.key for g in inputs.gpus]
     caps = np.asarray(result.cap_w, dtype=float).tolist()
     desired = {g.key: (g.accounted_w if g.fixed else caps[i]) for i, g in enumerate(inputs.gpus)}
+    paced_split(inputs, desired)
+    idle_from_headroom(inputs, desired)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -306,6 +372,83 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+
+
+def paced_split(inputs: SolveInputs, desired: dict) -> None:
+    """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
+    job, keeping a job's correction only when every limited domain stays within its limit."""
+    from coordinator import paceloop
+
+    limited = [(d["name"], float(d["limit_w"])) for d in inputs.domains
+               if d["limit_w"] is not None and math.isfinite(d["limit_w"])]
+    load = {name: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(name, ())) for name, _ in limited}
+    head = {name: lim - load[name] - LIMIT_SLACK_W for name, lim in limited}
+
+    def extra_w(members) -> float:
+        # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
+        # left in all its limited domains; granted job by job, so no domain is counted twice
+        keys = {g.key for g in members}
+        mine = [n for n, _ in limited if keys & inputs.domain_members.get(n, frozenset())]
+        grant = max(0.0, min((head[n] for n in mine), default=0.0))
+        for n in mine:
+            head[n] -= grant
+        return grant
+
+    moved = paceloop.correct(inputs.gpus, desired, inputs.jobs, extra_w)
+    if not moved:
+        return
+    job_of = {g.key: g.job for g in inputs.gpus}
+    by_job: dict = {}
+    for k, c in moved.items():
+        by_job.setdefault(job_of[k], {})[k] = c
+    for caps in by_job.values():
+        delta = {name: sum(c - desired[k] for k, c in caps.items() if k in inputs.domain_members.get(name, ()))
+                 for name, _ in limited}
+        if all(load[name] + delta[name] <= lim + 1e-6 for name, lim in limited):
+            desired.update(caps)
+            for name in load:
+                load[name] += delta[name]
+
+
+def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
+    """Raise idle GPUs toward their pre-job limit (``GpuInput.idle_target_w``, W) out of the
+    headroom the solve left, in place on ``desired`` (GPU key -> W).
+
+    The rule (docs/policy.md, "Idle GPUs"): with ``idle_cap_w: null`` the solve sees an idle GPU at
+    its minimum cap, so running jobs under the same domains get every watt they can use; what is
+    left in a domain (``limit_w - sum(desired)`` of its members) no running job can use, and only
+    that goes back to its idle GPUs, in proportion to what each still lacks, with the grant of a GPU
+    the smallest of its domains' ratios: one pass, so no domain ever exceeds its limit. With
+    headroom enough (as at a job's end under a budget that allows it) every pre-job limit comes back
+    fully."""
+    want = {g.key: g.idle_target_w - desired[g.key] for g in inputs.gpus
+            if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6}
+    if not want:
+        return
+    ratio: dict = {}
+    for d in inputs.domains:
+        lim = d["limit_w"]
+        if lim is None or not math.isfinite(lim):
+            continue
+        members = inputs.domain_members.get(d["name"], ())
+        wanted = sum(want.get(k, 0.0) for k in members)
+        if wanted <= 0:
+            continue
+        head = float(lim) - sum(desired.get(k, 0.0) for k in members)
+        # all of it when it fits (a budget equal to the pre-job limits' sum restores them exactly),
+        # else in proportion, LIMIT_SLACK_W below the limit (float rounding)
+        ratio[d["name"]] = 1.0 if head >= wanted - 1e-9 else min(1.0, max(0.0, (head - LIMIT_SLACK_W) / wanted))
+    domains_of: dict = {}
+    for name, r in ratio.items():
+        for k in inputs.domain_members.get(name, ()):
+            if k in want:
+                domains_of[k] = min(domains_of.get(k, 1.0), r)
+    for k, w in want.items():
+        desired[k] += w * domains_of.get(k, 1.0)
+
+
+LIMIT_SLACK_W = 0.01
+"""Watts kept unallocated in each domain by :func:`idle_from_headroom` (float rounding)."""
 
 
 def build_problem(inputs: SolveInputs):
@@ -332,7 +475,7 @@ def build_problem(inputs: SolveInputs):
         curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
         curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
         curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G),
-        speed=np.ones(G),
+        speed=np.fromiter((g.speed for g in gpus), f, G),
         job_of_gpu=job_of,
         prev_cap_w=np.fromiter((math.nan if g.fixed else g.observed_w for g in gpus), f, G),
         idle_cap_w=np.fromiter((g.idle_cap_w for g in gpus), f, G),

@@ -45,7 +45,7 @@ import uuid
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, decide, observe, planner
+from coordinator import allocation, decide, observe, observed, planner
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -224,6 +224,8 @@ class Coordinator:
         safe = []
         if not self.dry_run:
             for idx, g in sorted(node.gpus.items()):
+                if g.constraints_problem:
+                    continue  # unusable limit constraints: no cap at all for it (never 0 W)
                 s = g.safe_cap_w
                 if s <= 0:
                     cap = self.policy.failsafe.safe_cap_w
@@ -525,6 +527,7 @@ class Coordinator:
             now=now, time_s=time.time(), nodes=nodes, job_energy_j={**reg.job_energy_j, **self.energy_book.energy_j()},
             persistent_alerts=list(self.persistent_alerts.values()), alerts=list(alerts), inputs=inputs, out=out,
             desired=desired, tick_s=tick_s, plans_sent=plans_sent,
+            curve_kind={k: self.models.curve_kind(k) for k in desired},
         )
         self.view = LazyView(functools.partial(build_view, snap), tick_s, plans_sent)
 
@@ -751,6 +754,7 @@ class _Snapshot:
     desired: dict
     tick_s: float
     plans_sent: int
+    curve_kind: dict = dataclasses.field(default_factory=dict)  # GPU key -> "generic" | "learned"
 
 
 @dataclasses.dataclass
@@ -766,6 +770,8 @@ class _Tally:
     jobs_by_id: dict = dataclasses.field(default_factory=dict)  # job id -> its bindings
     sharers: dict = dataclasses.field(default_factory=dict)  # GPU key -> how many jobs are bound to it
     alerts: list = dataclasses.field(default_factory=list)
+    clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
+    straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
 
 
 def build_view(snap: _Snapshot) -> View:
@@ -777,7 +783,8 @@ def build_view(snap: _Snapshot) -> View:
         policy_path=snap.policy_path, coordinator_id=snap.coordinator_id,
         last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
     )
-    tally = _Tally(alerts=list(snap.alerts))
+    tally = _Tally(alerts=list(snap.alerts),
+                   straggler={gi.key: gi.straggler for gi in snap.inputs.gpus if getattr(gi, "straggler", "")})
     ceil_of = {gi.key: gi.thermal_ceiling_w for gi in snap.inputs.gpus}
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
@@ -828,9 +835,14 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
             thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w),
             max_sm_clock_mhz=max_sm_clock,
+            detail=error if cap_state and cap_state not in capstates.NORMAL else tally.straggler.get(key, ""),
+            flags=["STRAGGLER"] if key in tally.straggler else [],
+            curve=snap.curve_kind.get(key, "") if snap.curve_kind else "",
             **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),
         )
         busy = util >= 20.0 and max_sm_clock > 0
+        if busy and have_reading:
+            tally.clock_fraction[key] = observed.clock_fraction(sm_clock, max_sm_clock)
         tally.extras.append(GpuExtra(
             node=name, index=idx, uuid=uuid_, job_id=job,
             thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,
@@ -864,11 +876,13 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
                                          qos=first.qos or None))
         rate = out.job_rate.get(job_id, 0.0) if out else 0.0
         binding = out.job_binding.get(job_id, "") if out else ""
+        rate, binding = observed.straggler_bound(rate, binding, keys, tally.straggler, tally.clock_fraction)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
             predicted_step_rate=finite(rate), binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
             energy_j=energy, user=first.user, partition=first.partition, account=first.account,
+            measured_step_rate=observed.measured_step_rate(tally.clock_fraction, keys),
         )
         mine = {name for k in keys for name in gpu_domains.get(k, ())}
         doms = [d["name"] for d in inputs.domains if d["name"] in mine]
@@ -942,17 +956,22 @@ def explain_text(job, reply, gpus, status) -> str:
                      "job-mates are capped to the same pace instead of waiting for it.")
     elif b == "saturated":
         lines.append("Not limited: the job runs at its uncapped rate.")
+    elif b == "straggler":
+        lines.append("Binding constraint: a straggler — a GPU of this job runs slow at any cap; its job-mates are "
+                     "capped toward its pace (not below their minimum limit) and the watts freed go to other jobs.")
     elif b:
         lines.append(f"Binding constraint: {b}.")
     if reply.slowest_node:
         g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
         if g is not None:
+            limit = observed.limit_text(g)
             lines.append(
-                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, enforced {g.enforced_w:.0f} W, "
+                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {limit}, "
                 f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
                 f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if _binding_ceiling_w(g.thermal_ceiling_w, g.max_cap_w) else
-                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — cap {g.cap_w:.0f} W, {g.temp_c:.1f} °C."
+                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {limit}, {g.temp_c:.1f} °C."
             )
+    lines.extend(observed.explain_lines(job, reply, gpus))
     if reply.prices:
         parts = [f"{p.domain} {p.price_rate_per_w:.2e}" for p in reply.prices]
         lines.append("Price of one more watt (objective per W) in its domains: " + ", ".join(parts) + ".")

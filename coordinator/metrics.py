@@ -15,6 +15,8 @@ import math
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from capctl import capstates
+
 log = logging.getLogger("capctl.coordinator.metrics")
 
 SOLVE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -48,6 +50,7 @@ class ViewCollector:
         yield from _job_families(st, self.jobs.rows(st.jobs) if self.jobs is not None else st.jobs)
         yield _job_energy_family(st, getattr(self.coord, "recent_finished", ()))
         yield from _fleet_families(view)
+        yield from _observed_families(st)
 
 
 def _gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
@@ -183,6 +186,27 @@ def _job_energy_family(st, finished) -> CounterMetricFamily:
             fam.add_metric([job_id], energy_j)
             n += 1
     return fam
+
+
+def _observed_families(st):
+    """Observed-state figures (issue 12): stragglers and GPUs held for bad limit constraints (1 per
+    flagged GPU), measured step rate per job (0..1, SM clock / max SM clock of its slowest GPU)."""
+    strag = _gauge("capctl_gpu_straggler", "1 for a GPU whose pace does not respond to power (STRAGGLER).", GPU_LABELS)
+    bad = _gauge("capctl_gpu_unsupported_constraints",
+                 "1 for a GPU held at its limit because its limit constraints are unusable.", GPU_LABELS)
+    rate = _gauge("capctl_job_measured_step_rate",
+                  "Measured step rate: SM clock / max SM clock of the job's slowest busy GPU (0..1).", ["job"])
+    for n in st.nodes:
+        for gs in n.gpus:
+            lab = [n.name, str(gs.index), gs.uuid]
+            if "STRAGGLER" in gs.flags:
+                strag.add_metric(lab, 1.0)
+            if capstates.of(gs) == capstates.UNSUPPORTED_CONSTRAINTS:
+                bad.add_metric(lab, 1.0)
+    for j in st.jobs:
+        if j.measured_step_rate > 0:
+            rate.add_metric([j.job_id], j.measured_step_rate)
+    return (strag, bad, rate)
 
 
 def _fleet_families(view):

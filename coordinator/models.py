@@ -65,6 +65,12 @@ MODEL_KEYS = ("H200", "H100", "A100", "A40", "V100")
 _A40_RANGE_W = (100.0, 300.0)
 
 
+def known_product(product_name: str) -> bool:
+    """True when ``product_name`` matches a built-in curve (:data:`MODEL_KEYS`)."""
+    upper = product_name.upper()
+    return any(key in upper and key in DEFAULT_CURVES for key in MODEL_KEYS)
+
+
 def prior_curve(product_name: str, min_cap_w: float, max_cap_w: float) -> CurveParams:
     """The allocator's default curve for ``product_name`` (e.g. "NVIDIA H100 80GB HBM3").
 
@@ -84,8 +90,8 @@ def rate_observation(sample, max_sm_clock_mhz: float) -> float | None:
     if sample.utilization_pct < BUSY_UTILIZATION_PCT:
         return None
     reasons = [r.upper() for r in sample.reasons]
-    if any("THERMAL" in r for r in reasons):
-        return None
+    if any("THERMAL" in r or "SLOWDOWN" in r for r in reasons):
+        return None  # the clock is set by a slowdown (thermal, HW): it says nothing of the cap
     if any("POWER" in r for r in reasons):
         if max_sm_clock_mhz <= 0 or sample.sm_clock_mhz <= 0:
             return None
@@ -117,6 +123,7 @@ class GpuModel:
 
     def __init__(self, product_name: str, min_cap_w: float, max_cap_w: float) -> None:
         self.prior = prior_curve(product_name, min_cap_w, max_cap_w)
+        self.known = known_product(product_name)
         self.curve_fit = OnlineCurveFit(self.prior)
         self._failed = False
         self._cached = self.prior
@@ -152,6 +159,15 @@ class GpuModel:
             self._scale_sum = self._scale_sum * self._decay + s
             self._scale_wt = self._scale_wt * self._decay + 1.0
             self._scaled = None
+
+    @property
+    def kind(self) -> str:
+        """The curve in use: ``learned`` (this GPU's own 3-parameter fit), ``prior`` (a built-in
+        model's curve scaled to this GPU) or ``generic`` (no built-in model matches: a curve mapped
+        from the device's limit constraints, until learned)."""
+        if self._cached is not self.prior:
+            return "learned"
+        return "prior" if self.known else "generic"
 
     @property
     def scale(self) -> float:
@@ -291,6 +307,11 @@ class Models:
         c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
         self.refits += m.refits - n
         return c
+
+    def curve_kind(self, key: tuple[str, int]) -> str:
+        """:attr:`GpuModel.kind` of a GPU ("" if unknown)."""
+        m = self.gpus.get(key)
+        return m.kind if m is not None else ""
 
     def thermal(self, node: str) -> dict[int, tuple[float, float, float]]:
         """GPU index -> (R °C/W, tau s, inlet °C) for ``node`` (empty if unknown)."""

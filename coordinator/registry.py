@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 
-from capctl import capstates
+from capctl import capstates, devicedata
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
 log = logging.getLogger("capctl.coordinator.registry")
@@ -118,15 +118,29 @@ class GpuObs:
     new_samples: list[Sample] = dataclasses.field(default_factory=list)
     # running sums over ``throttle_hist`` (samples, thermal, power), kept by :meth:`add_throttle`
     throttle_sums: list = dataclasses.field(default_factory=lambda: [0, 0, 0])
+    # the latest telemetry sample's enforced limit (W) and time (mono s): the operating point its
+    # SM clock was measured at (an ack may have changed ``enforced_w`` since)
+    sample_enforced_w: float = 0.0
+    sample_mono: float = -1e18
+    slowdown_run: int = 0  # consecutive busy samples in a slowdown power cannot lift (HW, not thermal)
 
     @property
     def key(self) -> tuple[str, int]:
         """``(node, index)``: the GPU's identity in the coordinator."""
         return (self.node, self.index)
 
+    @property
+    def constraints_problem(self) -> str:
+        """What is wrong with the limit constraints its agent reported ("" when usable;
+        :func:`capctl.devicedata.constraints_problem`): such a GPU is held at its limit."""
+        return devicedata.constraints_problem(self.min_cap_w, self.max_cap_w)
+
     def accounted_w(self, now_mono: float, ack_memory_s: float) -> float:
-        """The highest cap this GPU may be enforcing now (W); see the module docstring."""
+        """The highest cap this GPU may be enforcing now (W); see the module docstring. Without a
+        reading: its maximum limit (with unusable constraints: the highest value it reported)."""
         if not self.have_reading:
+            if self.constraints_problem:
+                return max(self.min_cap_w, self.max_cap_w, self.default_cap_w)
             return self.max_cap_w
         value = self.enforced_w
         pending = self.pending
@@ -220,6 +234,14 @@ class NodeObs:
         return self.session is None or (now_mono - self.last_report_mono) > lease_s
 
 
+def stuck_slowdown(reasons) -> bool:
+    """A clocks-event-reason set whose slowdown no power cap lifts: a hardware slowdown
+    (``HW_SLOWDOWN``, e.g. an external power-brake or a failing part) without a thermal reason
+    (a thermal slowdown is one power can fix by cooling the GPU; NVML clocks event reasons)."""
+    up = [r.upper() for r in reasons]
+    return any("HW_SLOWDOWN" in r for r in up) and not any("THERMAL" in r for r in up)
+
+
 class Registry:
     """Nodes, GPUs, bindings and job energy, keyed by node name (see module docstring)."""
 
@@ -261,6 +283,9 @@ class Registry:
             g.max_sm_clock_mhz = info.max_sm_clock_mhz
             g.pre_job_cap_w = info.pre_job_cap_w
             g.pending.clear()  # plans of an older stream will never be acked
+            problem = devicedata.unsupported_message(info.min_cap_w, info.max_cap_w)
+            if problem:  # bad device data: held at its limit, flagged (its telemetry says the same)
+                g.cap_state, g.error = capstates.UNSUPPORTED_CONSTRAINTS, f"GPU {info.index}: {problem}"
             node.gpus[info.index] = g
         if node.session is not None and node.session is not session:
             # a new stream while the old one is still open: an agent restart, or two agents
@@ -328,6 +353,9 @@ class Registry:
             g.error = t.error
             thermal, power = classify_reasons(reasons)
             g.add_throttle(now, thermal, power)
+            g.sample_enforced_w = t.enforced_w
+            g.sample_mono = now
+            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck_slowdown(reasons)) else 0
             if len(g.new_samples) < 1024:
                 g.new_samples.append(Sample(now, power_w, t.enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
@@ -386,6 +414,8 @@ class Registry:
         g.enforced_w = t.enforced_w
         if state:
             g.cap_state = state
+        if g.constraints_problem:  # whatever an older agent says: bad device data holds the GPU
+            g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
             g.error = t.error

@@ -219,11 +219,14 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 return f"AgentHello.gpus: index {g.index} twice"
             seen.add(g.index)
             vals = (g.min_cap_w, g.max_cap_w, g.default_cap_w, g.slowdown_temp_c)
-            if not all(math.isfinite(v) for v in vals) or g.min_cap_w < 0 or g.max_cap_w < g.min_cap_w:
+            if not all(math.isfinite(v) for v in vals):
                 return (
-                    f"AgentHello.gpus[{g.index}]: limit constraints min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w}: "
-                    "need 0 <= min_cap_w <= max_cap_w (finite watts)"
+                    f"AgentHello.gpus[{g.index}]: min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w} "
+                    f"default_cap_w={g.default_cap_w} slowdown_temp_c={g.slowdown_temp_c}: need finite numbers"
                 )
+            # limit constraints the device got wrong ((0, 0), min > max, out of bounds) are bad device
+            # data, not a bad hello: that GPU is held at its limit (UNSUPPORTED_CONSTRAINTS), the
+            # node's other GPUs are controlled (capctl.devicedata)
         return ""
 
     async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC name)

@@ -52,6 +52,11 @@ class NvmlLibraryError(NvmlError):
     """The NVML library is missing, unusable, or not the one the agent is configured for."""
 
 
+class UnsupportedConstraintsError(NvmlError):
+    """The device reports limit constraints no cap can satisfy ((0, 0), min > max, outside sane
+    bounds: :func:`capctl.devicedata.constraints_problem`): bad device data, nothing is written."""
+
+
 class NvmlUninitializedError(NvmlError):
     """The backend (or NVML) is not initialised: call :meth:`nodeagent.nvml.NvmlBackend.open` first."""
 
@@ -186,6 +191,7 @@ class GpuBackend(Protocol):
 
         Raises:
             UserInputError: ``cap_w`` not a finite number; no such GPU.
+            UnsupportedConstraintsError: the constraints read are unusable (never clamped to 0 W).
             NvmlError: reading the constraints failed (:class:`GpuLostError` for a lost GPU).
         """
         ...

@@ -30,7 +30,9 @@ with the one capctl last wrote:
   (:meth:`CapManager.status`).
 
 Cap states: ``OK``, ``OOB_LIMITED``, ``FOREIGN_WRITER``, ``RESTORE_FAILED``, ``LOST`` (GPU lost),
-``SET_FAILED`` (a write was refused, e.g. NO_PERMISSION / NOT_SUPPORTED), ``ERROR`` (a read failed).
+``SET_FAILED`` (a write was refused, e.g. NO_PERMISSION / NOT_SUPPORTED), ``ERROR`` (a read failed),
+``UNSUPPORTED_CONSTRAINTS`` (the device reports limit constraints no cap satisfies, see
+:mod:`capctl.devicedata`: the GPU is never written; checked at open and before every write).
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ from capctl.capstates import (  # the one vocabulary (the protocol's CapState en
     OOB_LIMITED,
     RESTORE_FAILED,
     SET_FAILED,
+    UNSUPPORTED_CONSTRAINTS,
 )
+from capctl.devicedata import unsupported_message
 from capctl.errors import CapctlError, UserInputError
-from nodeagent.backend import GpuBackend, GpuLostError, NvmlError
+from nodeagent.backend import GpuBackend, GpuLostError, NvmlError, UnsupportedConstraintsError
 from nodeagent.savedstate import (
     STATE_FILE_NAME,
     GpuRecord,
@@ -67,7 +71,7 @@ from nodeagent.savedstate import (
 
 LOG = logging.getLogger("capctl.nodeagent.caps")
 
-CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR)
+CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR, UNSUPPORTED_CONSTRAINTS)
 """Every value :meth:`CapManager.states` / :meth:`CapManager.reconcile` can report."""
 
 ENFORCED_TOLERANCE_W = 1.0
@@ -183,6 +187,11 @@ class CapManager:
         self._devices = backend.devices()
         self._count = len(self._devices)
         self._rt = {i: _Runtime() for i in range(self._count)}
+        for d in self._devices:
+            problem = unsupported_message(d.min_cap_w, d.max_cap_w) if d.error is None else ""
+            if problem and d.index in self._rt:
+                self._rt[d.index].state, self._rt[d.index].message = UNSUPPORTED_CONSTRAINTS, problem
+                LOG.error("GPU %d: %s", d.index, problem)
         self._recovered = False
         self._state = self._load()
 
@@ -329,14 +338,33 @@ class CapManager:
         return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
                          state=state, error=str(err), error_type=type(err).__name__)
 
+    def _unsupported(self, index: int, action: str, requested_w: float, err: Exception) -> CapResult:
+        """GPU ``index`` reports unusable limit constraints: nothing written; logged on the change."""
+        rt = self._rt[index]
+        if rt.state != UNSUPPORTED_CONSTRAINTS:
+            LOG.error("%s", err)
+        rt.state, rt.message = UNSUPPORTED_CONSTRAINTS, str(err)
+        try:  # the limit it is held at: what the result reports (never the 0 W of bad constraints)
+            rt.cap_w, rt.enforced_w = self.backend.get_cap_w(index), self.backend.get_enforced_w(index)
+        except CapctlError:
+            pass
+        return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
+                         cap_w=rt.cap_w if rt.cap_w is not None else math.nan,
+                         enforced_w=rt.enforced_w if rt.enforced_w is not None else math.nan,
+                         state=UNSUPPORTED_CONSTRAINTS, error=str(err), error_type=type(err).__name__)
+
     def _plan(self, targets: dict[int, float], action: str, results: dict[int, CapResult]):
-        """Read current limits; return [(delta_w, index, requested_w, current_w)] decreases first."""
+        """Read current limits; return [(delta_w, index, requested_w, current_w)] decreases first.
+        A GPU with unusable limit constraints is left out (never written, never clamped to 0 W)."""
         plan = []
         for index, cap_w in targets.items():
             try:
                 self._check_indices([index], action)
                 target_w = self.backend.clamp_cap_mw(index, cap_w) / 1000.0
                 current_w = self.backend.get_cap_w(index)
+            except UnsupportedConstraintsError as err:
+                results[index] = self._unsupported(index, action, cap_w, err)
+                continue
             except GpuLostError as err:
                 results[index] = self._fail(index, action, cap_w, err, LOST)
                 continue
@@ -578,6 +606,9 @@ class CapManager:
             target_w = self.backend.clamp_cap_mw(index, cap_w) / 1000.0
             cap_now_w = self.backend.get_cap_w(index)
             enforced_now_w = self.backend.get_enforced_w(index)
+        except UnsupportedConstraintsError as err:
+            self._unsupported(index, "read", cap_w, err)
+            return False
         except GpuLostError as err:
             self._fail(index, "read", cap_w, err, LOST)
             return False
@@ -585,7 +616,7 @@ class CapManager:
             self._fail(index, "read", cap_w, err, ERROR)
             return False
         rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
-        if rt.state in (LOST, ERROR):
+        if rt.state in (LOST, ERROR, UNSUPPORTED_CONSTRAINTS):
             rt.state, rt.message = OK, None
         written_w = rec.written_w if rec is not None else None
         if written_w is None or rt.state == SET_FAILED:

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable
 
+from capctl import capstates
 from capctl.errors import CapctlError, UserInputError
 from nodeagent import messages
 from nodeagent.backend import DeviceInfo
@@ -131,7 +132,10 @@ class JobBinding(AgentCore):
             self._meter()  # energy counters at the start: the intervals before belong to the jobs before
             start, results = self._bind_and_cap(job_id, indices, req, connected)
             self.energy.start(job_id, self.jobs[job_id]["start_time_s"], len(indices))
-            ok = all(not messages.result_error(r) for r in results.values()) and len(results) == len(start)
+            # a GPU with unusable limit constraints is held at its limit (bad device data, flagged
+            # UNSUPPORTED_CONSTRAINTS in its result): not a start-cap failure of the healthy ones
+            ok = all(not messages.result_error(r) or getattr(r, "state", "") == capstates.UNSUPPORTED_CONSTRAINTS
+                     for r in results.values()) and len(results) == len(start)
             binding = self._binding(job_id)
             reply = capctl_pb2.JobStartReply(
                 ok=ok, message=(f"job {job_id} bound to GPUs {indices} on {self.node}; start cap applied to "

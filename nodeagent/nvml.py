@@ -51,7 +51,7 @@ from pathlib import Path
 
 import pynvml
 
-from capctl import reasons
+from capctl import devicedata, reasons
 from capctl.errors import UserInputError
 from nodeagent.backend import (  # the backend contract; re-exported here for existing callers
     DeviceInfo,
@@ -63,6 +63,7 @@ from nodeagent.backend import (  # the backend contract; re-exported here for ex
     NvmlPermissionError,
     NvmlUninitializedError,
     SetResult,
+    UnsupportedConstraintsError,
 )
 
 LOG = logging.getLogger("capctl.nodeagent.nvml")
@@ -136,8 +137,8 @@ _REMEDIES: dict[int, tuple[type[NvmlError], str]] = {
     ),
     pynvml.NVML_ERROR_INVALID_ARGUMENT: (
         NvmlError,
-        "NVML rejected the argument (for a limit: outside the device's limit constraints); "
-        "this is a capctl bug, please report it",
+        "NVML rejected the argument (for a limit: outside the limit constraints the driver "
+        "enforces, which may differ from those it reports); check 'nvidia-smi -q -d POWER'",
     ),
     pynvml.NVML_ERROR_RESET_REQUIRED: (
         GpuLostError,
@@ -624,12 +625,17 @@ class NvmlBackend:
         Raises:
             UserInputError: ``cap_w`` is NaN, infinite or not a number; ``policy_min_w`` below the
                 device minimum.
+            UnsupportedConstraintsError: the constraints read are unusable
+                (:func:`capctl.devicedata.constraints_problem`); nothing may be written.
             NvmlError: reading the constraints failed.
         """
         _check_finite(cap_w, "cap_w")
         if policy_min_w is not None:
             self.validate_policy_limits_w(index, policy_min_w)
         min_mw, max_mw = self._constraints_mw(index)
+        problem = devicedata.unsupported_message(_mw_to_w(min_mw), _mw_to_w(max_mw))
+        if problem:
+            raise UnsupportedConstraintsError(f"GPU {index}: {problem}", gpu_index=index)
         value_mw = math.floor(round(float(cap_w) * 1000.0, 3))
         clamped_mw = min(max(value_mw, min_mw), max_mw)
         if clamped_mw != value_mw:

@@ -15,7 +15,7 @@ interval_s: 2
 objective: proportional
 thermal: {margin_c: 5}
 slew_w: null
-idle_cap_w: null           # idle GPUs keep their pre-job limit (counted as spent)
+idle_cap_w: null           # idle GPUs get their pre-job limit back from headroom no running job uses
 start_cap_w: 300
 min_cap_w: null            # device minimum (200 W on H100 SXM)
 failsafe: {lease_s: 10, safe_cap_w: null}

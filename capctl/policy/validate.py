@@ -724,6 +724,7 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
         thermal=model.ThermalPolicy(margin_c=_f(thermal.get("margin_c"), 5.0)),
         slew_w=_f(data.get("slew_w"), None),
         idle_cap_w=_f(data.get("idle_cap_w"), None),
+        reserve_pre_job_limits=bool(data.get("reserve_pre_job_limits", False)),
         start_cap_w=_f(data.get("start_cap_w"), 300.0),
         min_cap_w=_f(data.get("min_cap_w"), None),
         failsafe=model.FailsafePolicy(lease_s=lease_s, safe_cap_w=_f(failsafe.get("safe_cap_w"), None)),

@@ -313,7 +313,7 @@ class Capctl(_AllocatorPolicy):
     def _sync_registry(self, obs: Observation) -> None:
         """Mirror the telemetry into the coordinator's own Registry as ``on_telemetry`` would:
         readings and one model sample per GPU (what the agents would report each interval)."""
-        from coordinator.registry import Binding, Sample
+        from coordinator.registry import Binding, Sample, stuck_slowdown
         from capctl.simgpu.node import reason_names
 
         tele = obs.tele
@@ -335,6 +335,9 @@ class Capctl(_AllocatorPolicy):
                 names = names_cache.get(bits)
                 if names is None:
                     names = names_cache[bits] = tuple(n.upper() for n in reason_names(bits))
+                g.reasons = names  # the pace loop's inputs, as on_telemetry records them
+                g.sample_enforced_w, g.sample_mono = g.enforced_w, obs.t_s
+                g.slowdown_run = g.slowdown_run + 1 if (g.utilization_pct >= 20.0 and stuck_slowdown(names)) else 0
                 g.new_samples.append(Sample(time_s=obs.t_s, power_w=g.power_w, enforced_w=g.enforced_w,
                                             temp_c=g.temp_c, sm_clock_mhz=float(row["sm_clock_mhz"]),
                                             reasons=names, utilization_pct=g.utilization_pct))

@@ -16,7 +16,7 @@ import numpy as np
 from capctl.errors import CapctlError, HardwareError, UserInputError
 from capctl.simgpu.build import library_path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """Layout version this module was written for (``CAPSIM_ABI_VERSION`` in csrc/simnvml/simgpu.h)."""
 
 # nvmlReturn_t values (nvml.h) used by the control API.
@@ -33,6 +33,9 @@ FAULT_CODES = {
     "gpu_lost": 3,
     "oob_limit": 4,
     "foreign_writer": 5,
+    "bad_constraints": 6,
+    "stuck_slowdown": 7,
+    "nvml_stall": 8,
 }
 """Fault names accepted by :meth:`SimNode.inject` / :meth:`SimNode.clear` and their C codes."""
 

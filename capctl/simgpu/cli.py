@@ -132,7 +132,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
             if args.clear:
                 node.clear(i, args.kind)
             else:
-                node.inject(i, args.kind, args.value, args.period_s)
+                node.inject(i, args.kind, args.value, args.period_s, max_w=args.max_w)
     return 0
 
 
@@ -211,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dir")
     s.add_argument("kind", choices=list(FAULT_CODES))
     s.add_argument("--gpu", default="all")
-    s.add_argument("--value", type=float, default=None, help="W, for oob_limit / foreign_writer")
+    s.add_argument("--value", type=float, default=None,
+                   help="W for oob_limit / foreign_writer / bad_constraints (reported min); clock fraction "
+                        "for stuck_slowdown; s for nvml_stall")
+    s.add_argument("--max-w", type=float, default=None, help="bad_constraints: the reported maximum limit (W)")
     s.add_argument("--period-s", type=float, default=10.0, help="foreign_writer period")
     s.add_argument("--clear", action="store_true")
     s.set_defaults(func=cmd_fault)

@@ -54,6 +54,7 @@ FLAG_SET_NO_PERMISSION = 0x2
 FLAG_SET_NOT_SUPPORTED = 0x4
 FLAG_THROTTLED = 0x8
 FLAG_FOREIGN = 0x10
+FLAG_BAD_CONSTRAINTS = 0x40  # CAPSIM_F_BAD_CONSTRAINTS
 FLAG_THERMAL_SHUTDOWN = 0x20
 
 _ORDERED_OVERRIDES = (
@@ -421,7 +422,8 @@ class SimNode:
         return FAULT_CODES[fault]
 
     def inject(
-        self, index: int, fault: str, value: float | None = None, period_s: float = 10.0
+        self, index: int, fault: str, value: float | None = None, period_s: float = 10.0,
+        max_w: float | None = None,
     ) -> None:
         """Inject a fault on GPU ``index``.
 
@@ -429,11 +431,20 @@ class SimNode:
         NO_PERMISSION / NOT_SUPPORTED), ``gpu_lost`` (every NVML call on the GPU returns
         GPU_IS_LOST), ``oob_limit`` (value W: an out-of-band limit; enforced = min(requested,
         value)), ``foreign_writer`` (value W: another tool sets this limit now and every
-        ``period_s`` seconds).
+        ``period_s`` seconds), ``bad_constraints`` (value W and ``max_w`` W: NVML reports these as
+        the limit constraints, any finite values >= 0 such as (0, 0) or min > max; the real ones
+        still bind writes), ``stuck_slowdown`` (value: the SM clock is held at this fraction
+        0 < f <= 1 of its maximum at any cap, HW slowdown reason set), ``nvml_stall`` (value s:
+        every NVML call on the GPU stalls that long, at most 60 s).
         """
         code = self._fault(fault)
-        if fault in ("oob_limit", "foreign_writer") and value is None:
-            raise SimInputError(f"fault {fault!r} needs a value in W")
+        if fault in ("oob_limit", "foreign_writer", "stuck_slowdown", "nvml_stall", "bad_constraints") \
+                and value is None:
+            raise SimInputError(f"fault {fault!r} needs a value")
+        if fault == "bad_constraints":
+            if max_w is None:
+                raise SimInputError("fault 'bad_constraints' needs max_w (the reported maximum limit, W)")
+            period_s = float(max_w)
         v = float("nan") if value is None else float(value)
         self._check(
             self._lib.capsim_inject(self._handle(), self._index(index), code, v, float(period_s)),
@@ -522,6 +533,12 @@ class SimNode:
             faults.append("oob_limit")
         if flags & FLAG_FOREIGN:
             faults.append("foreign_writer")
+        if flags & FLAG_BAD_CONSTRAINTS:
+            faults.append("bad_constraints")
+        if out["stuck_clock_fraction"] > 0:
+            faults.append("stuck_slowdown")
+        if out["stall_s"] > 0:
+            faults.append("nvml_stall")
         out["faults"] = faults
         out["time_s"] = out.pop("t_s")
         return out

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SIM_MAX_HANDLES 4096u /* GPUs visible through NVML per node */
 
@@ -179,6 +180,14 @@ static nvmlReturn_t enter(nvmlDevice_t device, capsim_gpu **out)
     if (capsim_lock(&g_node))
         return NVML_ERROR_UNKNOWN;
     capsim_gpu *g = &g_node.gpus[device->index];
+    double stall_s = g->stall_s;
+    if (stall_s > 0.0) { /* fault: the call stalls (outside the node lock, like a hung driver call) */
+        capsim_unlock(&g_node);
+        struct timespec ts = {(time_t)stall_s, (long)((stall_s - (double)(time_t)stall_s) * 1e9)};
+        nanosleep(&ts, NULL);
+        if (capsim_lock(&g_node))
+            return NVML_ERROR_UNKNOWN;
+    }
     capsim_gpu_refresh(g, capsim_clock_now(&g_node));
     if (g->flags & CAPSIM_F_LOST) {
         capsim_unlock(&g_node);
@@ -380,8 +389,9 @@ nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, u
     if (!minLimit || !maxLimit)
         return bad_arg();
     ENTER_OR_RETURN(device, g);
-    *minLimit = to_mw(g->min_limit_w);
-    *maxLimit = to_mw(g->max_limit_w);
+    int bad = (g->flags & CAPSIM_F_BAD_CONSTRAINTS) != 0; /* fault: garbage constraints */
+    *minLimit = to_mw(bad ? g->bad_min_limit_w : g->min_limit_w);
+    *maxLimit = to_mw(bad ? g->bad_max_limit_w : g->max_limit_w);
     done();
     return NVML_SUCCESS;
 }

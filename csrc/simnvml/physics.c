@@ -151,6 +151,16 @@ static op_t operating_point(const capsim_gpu *g, double enforced_w, int throttle
             f = fmin;
         o.reasons |= R_HW_SLOWDOWN | R_HW_THERMAL | R_SW_THERMAL;
     }
+    if (g->stuck_clock_fraction > 0.0) { /* fault: held in slowdown whatever the cap */
+        double fs = g->stuck_clock_fraction * fmax;
+        if (quantized)
+            fs = quantize_down(fs);
+        if (fs < fmin)
+            fs = fmin;
+        if (fs < f)
+            f = fs;
+        o.reasons |= R_HW_SLOWDOWN;
+    }
     double r = f / fmax;
     o.clock_mhz = f;
     o.power_w = ps + dyn * r * r * r;

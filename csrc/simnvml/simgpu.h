@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define CAPSIM_MAGIC "CAPSIMv1"      /* 8 bytes, no terminator stored */
-#define CAPSIM_ABI_VERSION 3u         /* bump on any layout change of the header or capsim_gpu */
+#define CAPSIM_ABI_VERSION 4u         /* bump on any layout change of the header or capsim_gpu */
 #define CAPSIM_HEADER_BYTES 512u      /* the GPU array starts at this offset */
 #define CAPSIM_POWER_WINDOW_S 1.0     /* NVML power reading window on Ampere+ (nvml.h, GetPowerUsage) */
 #define CAPSIM_SEGMENTS 8             /* power history segments kept for the moving average */
@@ -33,6 +33,7 @@
 #define CAPSIM_F_THROTTLED 0x8u        /* thermal slowdown engaged (internal state, hysteresis) */
 #define CAPSIM_F_FOREIGN 0x10u         /* a foreign writer re-sets its own limit periodically */
 #define CAPSIM_F_THERMAL_SHUTDOWN 0x20u /* lost because the shutdown temperature was reached */
+#define CAPSIM_F_BAD_CONSTRAINTS 0x40u /* NVML reports bad_min/max_limit_w as the limit constraints */
 
 /* Fault codes of capsim_inject / capsim_clear. */
 enum capsim_fault {
@@ -41,6 +42,9 @@ enum capsim_fault {
     CAPSIM_FAULT_GPU_LOST = 3,
     CAPSIM_FAULT_OOB_LIMIT = 4,
     CAPSIM_FAULT_FOREIGN_WRITER = 5,
+    CAPSIM_FAULT_BAD_CONSTRAINTS = 6, /* value: reported min W, period_s: reported max W (any) */
+    CAPSIM_FAULT_STUCK_SLOWDOWN = 7,  /* value: SM clock held at this fraction (0, 1] of max, HW slowdown */
+    CAPSIM_FAULT_NVML_STALL = 8,      /* value: every NVML call on the GPU sleeps this long (s, <= 60) */
 };
 
 /* A device profile (constants of one GPU model; sources in physics.c). */
@@ -97,6 +101,10 @@ typedef struct capsim_gpu {
     double journal_event_s;     /* node-clock time of a change made by the physics (foreign
                                    writer) not yet journaled; 0 = none */
     double journal_event_w;     /* the enforced limit that change produced */
+    /* faults of ABI 4 */
+    double bad_min_limit_w, bad_max_limit_w; /* reported constraints under CAPSIM_F_BAD_CONSTRAINTS */
+    double stuck_clock_fraction;             /* > 0: SM clock held at this fraction of max (HW slowdown) */
+    double stall_s;                          /* > 0: every NVML call on this GPU sleeps this long */
 } capsim_gpu;
 
 /* The node header at offset 0 of the mapping. */

@@ -777,6 +777,32 @@ EXPORT int capsim_inject(capsim_node *n, unsigned index, int fault, double value
             g->foreign_next_s = now + period_s;
         }
         break;
+    case CAPSIM_FAULT_BAD_CONSTRAINTS: /* garbage on purpose: only finite and >= 0 is required */
+        if (!isfinite(value) || !isfinite(period_s) || value < 0.0 || period_s < 0.0 || value > 1e6 ||
+            period_s > 1e6)
+            rc = fail(NVML_ERROR_INVALID_ARGUMENT,
+                      "bad_constraints min %g W / max %g W is invalid; allowed: 0..1e6 W each", value,
+                      period_s);
+        else {
+            g->flags |= CAPSIM_F_BAD_CONSTRAINTS;
+            g->bad_min_limit_w = value;
+            g->bad_max_limit_w = period_s;
+        }
+        break;
+    case CAPSIM_FAULT_STUCK_SLOWDOWN:
+        if (!isfinite(value) || value <= 0.0 || value > 1.0)
+            rc = fail(NVML_ERROR_INVALID_ARGUMENT,
+                      "stuck_slowdown clock fraction %g is invalid; allowed: 0 < fraction <= 1", value);
+        else
+            g->stuck_clock_fraction = value;
+        break;
+    case CAPSIM_FAULT_NVML_STALL:
+        if (!isfinite(value) || value <= 0.0 || value > 60.0)
+            rc = fail(NVML_ERROR_INVALID_ARGUMENT,
+                      "nvml_stall %g s is invalid; allowed: 0 < s <= 60", value);
+        else
+            g->stall_s = value;
+        break;
     default:
         rc = fail(NVML_ERROR_INVALID_ARGUMENT, "fault code %d is unknown", fault);
     }
@@ -809,6 +835,15 @@ EXPORT int capsim_clear(capsim_node *n, unsigned index, int fault)
         break;
     case CAPSIM_FAULT_FOREIGN_WRITER:
         g->flags &= ~CAPSIM_F_FOREIGN;
+        break;
+    case CAPSIM_FAULT_BAD_CONSTRAINTS:
+        g->flags &= ~CAPSIM_F_BAD_CONSTRAINTS;
+        break;
+    case CAPSIM_FAULT_STUCK_SLOWDOWN:
+        g->stuck_clock_fraction = 0.0;
+        break;
+    case CAPSIM_FAULT_NVML_STALL:
+        g->stall_s = 0.0;
         break;
     default:
         rc = fail(NVML_ERROR_INVALID_ARGUMENT, "fault code %d is unknown", fault);
@@ -844,6 +879,8 @@ static const capsim_field gpu_fields[] = {
     GF(max_operating_temp_c, "<f8"), GF(temp_c, "<f8"), GF(power_w, "<f8"),
     GF(power_avg_w, "<f8"), GF(sm_clock_mhz, "<f8"), GF(enforced_w, "<f8"), GF(rate, "<f8"),
     GF(energy_j, "<f8"), GF(progress, "<f8"), GF(reasons, "<u8"), GF(set_count, "<u4"),
+    GF(bad_min_limit_w, "<f8"), GF(bad_max_limit_w, "<f8"), GF(stuck_clock_fraction, "<f8"),
+    GF(stall_s, "<f8"),
 };
 #undef GF
 #define PF(name, type) {#name, offsetof(capsim_profile, name), type}

@@ -36,7 +36,7 @@ def sample_reply() -> pb.StatusReply:
                pb.NodeStatus(name="node2", stale=True, last_report_age_s=31.0,
                              gpus=[gpu(0, 60.0, [], "", "node2"), gpu(1, 62.0, [], "12,13", "node2")])],
         jobs=[pb.JobStatus(job_id="11", nodes=["node1"], gpus=2, weight=1.0, predicted_step_rate=0.9312,
-                           binding="domain:pdu-a", allocated_w=1001, energy_j=7.2e6, user="alice")],
+                           measured_step_rate=0.9015, binding="domain:pdu-a", allocated_w=1001, energy_j=7.2e6, user="alice")],
         domains=[pb.DomainStatus(name="cluster", kind="cluster", limit_w=4480, allocated_w=4012, enforced_w=4012,
                                  draw_w=3900.5, price_rate_per_w=0.0021)],
         alerts=["node2 stale: no telemetry for 31 s"])
@@ -102,7 +102,7 @@ def test_status_json_matches_schema_and_values(admin, capsys):
     assert d["nodes"][1]["stale"] is True and d["nodes"][1]["gpus"][1]["job_id"] == "12,13"
     assert d["nodes"][0]["gpus"][1]["clocks_event_reasons"] == ["HW_THERMAL_SLOWDOWN"]
     assert d["jobs"][0] == {"job_id": "11", "nodes": ["node1"], "gpus": 2, "weight": 1.0, "predicted_step_rate": 0.9312,
-                            "binding": "domain:pdu-a", "allocated_w": 1001.0, "energy_j": 7200000.0, "user": "alice",
+                            "measured_step_rate": 0.9015, "binding": "domain:pdu-a", "allocated_w": 1001.0, "energy_j": 7200000.0, "user": "alice",
                             "partition": "", "account": ""}
     # a broken document is rejected by the schema (the test can fail)
     bad = dict(d, nodes=[{"name": "x", "stale": "no", "gpus": []}])

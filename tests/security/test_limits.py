@@ -46,7 +46,7 @@ def test_good_messages_pass():
     (dict(gpus=[_gpu(0), _gpu(0)]), "index 0 twice"),
     (dict(gpus=[_gpu(70)]), "index 70, at most 63"),
     (dict(gpus=[_gpu(0, min_cap_w=math.nan)]), "gpus[0]: limit constraints"),
-    (dict(gpus=[_gpu(0, min_cap_w=800)]), "need 0 <= min_cap_w <= max_cap_w"),
+    (dict(gpus=[_gpu(0, min_cap_w=-5)]), "need finite watts in 0..100000"),
     (dict(gpus=[_gpu(0, max_cap_w=1e12)]), "max_cap_w=1000000000000.0"),
     (dict(gpus=[_gpu(0, uuid="x" * 500)]), "uuid: 500 characters, at most 128"),
     (dict(jobs=[pb.JobBinding(job_id="j", node="gpu-a01")] * 257), "257 jobs, at most 256"),
@@ -60,6 +60,11 @@ def test_bad_hello_names_the_field(change, expect):
     problem = limits.validate_hello(_hello(**change))
     assert expect in problem
     assert len(problem) < 400  # one line, values truncated
+
+
+def test_bad_limit_constraints_are_device_data_not_a_bad_hello():
+    # min > max and (0, 0): the GPU is held (UNSUPPORTED_CONSTRAINTS), the node is accepted
+    assert limits.validate_hello(_hello(gpus=[_gpu(0, min_cap_w=800), _gpu(1, min_cap_w=0, max_cap_w=0)])) == ""
 
 
 def test_bad_telemetry_ack_and_requests():

@@ -93,12 +93,14 @@ class Cluster:
         budget_w: cluster budget (default 0.8 x 700 W x GPUs).
         coordinator: start a coordinator (False: agents only, pointed at ``coordinator_address``).
         sim_kwargs: extra ``SimNode.create`` arguments per node name.
+        before_agents: called with ``{node: SimNode}`` once the simulated nodes exist, before any
+            agent opens them (e.g. to inject a fault the agent must find at start).
     """
 
     def __init__(self, workdir: Path, nodes: dict[str, int], *, budget_w: float | None = None,
                  interval_s: float = 0.5, lease_s: float = 3.0, coordinator: bool = True,
                  coordinator_address: str | None = None, sim_kwargs: dict[str, dict] | None = None,
-                 start_cap_w: float = 300.0, safe_cap_w: float | None = None) -> None:
+                 start_cap_w: float = 300.0, safe_cap_w: float | None = None, before_agents=None) -> None:
         require_simulated_gpus()
         if coordinator:
             require_coordinator()
@@ -113,6 +115,7 @@ class Cluster:
         self.sim_kwargs = sim_kwargs or {}
         self.start_cap_w = start_cap_w
         self.safe_cap_w = safe_cap_w
+        self.before_agents = before_agents
         self.group = ProcessGroup()
         self.sims: dict = {}
         self.agents: dict[str, AgentProc] = {}
@@ -140,6 +143,8 @@ class Cluster:
             kw = {"seed": 100 + i}
             kw.update(self.sim_kwargs.get(name, {}))
             self.sims[name] = sim_node(self.workdir / f"sim-{name}", count, **kw)
+        if self.before_agents is not None:
+            self.before_agents(self.sims)
         address = self.coordinator_address
         if self.want_coordinator:
             self.coordinator = self.group.add(start_coordinator(self.workdir, self.policy_path))

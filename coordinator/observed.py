@@ -1,0 +1,82 @@
+"""What the devices report, as status and ``explain`` show it (pure helpers of the view).
+
+Observed state first (issue 12): a GPU's limit is its enforced limit wherever that is lower than
+the request (an out-of-band limit binds), and a job's measured pace is read from the SM clocks.
+
+Normalization of the step rates (one for both): a step rate is a fraction of the rate at the
+GPU's maximum SM clock, the rate-curve model of :mod:`capctl.allocator.curves` (rate ~ SM clock /
+max SM clock for a compute-bound step; Zeus, Chung et al. NSDI'23). ``predicted_step_rate`` is the
+allocator's, from the curves at the caps it decided; ``measured_step_rate`` is the job's slowest
+busy GPU's ``sm_clock_mhz / max_sm_clock_mhz`` in its latest telemetry (a synchronous step runs at
+the pace of its slowest GPU). Memory-bound steps slow less than the clock: the measured figure is
+then a lower bound of the pace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from capctl import capstates
+
+
+def clock_fraction(sm_clock_mhz: float, max_sm_clock_mhz: float) -> float:
+    """``sm_clock_mhz / max_sm_clock_mhz`` clipped to [0, 1]; NaN when the maximum is unknown (<= 0)."""
+    if not max_sm_clock_mhz > 0:
+        return math.nan
+    return min(1.0, max(0.0, float(sm_clock_mhz) / float(max_sm_clock_mhz)))
+
+
+def measured_step_rate(fraction_of: Mapping, keys: Iterable) -> float:
+    """The measured step rate of a job: the lowest clock fraction (see module doc) over its GPUs
+    ``keys`` that have one in ``fraction_of`` (GPU key -> fraction); 0.0 when none has."""
+    vals = [fraction_of[k] for k in keys if k in fraction_of and math.isfinite(fraction_of[k])]
+    return min(vals) if vals else 0.0
+
+
+def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fraction_of: Mapping) -> tuple[float, str]:
+    """``(predicted step rate, binding)`` of a job: a job with a straggler among its GPUs ``keys``
+    (``straggler``: GPU key -> reason) runs at the straggler's measured pace whatever the caps (its
+    pace does not respond to power), so that pace is the prediction and ``"straggler"`` the
+    binding; other jobs keep the allocator's ``(rate, binding)``."""
+    paces = [fraction_of[k] for k in keys if k in straggler and k in fraction_of]
+    if not paces:
+        return rate, binding
+    return min(paces), "straggler"
+
+
+def limit_w(gpu) -> float:
+    """The limit that binds a ``GpuStatus`` (W): its enforced limit where that is lower than the
+    allocated cap, else the cap."""
+    if gpu.enforced_w > 0 and gpu.enforced_w < gpu.cap_w:
+        return float(gpu.enforced_w)
+    return float(gpu.cap_w)
+
+
+def limit_text(gpu) -> str:
+    """``"cap 500 W"``, or ``"enforced 500 W (below its cap 592 W: out-of-band limit)"``."""
+    if gpu.enforced_w > 0 and gpu.enforced_w < gpu.cap_w - 1.0:
+        return f"enforced {gpu.enforced_w:.0f} W (below its cap {gpu.cap_w:.0f} W: another limit binds)"
+    return f"cap {gpu.cap_w:.0f} W"
+
+
+def explain_lines(job, reply, gpus) -> list[str]:
+    """The observed-state lines of ``explain``: measured against predicted step rate, and the job's
+    GPUs whose cap state or curve needs the admin's eye (``gpus``: ``(node, GpuStatus)`` pairs)."""
+    lines = []
+    if job.measured_step_rate > 0:
+        lines.append(f"Measured step rate {job.measured_step_rate:.3f} (slowest GPU's SM clock / max SM clock), "
+                     f"predicted {job.predicted_step_rate:.3f}.")
+    for node, g in gpus:
+        if g.job_id != job.job_id:
+            continue
+        state = capstates.of(g)
+        if state and state not in capstates.NORMAL:
+            lines.append(f"{node} GPU {g.index}: {state}" + (f" — {g.detail}" if g.detail else "") + ".")
+        if "STRAGGLER" in g.flags:
+            lines.append(f"{node} GPU {g.index}: STRAGGLER — {g.detail}; held where more watts buy nothing, its "
+                         "job-mates are capped toward its pace and the watts freed go to other jobs.")
+        if g.curve == "generic":
+            lines.append(f"{node} GPU {g.index}: curve generic (no built-in model for this device; "
+                         "mapped from its limit constraints until learned).")
+    return lines

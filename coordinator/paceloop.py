@@ -1,0 +1,162 @@
+"""Closed loop on each job's measured pace (issue 12, "Closed loop on the pace"; pure).
+
+The model-based solve (:func:`coordinator.allocation.solve`) proposes the caps; it decides how
+many watts each job gets. Open-loop, its split of a job's watts over the job's GPUs follows the
+per-GPU rate curves, which are estimates: a curve refit moves caps by hundreds of watts while the
+GPUs' measured pace says nothing changed (the oscillation of issue 12). This module corrects the
+split inside each synchronous job from what the GPUs report: the pace of GPU g is
+``f_g = sm_clock / max_sm_clock`` measured at its enforced limit ``e_g`` (one telemetry sample, so
+the pair is consistent), for GPUs whose clock the power cap sets (``SW_POWER_CAP`` reason).
+
+The correction is one damped Newton step toward equal pace at the job's total ``T`` (the solve's
+sum over the job's GPUs)::
+
+    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's curve at f_g  (W per unit pace)
+    f*  chosen so that sum_g c_g = T         (closed form; clipped GPUs fixed, a few passes)
+
+so GPUs measurably faster than the pace-setter come down, the slower go up within their ceilings,
+and a job's GPUs converge to equal pace even where the curves are wrong.
+
+Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * s_g / s_true) x``
+with ``s_true`` the device's real slope. :func:`slope_w` bounds ``s_true`` from above by the factor
+``P / (P - P_static)`` (1.1-1.4 for a busy GPU: static power 10-30 % of the draw), so with
+``GAIN = 0.7`` the loop factor is ``1 - 0.7 * (1.1..1.4)`` = 0.02..0.3: overdamped (no sign
+change, so a GPU's cap changes direction at most once after a step) and stable (|factor| < 1) for
+any slope overestimate below 2.9x. Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock
+steps: the clock is quantized), and no Newton step from a sample older than the current cap
+(:data:`AT_CAP_TOLERANCE_W`: the loop delay would apply one correction twice); the split is then
+held, scaled to the job's total.
+"""
+
+from __future__ import annotations
+
+import math
+
+GAIN = 0.7
+"""Loop gain of the Newton step (see module docstring for the stability bound)."""
+PACE_DEADBAND = 0.016
+"""Pace differences (fraction of max clock) up to this are noise: two 15 MHz steps of a ~2 GHz
+part (the clock is quantized to 15 MHz; a one-step difference is what equal caps give)."""
+_PASSES = 4
+AT_CAP_TOLERANCE_W = 1.0
+"""A pace sample is of the current operating point when taken at the GPU's current enforced limit
+(within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
+
+
+def slope_w(at_w: float, pace: float) -> float:
+    """dP/df (W per unit pace) of a GPU drawing ``at_w`` (W, its enforced limit when capped) at pace
+    ``pace`` (0..1): ``3 P / f``, the slope of the DVFS power law ``P = P_static + P_dyn f^3``
+    (dynamic power ~ C V^2 f with V ~ f; Hsu & Feng, SC'05; NVIDIA DVFS) with the static power
+    taken as 0, so it bounds the true slope ``3 (P - P_static) / f`` from above (by
+    ``P / (P - P_static)``, 1.1-1.4 for a busy datacenter GPU). Independent of the fitted curves on
+    purpose: the loop must work where the models are wrong."""
+    return 3.0 * float(at_w) / max(float(pace), 0.05)
+
+
+def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
+    """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
+    moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
+
+    ``gpus``: :class:`coordinator.allocation.GpuInput` rows (``pace``, ``pace_at_w``,
+    ``observed_w``, ``paced``, ``min_cap_w``, ``max_cap_w``, ``thermal_ceiling_w``, ``curve``,
+    ``job``, ``fixed``, ``straggler``). A straggler is held at its ceiling and its measured pace
+    bounds its job-mates' (its pace does not respond to power). The loop owns the split of a job whose GPUs are all ``paced`` (a fresh
+    sample with the cap setting the clock) and not fixed: a Newton step when every sample is of the
+    current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
+    current split scaled to the job's total (the curves alone never move it). Other jobs keep the
+    solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
+    add to the solve's total (headroom the solve left, which the measured clocks say it can use).
+    """
+    by_job: dict = {}
+    for g in gpus:
+        if g.job is not None and g.job in jobs:
+            by_job.setdefault(g.job, []).append(g)
+    out = {}
+    for job, members in by_job.items():
+        if (len(members) < 2 or not all((g.paced or g.straggler) and not g.fixed for g in members)
+                or not any(g.paced for g in members)):
+            continue
+        paces = [g.pace for g in members]
+        slowest = min(members, key=lambda g: g.pace)
+        # more watts help only if the pace-setter can take them (not held at its ceiling)
+        more = extra_w(members) if extra_w and _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0
+        total = sum(desired[g.key] for g in members) + more
+        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
+        if current and max(paces) - min(paces) > PACE_DEADBAND:
+            caps = _split(members, total)
+        else:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
+            caps = _hold(members, total)
+        if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
+            out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
+    return out
+
+
+def _hold(members, total_w: float) -> dict:
+    """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
+    range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`)."""
+    strag = [g for g in members if g.straggler]
+    rest = [g for g in members if not g.straggler]
+    caps = {g.key: _hi(g) for g in strag}  # held (where extra watts buy nothing)
+    now = sum(g.observed_w for g in rest)
+    if now <= 0:
+        return {}
+    k = (total_w - sum(caps.values())) / now
+    caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in rest})
+    at_hi = [g for g in rest if caps[g.key] >= _hi(g) - AT_CAP_TOLERANCE_W]
+    return _bound_by_ceiling(members, caps, at_hi)
+
+
+def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
+    """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
+    ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
+    reach = min((g.pace + (_hi(g) - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0), default=math.inf)
+    reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
+    if not math.isfinite(reach):
+        return caps
+    held = {g.key for g in at_hi} | {g.key for g in members if g.straggler}
+    for g in members:
+        if g.key not in held:
+            caps[g.key] = min(caps[g.key], max(g.min_cap_w, g.pace_at_w + s[g.key] * (reach - g.pace)))
+    return caps
+
+
+def _hi(g) -> float:
+    return max(g.min_cap_w, min(g.max_cap_w, g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf))
+
+
+def _split(members, total_w: float) -> dict:
+    """One damped Newton step of ``members`` toward equal pace with ``sum(caps) <= total_w`` (W).
+
+    GPUs whose step leaves their range are clipped and the pace target recomputed for the rest
+    (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
+    there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
+    ``total_w``; the rest is left to the other jobs."""
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
+    lo = {g.key: g.min_cap_w for g in members}
+    hi = {g.key: _hi(g) for g in members}
+    caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
+    at_hi: list = []
+    free = [g for g in members if not g.straggler]
+    budget = total_w - sum(caps.values())
+    target = 1.0
+    for _ in range(_PASSES):
+        den = sum(s[g.key] for g in free)
+        if den <= 0 or not free:
+            break
+        target = (budget - sum(g.pace_at_w - s[g.key] * g.pace for g in free)) / den
+        clipped = []
+        for g in free:
+            c = g.pace_at_w + s[g.key] * (target - g.pace)
+            if c > hi[g.key] or c < lo[g.key]:
+                caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
+                clipped.append(g)
+                if c > hi[g.key]:
+                    at_hi.append(g)
+            else:
+                caps[g.key] = c
+        if not clipped:
+            break
+        budget -= sum(caps[g.key] for g in clipped)
+        free = [g for g in free if g not in clipped]
+    return _bound_by_ceiling(members, caps, at_hi)  # the pace the ceiling-held GPUs reach bounds all

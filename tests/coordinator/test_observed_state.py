@@ -1,0 +1,149 @@
+"""Observed state first, on real agents (``capctl-agent`` on the simulated driver, real pynvml):
+bad limit constraints hold one GPU and leave the node working; an out-of-band limit is planned
+around (job-mates pace to it, status and explain show the enforced limit); the measured step rate
+sits beside the predicted one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import require
+from tests.coordinator.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _cluster(tmp_path, **kw):
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    return Cluster(tmp_path, {"n1": 4}, interval_s=0.5, lease_s=3.0, **kw)
+
+
+def _gpus(st):
+    return {g.index: g for n in st.nodes for g in n.gpus}
+
+
+def test_bad_limit_constraints_hold_one_gpu_and_the_rest_of_the_node_works(tmp_path):
+    from capctl import capstates
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+
+    def garbage(sims):  # found by the agent when it opens the GPUs
+        sims["n1"].inject(1, "bad_constraints", 0.0, max_w=0.0)
+        sims["n1"].inject(2, "bad_constraints", 700.0, max_w=200.0)
+
+    with _cluster(tmp_path, budget_w=2240.0, before_agents=garbage) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        held = [sim.read(i)["limit_w"] for i in (1, 2)]
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            reply = cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"])
+            assert reply.ok, reply.message  # the healthy GPUs got their start cap
+            res = {g.index: g for g in reply.gpus}
+            for i in (1, 2):
+                assert not res[i].ok and "limit constraints read from the device" in res[i].error
+                assert "capctl bug" not in res[i].error
+                assert res[i].cap_w == pytest.approx(held[i - 1])  # its limit, never 0 W
+
+            def settled():
+                g = _gpus(c.status())
+                return (all(capstates.of(g[i]) == capstates.UNSUPPORTED_CONSTRAINTS for i in (1, 2))
+                        and all(sim.read(i)["limit_w"] < 600 for i in (0, 3)))
+            wait_for(settled, 20, "bad GPUs flagged, healthy ones capped")
+            since_ns = time.monotonic_ns()
+            time.sleep(1.5)  # three intervals at the settled caps
+            st = c.status()
+            g = _gpus(st)
+            assert "min 0 W, max 0 W" in g[1].detail and "min > max" in g[2].detail
+            # held and counted at their current limit: the healthy GPUs share what is left
+            assert g[1].enforced_w == pytest.approx(held[0]) and g[2].enforced_w == pytest.approx(held[1])
+            assert st.enforced_w <= 2240.0 + 1e-6
+            assert sim.read(0)["limit_w"] + sim.read(3)["limit_w"] <= 2240.0 - sum(held) + 1e-3
+            assert [sim.read(i)["limit_w"] for i in (1, 2)] == held  # never written
+            assert all(sim.read(i)["set_count"] == 0 for i in (1, 2))
+            # never above the budget at any instant once settled (the journal of enforced limits)
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, 2240.0 + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()
+
+
+def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
+    from capctl import capstates
+    from coordinator.client import AdminClient
+
+    with _cluster(tmp_path, budget_w=0.85 * 700.0 * 4) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            wait_for(lambda: all(570 < sim.read(i)["limit_w"] < 620 for i in range(4)), 20, "caps near 595 W")
+            mate_clock = sim.read(1)["sm_clock_mhz"]
+            sim.inject(0, "oob_limit", 500.0)
+
+            def paced():
+                g = _gpus(c.status())
+                return (g[0].cap_w <= 501.0 and capstates.of(g[0]) in (capstates.OK, capstates.OOB_LIMITED)
+                        and all(sim.read(i)["limit_w"] < 560 for i in (1, 2, 3)))
+            wait_for(paced, 20, "GPU 0 planned at its enforced limit, its job-mates paced to it")
+            st = c.status()
+            devices = sum(sim.read(i)["enforced_w"] for i in range(4))
+            assert st.enforced_w == pytest.approx(devices, abs=4.0)  # booked as the devices enforce
+            assert all(sim.read(i)["sm_clock_mhz"] < mate_clock for i in (1, 2, 3))
+            job = next(j for j in st.jobs if j.job_id == "J")
+            assert 0.0 < job.measured_step_rate <= 1.0 and 0.0 < job.predicted_step_rate <= 1.0
+            slowest = min(sim.read(i)["sm_clock_mhz"] for i in range(4)) / sim.read(0)["max_sm_clock_mhz"]
+            assert job.measured_step_rate == pytest.approx(slowest, abs=0.02)
+            text = c.explain("J").text
+            assert "Measured step rate" in text and "cap 59" not in text
+
+
+def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from coordinator.client import AdminClient
+    from coordinator.metrics import _observed_families
+
+    budget = 0.7 * 700.0 * 6
+    with Cluster(tmp_path, {"n1": 4, "n2": 2}, budget_w=budget, interval_s=0.5, lease_s=3.0) as cl:
+        for name, sim in cl.sims.items():
+            for i in range(sim.gpu_count):
+                sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20, "agents")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            assert cl.agent("n2").client().job_start("K", ["0", "1"]).ok
+            n1, n2 = cl.sims["n1"], cl.sims["n2"]
+            wait_for(lambda: all(n.read(i)["limit_w"] < 600 for n in (n1, n2) for i in range(n.gpu_count)), 20,
+                     "every GPU capped")
+            time.sleep(2.0)
+            k_before = [n2.read(i)["limit_w"] for i in range(2)]
+            n1.inject(0, "stuck_slowdown", 0.7)  # 1,386 MHz of 1,980 at any cap
+
+            def flagged():
+                g = {(n.name, x.index): x for n in c.status().nodes for x in n.gpus}
+                return "STRAGGLER" in g[("n1", 0)].flags and all(n1.read(i)["limit_w"] < 400 for i in (1, 2, 3))
+            wait_for(flagged, 20, "straggler flagged and its job-mates brought down")
+            stuck = n1.read(0)["sm_clock_mhz"]
+            wait_for(lambda: all(n2.read(i)["limit_w"] > k_before[i] + 100 for i in range(2)), 20,
+                     "the freed watts went to job K")
+            st = c.status()
+            g = {(n.name, x.index): x for n in st.nodes for x in n.gpus}
+            assert "HW slowdown" in g[("n1", 0)].detail
+            assert g[("n1", 0)].cap_w < 0.5 * 700  # held near its draw, not at its 490 W
+            # job-mates at its pace: within the loop's deadband (two 15 MHz clock steps) and a step
+            clocks = [n1.read(i)["sm_clock_mhz"] for i in (1, 2, 3)]
+            assert all(c_ <= stuck + 45 for c_ in clocks), (stuck, clocks, [n1.read(i)["limit_w"] for i in range(4)])
+            text = c.explain("J").text
+            assert "STRAGGLER" in text and "HW slowdown" in text
+            fams = {f.name: f for f in _observed_families(st)}
+            assert [s.labels["gpu"] for s in fams["capctl_gpu_straggler"].samples] == ["0"]
+            assert st.enforced_w <= budget + 1e-6
