@@ -118,8 +118,11 @@ def test_shipped_units_pass_systemd_analyze_verify_and_score_low_exposure(tmp_pa
 def test_install_hooks_writes_runnable_hooks_bound_to_the_installation(tmp_path):
     agent = venv(installed.AGENT_VENV)
     out = run([agent / "bin" / "capctl", "install", "hooks", tmp_path])
-    assert out.returncode == 0 and out.stdout.count("wrote ") == 3
-    for name in ("prolog", "epilog", "healthcheck"):
+    from capctl.resources import HOOKS
+
+    assert "epilog_slurmctld" in HOOKS  # the node hooks and the controller-side epilog (issue 13)
+    assert out.returncode == 0 and out.stdout.count("wrote ") == len(HOOKS)
+    for name in HOOKS:
         path = tmp_path / name
         assert path.stat().st_mode & 0o777 == 0o755
         assert f': "${{CAPCTL_PYTHON:={agent}/bin/python}}"' in path.read_text()
