@@ -1,51 +1,6 @@
 #!/usr/bin/env bash
-# Install Debian's etcd (etcd-server + etcd-client 3.4) when missing, for the coordinator HA tests.
-# Idempotent and quiet: does nothing (and no network) when every package is already installed;
-# runs `apt-get update` only when a package cannot be found in the local package lists.
-# Needs root (the test setup and CI run as root). Starts no daemon: tests/etcdcluster starts its own members.
+# Install Debian's etcd (etcd-server + etcd-client 3.4) when missing, for the coordinator HA tests,
+# through tests/support/apt-install.sh (idempotent, no network when installed, needs root, starts
+# no daemon: tests/etcdcluster starts its own members).
 set -euo pipefail
-
-PACKAGES=(etcd-server etcd-client)
-
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        missing+=("$pkg")
-    fi
-done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/etcdcluster/install.sh: need root to install: ${missing[*]}" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-# Never let the packages' maintainer scripts start daemons (no systemd here; tests start their own).
-policy_rc=/usr/sbin/policy-rc.d
-own_policy_rc=0
-if [ ! -e "$policy_rc" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
-    chmod 755 "$policy_rc"
-    own_policy_rc=1
-fi
-cleanup() { if [ "$own_policy_rc" -eq 1 ]; then rm -f "$policy_rc"; fi; }
-trap cleanup EXIT
-
-apt_install() {
-    apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 \
-        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
-}
-
-need_update=0
-for pkg in "${missing[@]}"; do
-    if ! apt-cache show "$pkg" >/dev/null 2>&1; then need_update=1; fi
-done
-if [ "$need_update" -eq 1 ]; then
-    apt-get update -q -o DPkg::Lock::Timeout=300 >/dev/null
-fi
-if ! apt_install; then
-    apt-get update -q -o DPkg::Lock::Timeout=300 >/dev/null
-    apt_install
-fi
-echo "tests/etcdcluster/install.sh: installed ${missing[*]}"
+exec bash "$(dirname "$0")/../support/apt-install.sh" tests/etcdcluster/install.sh etcd-server etcd-client

@@ -1,53 +1,8 @@
 #!/usr/bin/env bash
 # Install Debian's Slurm (slurm-wlm 22.05: slurmctld, slurmd, slurmdbd, client tools), munge and
-# mariadb-server (slurmdbd's database) when missing.
-# Idempotent and quiet: does nothing (and no network) when every package is already installed;
-# runs `apt-get update` only when a package cannot be found in the local package lists.
-# Needs root (the test setup and CI run as root). Starts no daemon: tests/slurmcluster does that.
+# mariadb-server (slurmdbd's database: sacct, AdminComment) when missing, through
+# tests/support/apt-install.sh (idempotent, no network when installed, needs root, starts no daemon:
+# tests/slurmcluster does that).
 set -euo pipefail
-
-# slurmdbd + mariadb-server: the accounting database the test cluster starts (sacct, AdminComment).
-PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
-
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        missing+=("$pkg")
-    fi
-done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/slurmcluster/install.sh: need root to install: ${missing[*]}" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-# Never let the packages' maintainer scripts start daemons (no systemd here; tests start their own).
-policy_rc=/usr/sbin/policy-rc.d
-own_policy_rc=0
-if [ ! -e "$policy_rc" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
-    chmod 755 "$policy_rc"
-    own_policy_rc=1
-fi
-cleanup() { if [ "$own_policy_rc" -eq 1 ]; then rm -f "$policy_rc"; fi; }
-trap cleanup EXIT
-
-apt_install() {
-    apt-get install -y -q --no-install-recommends \
-        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
-}
-
-need_update=0
-for pkg in "${missing[@]}"; do
-    if ! apt-cache show "$pkg" >/dev/null 2>&1; then need_update=1; fi
-done
-if [ "$need_update" -eq 1 ]; then
-    apt-get update -q >/dev/null
-fi
-if ! apt_install; then
-    apt-get update -q >/dev/null
-    apt_install
-fi
-echo "tests/slurmcluster/install.sh: installed ${missing[*]}"
+exec bash "$(dirname "$0")/../support/apt-install.sh" tests/slurmcluster/install.sh \
+    slurmctld slurmd slurm-client munge slurmdbd mariadb-server
