@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sys
 import time
 
@@ -143,25 +142,12 @@ def accounting_id(env: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``python -m slurm.ctld``). Exits the process with 0 (see module doc)."""
-    from slurm.hooks import Run
+    from slurm.hooks import Run, run_guarded
 
     env = dict(os.environ)
     env["CAPCTL_HOOK_TIMEOUT_S"] = str(_timeout_s(env))
     env["CAPCTL_ON_UNREACHABLE"] = "fail-open"  # an EpilogSlurmctld never fails a job or a node
-    run = Run("epilog_slurmctld", env)
-
-    def on_signal(signum, _frame):
-        run.finish("signalled", f"terminated by signal {signum}", failure=True)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        _run(run)
-    except SystemExit:
-        raise
-    except BaseException as err:  # noqa: BLE001 - never a traceback from a Slurm hook
-        run.finish("internal-error", f"{type(err).__name__}: {err}", failure=True)
-    return run.finish("internal-error", "hook ended without an outcome", failure=True)
+    return run_guarded(Run("epilog_slurmctld", env), _run)
 
 
 if __name__ == "__main__":

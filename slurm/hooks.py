@@ -276,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     if hook not in ("prolog", "epilog"):
         sys.stderr.write("usage: python -m slurm.hooks prolog|epilog\n")
         return 2
-    run = Run(hook, dict(os.environ))
+    return run_guarded(Run(hook, dict(os.environ)), _run)
+
+
+def run_guarded(run: Run, body) -> int:
+    """Run ``body(run)``, which ends by :meth:`Run.finish` (exits the process). A signal (TERM, INT,
+    HUP), an exception or a body that returns without an outcome still finish with one line and
+    the hook's exit status, never a traceback."""
 
     def on_signal(signum, _frame):
         run.finish("signalled", f"terminated by signal {signum}", failure=True)
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
-        _run(run)
+        body(run)
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001 - never a traceback from a Slurm hook
