@@ -22,13 +22,24 @@ def etcd(tmp_path_factory):
         yield cluster
 
 
-def test_one_leader_newer_terms_and_fenced_writes(etcd):
-    conn = EtcdConn(parse_endpoints(etcd.endpoints))
-    a = Leadership(conn, "/t1", "A", "unix:/a").start()
+def _leader_and_standby(conn, prefix: str) -> tuple[Leadership, Leadership]:
+    """A elected under ``prefix``, then B started and seeing A lead; the caller stops both."""
+    a = Leadership(conn, prefix, "A", "unix:/a").start()
     wait_until(a.may_send, 10.0, 0.02, "A elected")
-    b = Leadership(conn, "/t1", "B", "unix:/b").start()
+    b = Leadership(conn, prefix, "B", "unix:/b").start()
     try:
         wait_until(lambda: b.leader == "unix:/a", 10.0, 0.02, "B sees A lead")
+    except BaseException:
+        b.stop()
+        a.stop()
+        raise
+    return a, b
+
+
+def test_one_leader_newer_terms_and_fenced_writes(etcd):
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a, b = _leader_and_standby(conn, "/t1")
+    try:
         assert not b.may_send() and b.describe()["role"] == "standby"
         store_a, store_b = EtcdStore(conn, "/t1", a), EtcdStore(conn, "/t1", b)
         store_a.set_budget_override(2500.0, 2800.0)
@@ -73,11 +84,8 @@ def test_finished_jobs_in_etcd_are_fenced_listed_and_expired(etcd):
     from coordinator.finished import FinishedJob, Retention
 
     conn = EtcdConn(parse_endpoints(etcd.endpoints))
-    a = Leadership(conn, "/t9", "A", "unix:/a").start()
-    wait_until(a.may_send, 10.0, 0.02, "A elected")
-    b = Leadership(conn, "/t9", "B", "unix:/b").start()
+    a, b = _leader_and_standby(conn, "/t9")
     try:
-        wait_until(lambda: b.leader == "unix:/a", 10.0, 0.02, "B sees A lead")
         now = time.time()
         leader = EtcdFinishedJobs(conn, "/t9", Retention(max_age_s=3600.0, max_jobs=3), leadership=a)
         standby = EtcdFinishedJobs(conn, "/t9", Retention(max_age_s=3600.0, max_jobs=3), leadership=b)
