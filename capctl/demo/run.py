@@ -240,15 +240,18 @@ class Demo:
                               "(the wheel never ships the simulated driver)")
         import importlib.util
 
-        # the demo runs a coordinator (solver stack) and agents (pynvml): capctl[sim] brings both
-        missing = [m for m in ("numpy", "cvxpy", "pynvml") if importlib.util.find_spec(m) is None]
+        from capctl.extras import EXTRAS_OF_MODULE, missing_extra_message
+
+        # the demo runs a coordinator and agents: every module of those extras (capctl[sim] brings both)
+        missing = [m for m, extras in EXTRAS_OF_MODULE.items()
+                   if {"agent", "coordinator"} & set(extras) and importlib.util.find_spec(m) is None]
         try:
             from capctl.simgpu.node import SimNode
         except ImportError as exc:
             missing.append(getattr(exc, "name", None) or str(exc))
         if missing:
-            raise CapctlError(f"demo: needs capctl[sim] (module {missing[0]} is not installed): "
-                              "pip install 'capctl[sim]'")
+            raise CapctlError(missing_extra_message("demo", ModuleNotFoundError(name=missing[0]), "sim")
+                              or f"demo: simulated GPUs unavailable ({missing[0]})")
         remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         if not self.keep:  # --keep: never removed by a later run
