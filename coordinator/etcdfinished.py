@@ -6,7 +6,7 @@ Keys, under the site prefix (as the election's and :mod:`coordinator.etcdstore`'
     <prefix>/finished/<job id>   JSON of :class:`~coordinator.finished.FinishedJob`
 
 Writes (a record, or the deletions of an expiry) are fenced by the election like every other
-admin write (:func:`coordinator.etcdstore.fence`): a deposed leader cannot add or drop a record.
+admin write (:func:`coordinator.etcdstore.fenced_txn`): a deposed leader cannot add or drop a record.
 The retention applies at open, and on :meth:`EtcdFinishedJobs.put` at most every
 :data:`EXPIRE_EVERY_S` (an expiry reads every record; per job end that would cost O(records)).
 Listing reads the whole range and sorts by end time: fine for the default 100,000 records
@@ -21,7 +21,7 @@ import logging
 import time
 
 from coordinator.etcdconn import EtcdConn, EtcdError, b64
-from coordinator.etcdstore import fence
+from coordinator.etcdstore import fenced_txn
 from coordinator.finished import MAX_LIST, FinishedJob, FinishedJobStore, Retention
 from coordinator.store import StoreError
 
@@ -51,13 +51,7 @@ class EtcdFinishedJobs(FinishedJobStore):
         self._expired_mono = float("-inf")
 
     def _txn(self, ops: list[dict], what: str) -> None:
-        compare = fence(self.leadership, f"finished jobs in {self.path}: {what}")
-        try:
-            r = self.conn.txn(compare=compare, success=ops)
-        except EtcdError as exc:
-            raise StoreError(f"finished jobs in {self.path}: {what}: {exc}") from None
-        if compare and not r.get("succeeded"):
-            raise StoreError(f"finished jobs in {self.path}: {what} refused: the leader key is no longer ours")
+        fenced_txn(self.conn, self.leadership, ops, f"finished jobs in {self.path}: {what}")
 
     def put(self, job: FinishedJob) -> None:
         self._txn([{"request_put": {"key": b64(self.prefix + job.job_id), "value": b64(job.to_json())}}],

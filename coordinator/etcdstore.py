@@ -42,6 +42,22 @@ def fence(leadership, what: str) -> list[dict]:
     return [{"key": b64(leadership.leader_key), "result": "EQUAL", "target": "CREATE", "create_revision": term}]
 
 
+def fenced_txn(conn: EtcdConn, leadership, ops: list[dict], what: str) -> None:
+    """Apply ``ops`` in one etcd transaction fenced by ``leadership`` (:func:`fence`); ``what``
+    names the write in errors.
+
+    Raises:
+        StoreError: not the leader, etcd unreachable, or the leader key is no longer ours.
+    """
+    compare = fence(leadership, what)
+    try:
+        r = conn.txn(compare=compare, success=ops)
+    except EtcdError as exc:
+        raise StoreError(f"{what}: {exc}") from None
+    if compare and not r.get("succeeded"):
+        raise StoreError(f"{what} refused: the leader key is no longer ours (term {compare[0]['create_revision']})")
+
+
 class EtcdStore:
     """The admin state in etcd (see module docstring). Every method raises :class:`StoreError`.
 
@@ -91,14 +107,7 @@ class EtcdStore:
               else {"request_put": {"key": full, "value": b64(json.dumps(value))}})
         audit = {"request_put": {"key": b64(f"{self.prefix}/audit/{time.time_ns():020d}"),
                                  "value": b64(json.dumps({"action": action, "value": value}))}}
-        compare = fence(self.leadership, f"state in {self.path}: write {key}")
-        try:
-            r = self.conn.txn(compare=compare, success=[op, audit])
-        except EtcdError as exc:
-            raise StoreError(f"state in {self.path}: write {key}: {exc}") from None
-        if compare and not r.get("succeeded"):
-            raise StoreError(f"state in {self.path}: write {key} refused: the leader key is no longer ours "
-                             f"(term {compare[0]['create_revision']})")
+        fenced_txn(self.conn, self.leadership, [op, audit], f"state in {self.path}: write {key}")
 
     # -- budget override (as coordinator.store.Store) ----------------------------------------
     def budget_override(self) -> dict | None:
