@@ -296,20 +296,17 @@ def _check_addresses(args) -> None:
         args.status_socket = check_socket_path(args.status_socket, "--status-socket")
 
 
-async def serve(args) -> int:
-    """Run the coordinator until SIGTERM/SIGINT. Returns the exit status (0).
+def _startup_checks(args):
+    """Everything checked before anything binds: addresses, clear text, policy, metrics address,
+    state directory (locked), listen address. Returns (policy, metrics address).
 
     Raises:
-        UserInputError: a bad address, state directory, socket path or TLS/token file (exit 1).
-        PolicyError: the policy file is unreadable or invalid (exit 1 in :func:`main`).
+        UserInputError, PolicyError: as :func:`serve`.
     """
     from capctl.policy import load_policy
-    from coordinator.loop import Coordinator
-    from coordinator.metrics import Metrics
-
-    _check_addresses(args)
     from capctl.security.plaintext import check_plaintext
 
+    _check_addresses(args)
     check_plaintext(args.listen, "--listen", tls=any((args.tls_ca, args.tls_cert, args.tls_key)), insecure=args.insecure,
                     log=log)  # incomplete --tls-* flags are refused when the servers are built
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
@@ -318,6 +315,35 @@ async def serve(args) -> int:
     metrics_addr = _metrics_addr(args)
     _check_state_dir(args.state_dir)
     _precheck_listen(args.listen)
+    return policy, metrics_addr
+
+
+def _announce(args, coord, sockets, listening: tuple[str, int], metrics_addr, metrics_port) -> None:
+    """Write the ready file and log the one "serving" line (``listening``: address, port)."""
+    listen_addr, port = listening
+    metrics_at = f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None
+    _write_ready_file(args.ready_file, {
+        "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": sockets.admin,
+        "metrics": metrics_at, "metrics_port": metrics_port, "coordinator_id": coord.coordinator_id,
+        "dry_run": coord.dry_run, "state_dir": args.state_dir, "time_s": time.time(),
+    })
+    log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
+             coord.coordinator_id, listen_addr, f"unix:{sockets.admin}" if sockets.admin else "off",
+             metrics_at or "off", args.policy, coord.policy.budget_w, coord.interval_s,
+             ", DRY RUN" if coord.dry_run else "")
+
+
+async def serve(args) -> int:
+    """Run the coordinator until SIGTERM/SIGINT. Returns the exit status (0).
+
+    Raises:
+        UserInputError: a bad address, state directory, socket path or TLS/token file (exit 1).
+        PolicyError: the policy file is unreadable or invalid (exit 1 in :func:`main`).
+    """
+    from coordinator.loop import Coordinator
+    from coordinator.metrics import Metrics
+
+    policy, metrics_addr = _startup_checks(args)
     from coordinator import hadaemon
 
     ha = hadaemon.HaSetup.from_args(args, policy)  # None without --etcd-endpoints or policy coordinator.etcd
@@ -345,16 +371,7 @@ async def serve(args) -> int:
     from coordinator import hangup
 
     hangup.install(loop, coord, metrics.ops.reloaded)  # SIGHUP: reload the policy, keep the last good one
-    metrics_at = f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None
-    _write_ready_file(args.ready_file, {
-        "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": sockets.admin,
-        "metrics": metrics_at, "metrics_port": metrics_port, "coordinator_id": coord.coordinator_id,
-        "dry_run": coord.dry_run, "state_dir": args.state_dir, "time_s": time.time(),
-    })
-    log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
-             coord.coordinator_id, listen_addr, f"unix:{sockets.admin}" if sockets.admin else "off",
-             metrics_at or "off", args.policy, coord.policy.budget_w, coord.interval_s,
-             ", DRY RUN" if coord.dry_run else "")
+    _announce(args, coord, sockets, (listen_addr, port), metrics_addr, metrics_port)
     runner = asyncio.ensure_future(coord.run(stop))
     from capctl import sdnotify
 
