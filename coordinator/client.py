@@ -138,6 +138,13 @@ class AdminClient:
         req = self._pb.FinishedJobsRequest(since_s=float(since_s), job_id=job_id, limit=int(limit))
         return list(self._call("FinishedJobs", req).jobs)
 
+    def finished_job(self, job_id: str):
+        """``(record, running)`` for one job: its ``FinishedJob`` or None, and whether the coordinator
+        has it bound and not ended (a record is still to come). A coordinator older than 0.2.1 never
+        says running."""
+        reply = self._call("FinishedJobs", self._pb.FinishedJobsRequest(job_id=job_id))
+        return (reply.jobs[0] if reply.jobs else None), bool(reply.job_running)
+
     def set_budget(self, budget_w: float):
         """``SetBudgetReply``; ``ok`` False (with ``deficit_w``) when below the minimum caps.
 

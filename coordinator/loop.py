@@ -624,7 +624,8 @@ class Coordinator:
             rows = [rec] if rec is not None and rec.end_time_s >= request.since_s else []
         else:
             rows = self.finished.since(request.since_s, limit)
-        return pb.FinishedJobsReply(jobs=[r.to_proto() for r in rows[:limit]])
+        running = bool(request.job_id) and not rows and request.job_id in self.registry.jobs()
+        return pb.FinishedJobsReply(jobs=[r.to_proto() for r in rows[:limit]], job_running=running)
 
     def explain(self, job_id: str) -> pb.ExplainReply | None:
         """Why ``job_id`` got its watts (or, once finished, what it used), or None when unknown."""

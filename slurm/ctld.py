@@ -39,6 +39,11 @@ SCONTROL_RESERVE_S = 3.0
 UNREACHABLE_GIVE_UP_S = 3.0
 """Give up when the coordinator stays unreachable this long (s): a coordinator that is down holds no
 record to wait for (a job it never saw)."""
+UNKNOWN_GIVE_UP_S = 2.0
+"""Give up when the coordinator, reachable, keeps saying it has neither a record nor a running
+binding of the job this long (s): a job without GPUs, or one whose prolog bound nothing (it failed,
+or the agent was down), has no record to wait for. The margin covers a job end still being relayed
+by an agent (within one reporting interval)."""
 _OURS = re.compile(r"(^|\s)capctl:\S*")
 
 
@@ -72,17 +77,22 @@ def _finished(run, job_id: str):
 
     address = coordinator_address()
     last_error = ""
-    unreachable_since = None
+    unreachable_since = unknown_since = None
     while run.remaining_s() > SCONTROL_RESERVE_S:
+        asked = time.monotonic()  # a call that times out counts as unreachable from when it was made
         try:
             with AdminClient(address, timeout_s=max(0.2, min(2.0, run.remaining_s() - SCONTROL_RESERVE_S))) as c:
-                jobs = c.finished_jobs(job_id=job_id)
-            if jobs:
-                return jobs[0]
+                record, running = c.finished_job(job_id)
+            if record is not None:
+                return record
             unreachable_since = None
+            unknown_since = None if running else (unknown_since or time.monotonic())
+            if unknown_since is not None and time.monotonic() - unknown_since >= UNKNOWN_GIVE_UP_S:
+                last_error = "the coordinator has no record and no running binding of the job"
+                break
         except UnreachableError as err:
             last_error = str(err)
-            unreachable_since = unreachable_since or time.monotonic()
+            unreachable_since = unreachable_since or asked
             if time.monotonic() - unreachable_since >= UNREACHABLE_GIVE_UP_S:
                 break
         except CapctlError as err:
@@ -114,7 +124,7 @@ def _run(run) -> None:
         run.finish("no-job", "SLURM_JOB_ID not set: nothing to do", failure=False)
     job = _finished(run, job_id)
     if job is None:
-        run.finish("no-record", "no finished record from the coordinator within the bound (a job without GPUs, "
+        run.finish("no-record", "no finished record from the coordinator (a job whose GPUs capctl never bound, "
                    "or the coordinator is unreachable): AdminComment unchanged", failure=False)
     ours = comment(job)
     run.extra.update(energy_j=round(job.energy_j, 1), gpu_s=round(job.gpu_s, 1), capped_s=round(job.capped_s, 1))

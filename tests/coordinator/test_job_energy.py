@@ -95,6 +95,7 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
             wait_for(lambda: c.status().nodes and not c.status().nodes[0].stale, 20, "agent reporting")
             used_j = _run_job(cl, "E1")
             (rec,) = wait_for(lambda: c.finished_jobs(job_id="E1"), 10, "E1 finished")
+            assert c.finished_job("E1") == (rec, False) and c.finished_job("never-bound") == (None, False)
             # a driver reload half way: the counters restart; the job still gets its energy
             used_reload_j = _run_job(cl, "E2", reload_mid_job=True)
             (rec2,) = wait_for(lambda: c.finished_jobs(job_id="E2"), 10, "E2 finished")
@@ -123,6 +124,8 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
         # coordinator is down is finished from its agent's record, repeated after the reconnect
         agent = cl.agent("n1").client()
         assert agent.job_start("E3", ["1"]).ok
+        with AdminClient(cl.coordinator.admin_address) as c:  # bound, not ended: its record is to come
+            wait_for(lambda: c.finished_job("E3") == (None, True), 10, "E3 running in the coordinator")
         cl.coordinator.stop()
         e0 = float(cl.sims["n1"].read(1)["energy_j"])  # JobStart's reading is done: the counter has not moved
         cl.sims["n1"].advance(0.5)

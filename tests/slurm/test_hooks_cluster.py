@@ -283,6 +283,11 @@ def test_fail_closed_prolog_fails_on_purpose_and_slurm_drains(capctl_cluster):
             c.run(["scancel", job], check=False)
             c.wait_job(job, states=("CANCELLED", "COMPLETED", "FAILED"))
         c.run(["scontrol", "update", "NodeName=n3", "State=RESUME"], check=False)
+    # the controller epilog does not wait out its bound for a job whose prolog bound nothing: the
+    # coordinator, reachable, has neither a record nor a running binding of it
+    (ctld,) = wait_for(lambda: events(c, job, "epilog_slurmctld"), 20, f"controller epilog of job {job}")
+    assert ctld["outcome"] == "no-record" and ctld["exit"] == 0, ctld
+    assert "no running binding" in ctld["coordinator_error"] and ctld["duration_s"] < 6.0, ctld
 
 
 def test_epilog_restore_failure_is_visible_and_retried(capctl_cluster):
