@@ -56,7 +56,7 @@ def _running_demo(tmp_path):
 def test_demo_json_summary(tmp_path):
     require_simulated_gpus()
     require_coordinator()
-    out = subprocess.run([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "20", "--json"],
+    out = subprocess.run([sys.executable, "-m", "capctl.cli.main", "demo", "--duration", "14", "--json"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads(out.stdout)
