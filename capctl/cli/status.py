@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 
@@ -248,6 +249,9 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="budget_command", metavar="ACTION")
     s = sub.add_parser("set", help="set the cluster budget in watts (persists across coordinator restarts)")
     s.add_argument("watts", metavar="WATTS", help="budget in watts (suffix kW/MW allowed)")
+    # "-5W" is a (refused) budget, not an unknown option: argparse's own test for negative numbers
+    # (Python 3.11 argparse attribute) would let only "-5" through and say "WATTS is required"
+    s._negative_number_matcher = re.compile(r"^-\.?\d")
     _common(s)
     s.set_defaults(func=cmd_budget_set)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

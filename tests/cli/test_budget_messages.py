@@ -92,3 +92,11 @@ def test_budget_above_domain_limits_warns_in_one_line(tmp_path):
         assert "Traceback" not in r.stderr and r.stderr.startswith("capctl: budget 40000 W refused: "), r.stderr
     finally:
         coord.stop()
+
+
+@pytest.mark.parametrize("text", ["-5W", "-.5kW"])
+def test_a_negative_budget_is_refused_as_a_value_not_as_an_unknown_option(text):
+    out = subprocess.run([sys.executable, "-m", "capctl.cli.main", "budget", "set", text,
+                          "--coordinator", "unix:/nonexistent/capctl.sock"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == f"capctl: WATTS {text!r}: give a finite number of watts > 0"
