@@ -81,6 +81,10 @@ def load_with_positions(text: str) -> tuple[object, Positions]:
             problem = err.problem or err.context or "malformed YAML"
             if err.context and err.problem:
                 problem = f"{err.context}: {err.problem}"
+                cm = err.context_mark
+                if cm is not None and err.problem_mark is not None and cm.line != err.problem_mark.line:
+                    # the mistake is usually where the construct opened (an unclosed "[", a quote)
+                    problem = f"{problem} (the construct began at line {cm.line + 1}:{cm.column + 1})"
             raise YamlInputError(f"malformed YAML: {problem}", line, col) from None
         except yaml.reader.ReaderError as err:
             before = text[: err.position]
