@@ -9,15 +9,17 @@ hooks          ``prolog``, ``epilog``, ``healthcheck``, ``epilog_slurmctld`` (mo
 units          ``capctl-agent.service``, ``capctl-coordinator.service`` with this installation's
                bin directory in ``ExecStart=`` (one prefix; e.g. DIR = /etc/systemd/system)
 env            ``agent.env``, ``coordinator.env``: the units' ``EnvironmentFile=`` examples
-               (DIR = /etc/capctl; use --no-clobber to keep edited ones)
+               (DIR = /etc/capctl; edited ones are kept, see below)
 examples       the example policies (``*.yaml``) and, under ``clusters/``, the example clusters of
                ``capctl sim``
 completion     bash completion of every capctl command (``--print-completion bash``)
 man            man pages (section 1) of every capctl command (``--print-man``)
 =============  =================================================================================
 
-Files that exist are replaced (``--no-clobber`` keeps them). Prints one line per file written.
-Exit 0; 1 when DIR cannot be written (named with the reason).
+Files that exist are replaced (``--no-clobber`` keeps them), except configuration files (``env``):
+an edited one is kept and the shipped version is written beside it as ``NAME.new`` (as dpkg does
+with conffiles); ``--force`` replaces it. Prints one line per file. Exit 0; 1 when DIR cannot be
+written (named with the reason).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ COMMANDS = ("capctl", "capctl-agent", "capctl-coordinator", "capctl-simgpu")
 """Console scripts of pyproject.toml whose completion and man page ``install`` writes."""
 
 KINDS = ("hooks", "units", "env", "examples", "completion", "man")
+CONFIG_KINDS = ("env",)
+"""Kinds whose files an admin edits: never replaced when they differ, unless ``--force``."""
 
 
 def register(subparsers) -> None:
@@ -46,6 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("what", choices=KINDS, help="which files")
     p.add_argument("dir", metavar="DIR", help="destination directory (created)")
     p.add_argument("--no-clobber", action="store_true", help="keep files that exist")
+    p.add_argument("--force", action="store_true", help="replace edited configuration files (env) too")
     p.set_defaults(func=run)
 
 
@@ -54,15 +59,24 @@ def bin_dir() -> Path:
     return Path(sys.executable).parent
 
 
-def _write(dest: Path, data: bytes, mode: int, no_clobber: bool) -> None:
+def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, keep_edited: bool = False) -> None:
     if no_clobber and dest.exists():
         print(f"kept {dest}")
         return
+    if keep_edited and dest.exists() and dest.read_bytes() != data:
+        new = dest.with_name(dest.name + ".new")
+        _replace(new, data, mode)
+        print(f"kept {dest} (edited); the shipped version is in {new} (--force replaces)")
+        return
+    _replace(dest, data, mode)
+    print(f"wrote {dest}")
+
+
+def _replace(dest: Path, data: bytes, mode: int) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp")
     tmp.write_bytes(data)
     os.chmod(tmp, mode)
     os.replace(tmp, dest)
-    print(f"wrote {dest}")
 
 
 def _hooks() -> list[tuple[str, bytes, int]]:
@@ -133,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         for rel, data, mode in files(args.what):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            _write(target, data, mode, args.no_clobber)
+            _write(target, data, mode, args.no_clobber, keep_edited=args.what in CONFIG_KINDS and not args.force)
     except OSError as exc:
         raise UserInputError(f"install {args.what} {dest}: {exc.strerror or exc} ({exc.filename or dest})") from None
     return 0
