@@ -321,6 +321,7 @@ def _startup_checks(args):
 def _announce(args, coord, sockets, listening: tuple[str, int], metrics_addr, metrics_port) -> None:
     """Write the ready file and log the one "serving" line (``listening``: address, port)."""
     listen_addr, port = listening
+    port = None if listen_addr.startswith("unix") else port  # gRPC says 1 for any unix socket
     metrics_at = f"{metrics_addr[0]}:{metrics_port}" if metrics_port is not None else None
     _write_ready_file(args.ready_file, {
         "pid": os.getpid(), "listen": listen_addr, "port": port, "admin_socket": sockets.admin,
@@ -469,15 +470,21 @@ async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, 
     listen_addr = args.listen
     if not args.listen.startswith("unix") and port:
         listen_addr = f"{args.listen.rpartition(':')[0]}:{port}"
-    if sockets.admin:
-        servers.append(_unix_socket_server(coord, sockets.admin, "--admin-socket",
-                                           authz.TrustedTransport(f"the admin socket unix:{sockets.admin}")))
-    if sockets.status:
-        servers.append(_unix_socket_server(
-            coord, sockets.status, "--status-socket",
-            authz.NoOne(f"the admin socket (unix:{sockets.admin})" if sockets.admin else "the admin socket")))
-    for s in servers:
-        await s.start()
+    bound = [args.listen.partition(":")[2] if args.listen.startswith("unix:") else None]
+    try:
+        if sockets.admin:
+            servers.append(_unix_socket_server(coord, sockets.admin, "--admin-socket",
+                                               authz.TrustedTransport(f"the admin socket unix:{sockets.admin}")))
+            bound.append(sockets.admin)
+        if sockets.status:
+            servers.append(_unix_socket_server(
+                coord, sockets.status, "--status-socket",
+                authz.NoOne(f"the admin socket (unix:{sockets.admin})" if sockets.admin else "the admin socket")))
+        for s in servers:
+            await s.start()
+    except BaseException:
+        _remove(*bound)  # a failed start leaves no socket file of ours behind
+        raise
     _socket_modes(sockets, admin_gid, status_gid)
     return servers, listen_addr, port
 

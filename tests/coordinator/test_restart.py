@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -141,7 +142,28 @@ def test_a_second_coordinator_on_the_same_state_directory_is_refused(tmp_path, s
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     assert f"in use by another coordinator (pid {first.proc.pid}," in r.stderr
     assert first.proc.poll() is None
+    # its own state directory but the first's admin socket: refused, and its agent socket (bound
+    # before the admin socket failed) is not left behind; the first's sockets are untouched
+    own = tmp_path / "own.sock"
+    r = _run("--policy", str(policy), "--state-dir", str(tmp_path / "s2"), "--admin-socket", str(first.admin_socket),
+             "--metrics-port", "-1", "--listen", f"unix:{own}")
+    assert r.returncode == 1 and "another process is serving on it" in r.stderr, r.stderr
+    assert not own.exists() and first.admin_socket.exists()
     first.proc.kill()  # kill -9 releases the lock too
     first.proc.wait(10)
     second = start_coordinator(policy, state_dir=first.state_dir)
     assert second.proc.poll() is None
+
+
+def test_the_ready_file_names_no_port_for_a_unix_socket(tmp_path):
+    """gRPC binds a unix socket as "port 1": the ready file says null, a TCP listener its port."""
+    from types import SimpleNamespace
+
+    from coordinator import daemon
+
+    coord = SimpleNamespace(coordinator_id="x", dry_run=False, policy=SimpleNamespace(budget_w=1.0), interval_s=1.0)
+    for listen, port, want in (("unix:/run/c.sock", 1, None), ("127.0.0.1:7373", 7373, 7373)):
+        args = SimpleNamespace(ready_file=str(tmp_path / "ready.json"), state_dir="s", policy="p.yaml")
+        daemon._announce(args, coord, SimpleNamespace(admin=None), (listen, port), None, None)
+        ready = json.loads((tmp_path / "ready.json").read_text())
+        assert ready["listen"] == listen and ready["port"] == want
