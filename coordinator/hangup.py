@@ -16,6 +16,8 @@ import signal
 from capctl import sdnotify
 
 log = logging.getLogger("capctl.coordinator")
+SHOWN_ERRORS = 5
+"""Errors of a refused policy named in the one log line (all of them: ``capctl policy validate``)."""
 
 
 async def reload_on_hangup(coord, counter=None) -> bool:
@@ -35,7 +37,9 @@ async def reload_on_hangup(coord, counter=None) -> bool:
         if ok:
             log.info("SIGHUP: %s", reply.message)
         else:
-            log.error("SIGHUP: %s:\n%s", reply.message, "\n".join(reply.errors))
+            errors = list(reply.errors)
+            more = f" (and {len(errors) - SHOWN_ERRORS} more: capctl policy validate)" if len(errors) > SHOWN_ERRORS else ""
+            log.error("SIGHUP: %s: %s%s", reply.message, "; ".join(errors[:SHOWN_ERRORS]), more)  # one log line
     if counter is not None:
         counter("ok" if ok else "error")
     sdnotify.ready(f"policy {'reloaded' if ok else 'reload FAILED, last good kept'}")

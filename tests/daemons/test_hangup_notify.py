@@ -57,6 +57,8 @@ def test_coordinator_sighup_reloads_keeps_the_last_good_policy_and_notifies(tmp_
         assert coord.popen.poll() is None and coord.status().budget_w == 2000.0
         log = coord.log_path.read_text()
         assert f"{policy}:2:11: budget_w: -3 W is not allowed" in log and "the policy from" in log
+        (line,) = [x for x in log.splitlines() if "budget_w: -3 W" in x]  # one log line: what and why
+        assert "ERROR" in line and "SIGHUP: " in line, line
         assert coord.stop() == 0
         assert next_message(notify_socket)["STOPPING"] == "1"
 
