@@ -152,7 +152,8 @@ def _job_families(st, jobs=None):
     rate = _gauge("capctl_job_predicted_step_rate", "Predicted synchronous step rate relative to uncapped (0..1).", ["job"])
     jal = _gauge("capctl_job_allocated_watts", "Sum of the job's allocated caps (W).", ["job"])
     jw = _gauge("capctl_job_weight", "Job weight from the policy.", ["job"])
-    jen = CounterMetricFamily("capctl_job_energy_joules", "Energy used by the job's GPUs since the coordinator saw it start "
+    jen = CounterMetricFamily("capctl_job_energy_joules", "DEPRECATED (removed in 0.4): use capctl_job_gpu_energy_joules_total. "
+                              "Energy used by the job's GPUs since the coordinator saw it start "
                               "(NVML energy counter deltas, J).", labels=["job"])
     for j in st.jobs if jobs is None else jobs:
         rate.add_metric([j.job_id], j.predicted_step_rate)
