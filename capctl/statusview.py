@@ -247,6 +247,9 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
         ha = d["ha"]
         parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none elected)'}, "
                      f"term {ha['term']}; standbys {', '.join(ha['standbys']) or '(none)'}")
+        if ha["role"] != "leader" and not d["nodes"]:
+            to = f"capctl status --coordinator {ha['leader']}" if ha["leader"] else "the leader, once one is elected"
+            parts.append(f"a standby holds no agents (they follow the leader): for the cluster's view ask {to}")
     if d["domains"]:
         rows = [[x["name"], x["kind"], _f(x["limit_w"] or None), _f(x["allocated_w"]), _f(x["enforced_w"]), _f(x["draw_w"]),
                  _f(x["price_rate_per_w"], "{:.4g}"), _f(x["deficit_w"]) if x["deficit_w"] else "-"]

@@ -74,6 +74,10 @@ def test_status_shows_leader_term_and_standbys():
     assert d["ha"] == {"role": "standby", "leader": "h1:7373", "term": 42, "standbys": ["h2:7373", "h3:7373"]}
     text = render_status(d)
     assert "this coordinator is standby; leader h1:7373, term 42; standbys h2:7373, h3:7373" in text
+    assert "a standby holds no agents (they follow the leader): for the cluster's view ask " \
+           "capctl status --coordinator h1:7373" in text
+    leader = render_status(status_dict(pb.StatusReply(budget_w=2800, ha_role="leader", leader="h1:7373", term=42)))
+    assert "a standby holds no agents" not in leader
     single = status_dict(pb.StatusReply(budget_w=2800))
     assert "ha" not in single and "high availability" not in render_status(single)
 
