@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from capctl.errors import CapctlError, UserInputError
@@ -67,19 +68,81 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text or "")
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd's ``https://`` members: ``ca_file`` verifies their server certificates (None: the
+    system's trust store), ``cert_file``/``key_file`` the client certificate etcd asks for with
+    ``--client-cert-auth`` (both or neither). Paths, PEM."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def check_tls(endpoints: list[tuple[str, str, int]], tls: EtcdTls, *, insecure: bool, log_=None) -> None:
+    """Refuse a TLS setting that cannot work and clear text to etcd on the network.
+
+    Raises:
+        UserInputError: ``--etcd-cert`` without ``--etcd-key`` (or the reverse), a file that cannot
+            be read, TLS files with only ``http://`` members, or an ``http://`` member that is not
+            loopback without ``insecure`` (each names the flag, the value and the ways out).
+    """
+    from capctl.security.plaintext import is_local
+
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise UserInputError("--etcd-cert and --etcd-key go together: give both (etcd's --client-cert-auth) or neither")
+    for flag, path in (("--etcd-ca", tls.ca_file), ("--etcd-cert", tls.cert_file), ("--etcd-key", tls.key_file)):
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise UserInputError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
+    schemes = {s for s, _, _ in endpoints}
+    if schemes == {"http"} and any((tls.ca_file, tls.cert_file)):
+        raise UserInputError("--etcd-ca/--etcd-cert given but every etcd endpoint is http://: "
+                             "write the members as https://HOST:PORT")
+    plain = [f"{s}://{h}:{p}" for s, h, p in endpoints if s == "http" and not is_local(f"{h}:{p}")]
+    if plain and not insecure:
+        raise UserInputError(f"--etcd-endpoints {','.join(plain)}: clear text to etcd over the network (anyone on "
+                             "the path can read the admin state and forge a leader); use https:// members with "
+                             "--etcd-ca/--etcd-cert/--etcd-key (docs/ha.md), loopback, or pass --insecure")
+    if plain:
+        (log_ or log).warning("INSECURE: etcd %s in clear text (--insecure); use https:// and --etcd-* (docs/ha.md)",
+                              ",".join(plain))
+
+
+def _session(tls: EtcdTls):
+    """A ``requests`` session for one member that ignores the environment: ``REQUESTS_CA_BUNDLE``
+    would replace ``--etcd-ca`` (requests' environment beats a session's ``verify``), and
+    ``HTTP(S)_PROXY`` would send the coordinator's etcd traffic through a proxy."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = tls.ca_file or True
+    if tls.cert_file and tls.key_file:
+        session.cert = (tls.cert_file, tls.key_file)
+    return session
+
+
 class EtcdConn:
     """Requests to one etcd cluster, tried member after member (thread-safe).
 
     Args:
         endpoints: from :func:`parse_endpoints`.
         timeout_s: deadline of one request to one member, seconds.
+        tls: certificates for the ``https://`` members (None: the system's trust store, no client
+            certificate).
     """
 
-    def __init__(self, endpoints: list[tuple[str, str, int]], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, endpoints: list[tuple[str, str, int]], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 tls: EtcdTls | None = None) -> None:
         import etcd3gw
 
         self.endpoints = [f"{s}://{h}:{p}" for s, h, p in endpoints]
-        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout_s, api_path="/v3/")
+        self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout_s, api_path="/v3/",
+                                        session=_session(tls or EtcdTls()))
                          for s, h, p in endpoints]
         self._first = 0
         self._lock = threading.Lock()

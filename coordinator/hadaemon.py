@@ -6,6 +6,10 @@ Flags (``capctl-coordinator``)::
     --etcd-endpoints http://127.0.0.1:2379,...   etcd members (HA on; without it: one coordinator, SQLite)
     --etcd-prefix /capctl                        key prefix of this site's coordinators
     --etcd-lease-ttl-s 2                         lease TTL, whole seconds (failover takes about this long)
+    --etcd-ca FILE --etcd-cert FILE --etcd-key FILE
+                                                 TLS to https:// members (CA; client certificate for
+                                                 etcd's --client-cert-auth). An http:// member that is
+                                                 not loopback is refused unless --insecure.
     --advertise ADDR                             the address agents and the CLI reach this coordinator at
                                                  (default: the bound --listen address)
 """
@@ -29,6 +33,10 @@ def add_ha_arguments(p) -> None:
     g.add_argument("--etcd-prefix", metavar="PREFIX", help="etcd key prefix (default: the policy's, else /capctl)")
     g.add_argument("--etcd-lease-ttl-s", type=int, metavar="S",
                    help=f"etcd lease TTL of the leader, whole seconds >= 1 (default: the policy's, else {DEFAULT_TTL_S})")
+    g.add_argument("--etcd-ca", metavar="FILE", help="CA certificate(s) verifying the https:// etcd members "
+                   "(default: the system's trust store)")
+    g.add_argument("--etcd-cert", metavar="FILE", help="client certificate for etcd's --client-cert-auth (with --etcd-key)")
+    g.add_argument("--etcd-key", metavar="FILE", help="key of --etcd-cert")
     g.add_argument("--advertise", metavar="ADDR",
                    help="address agents and the CLI use for this coordinator (default: the bound --listen address)")
 
@@ -38,7 +46,7 @@ class HaSetup:
 
     def __init__(self, args, etcd_policy=None) -> None:
         from coordinator.election import DEFAULT_TTL_S
-        from coordinator.etcdconn import EtcdConn, parse_endpoints
+        from coordinator.etcdconn import EtcdConn, EtcdTls, check_tls, parse_endpoints
 
         if args.etcd_prefix is None:
             args.etcd_prefix = etcd_policy.prefix if etcd_policy is not None else "/capctl"
@@ -51,7 +59,10 @@ class HaSetup:
         if not args.etcd_prefix.startswith("/"):
             raise UserInputError(f"--etcd-prefix {args.etcd_prefix!r}: expected a key prefix starting with '/'")
         self.args = args
-        self.conn = EtcdConn(parse_endpoints(args.etcd_endpoints))
+        endpoints = parse_endpoints(args.etcd_endpoints)
+        tls = EtcdTls(getattr(args, "etcd_ca", None), getattr(args, "etcd_cert", None), getattr(args, "etcd_key", None))
+        check_tls(endpoints, tls, insecure=bool(getattr(args, "insecure", False)), log_=log)
+        self.conn = EtcdConn(endpoints, tls=tls)
         self.leadership = None
 
     @classmethod

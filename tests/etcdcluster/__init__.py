@@ -43,9 +43,14 @@ def free_port(host: str) -> int:
 class EtcdCluster:
     """Three etcd members on loopback (see module docstring)."""
 
-    def __init__(self, workdir: Path, members: int = 3) -> None:
+    def __init__(self, workdir: Path, members: int = 3, tls=None) -> None:
+        """``tls``: None (http://), or ``(ca_path, server_cert, server_key, client_cert, client_key)``:
+        https:// client URLs that require a client certificate of that CA (``--client-cert-auth``);
+        the server certificate must name the member addresses (:data:`HOSTS`)."""
         require_etcd()
         self.workdir = Path(workdir)
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
         self.names = [f"m{i}" for i in range(members)]
         self.client = {n: (HOSTS[i], free_port(HOSTS[i])) for i, n in enumerate(self.names)}
         self.peer = {n: (HOSTS[i], free_port(HOSTS[i])) for i, n in enumerate(self.names)}
@@ -54,7 +59,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> str:
-        return ",".join(f"http://{h}:{p}" for h, p in self.client.values())
+        return ",".join(f"{self.scheme}://{h}:{p}" for h, p in self.client.values())
 
     def __enter__(self) -> EtcdCluster:
         return self.start()
@@ -74,10 +79,14 @@ class EtcdCluster:
         (h, cp), (_, pp) = self.client[name], self.peer[name]
         cluster = ",".join(f"{n}=http://{ph}:{pport}" for n, (ph, pport) in self.peer.items())
         argv = [shutil.which("etcd") or ETCD, "--name", name, "--data-dir", str(self.workdir / f"{name}.etcd"),
-                "--listen-client-urls", f"http://{h}:{cp}", "--advertise-client-urls", f"http://{h}:{cp}",
+                "--listen-client-urls", f"{self.scheme}://{h}:{cp}", "--advertise-client-urls", f"{self.scheme}://{h}:{cp}",
                 "--listen-peer-urls", f"http://{h}:{pp}", "--initial-advertise-peer-urls", f"http://{h}:{pp}",
                 "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", self.token,
                 "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn", "--logger", "zap"]
+        if self.tls:
+            ca, cert, key = self.tls[:3]
+            argv += ["--cert-file", str(cert), "--key-file", str(key), "--trusted-ca-file", str(ca),
+                     "--client-cert-auth"]
         self.procs[name] = Proc(f"etcd-{name}", argv, self.workdir / f"{name}.log")
         if wait:
             wait_until(lambda: self.member_healthy(i), 20.0, 0.1, f"etcd member {name} healthy")
@@ -92,8 +101,14 @@ class EtcdCluster:
 
     def member_healthy(self, i: int) -> bool:
         h, p = self.client[self.names[i]]
+        context = None
+        if self.tls:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(self.tls[0]))
+            context.load_cert_chain(str(self.tls[3]), str(self.tls[4]))
         try:
-            with urllib.request.urlopen(f"http://{h}:{p}/health", timeout=1.0) as r:
+            with urllib.request.urlopen(f"{self.scheme}://{h}:{p}/health", timeout=1.0, context=context) as r:
                 return b'"true"' in r.read()
         except OSError:
             return False

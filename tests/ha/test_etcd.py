@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -104,3 +105,46 @@ def test_finished_jobs_in_etcd_are_fenced_listed_and_expired(etcd):
     finally:
         b.stop()
         a.stop()
+
+
+def test_etcd_over_mutual_tls_and_clear_text_refused_on_the_network(tmp_path):
+    """A 1-member etcd with https:// and --client-cert-auth: the election runs with --etcd-ca/cert/key;
+    without the client certificate, or with another CA, no member answers. Clear text to a
+    non-loopback member is refused unless --insecure."""
+    from capctl.errors import UserInputError
+    from coordinator.etcdconn import EtcdError, EtcdTls, check_tls
+    from coordinator.hadaemon import HaSetup
+    from tests.etcdcluster import HOSTS
+    from tests.support.certs import issue, make_ca
+
+    ca = make_ca(tmp_path / "pki")
+    srv = issue(ca, tmp_path / "pki", "etcd", "etcd", ips=HOSTS, server=True, client=True)
+    cli = issue(ca, tmp_path / "pki", "coord", "capctl-coordinator")
+    other = make_ca(tmp_path / "pki", "other", "another CA")
+    tls = EtcdTls(str(ca.cert_path), str(cli.cert_path), str(cli.key_path))
+    with EtcdCluster(tmp_path / "etcd", members=1,
+                     tls=(ca.cert_path, srv.cert_path, srv.key_path, cli.cert_path, cli.key_path)) as etcd:
+        assert etcd.endpoints.startswith("https://")
+        args = SimpleNamespace(etcd_endpoints=etcd.endpoints, etcd_prefix="/tls", etcd_lease_ttl_s=2, etcd_ca=tls.ca_file,
+                               etcd_cert=tls.cert_file, etcd_key=tls.key_file, insecure=False, advertise=None)
+        conn = HaSetup(args).conn  # the daemon's own flags -> connection
+        a = Leadership(conn, "/tls", "A", "unix:/a").start()
+        try:
+            wait_until(a.may_send, 10.0, 0.02, "A elected over mutual TLS")
+            assert conn.get("/tls/leader")["value"].decode().find("unix:/a") >= 0
+        finally:
+            a.stop()
+        for bad in (EtcdTls(str(ca.cert_path)), EtcdTls(str(other.cert_path), str(cli.cert_path), str(cli.key_path))):
+            with pytest.raises(EtcdError, match="no member answered"):
+                EtcdConn(parse_endpoints(etcd.endpoints), tls=bad).get("/tls/leader")
+    far = parse_endpoints("http://10.0.0.5:2379,http://127.0.0.1:2379")
+    with pytest.raises(UserInputError, match=r"--etcd-endpoints http://10\.0\.0\.5:2379: clear text to etcd"):
+        check_tls(far, EtcdTls(), insecure=False)
+    check_tls(far, EtcdTls(), insecure=True)  # allowed, with a warning
+    check_tls(parse_endpoints("http://127.0.0.1:2379"), EtcdTls(), insecure=False)  # loopback
+    with pytest.raises(UserInputError, match="--etcd-cert and --etcd-key go together"):
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls(cert_file=tls.cert_file), insecure=False)
+    with pytest.raises(UserInputError, match="every etcd endpoint is http://"):
+        check_tls(parse_endpoints("http://127.0.0.1:2379"), tls, insecure=False)
+    with pytest.raises(UserInputError, match=r"--etcd-ca /nonexistent/ca.pem: cannot read it"):
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls("/nonexistent/ca.pem"), insecure=False)
