@@ -20,6 +20,7 @@ EXTRAS_OF_MODULE: dict[str, tuple[str, ...]] = {
     "grpc_reflection": ("coordinator",),
     "matplotlib": ("sim",),
     "etcd3gw": ("ha",),  # coordinators in high availability on etcd (docs/ha.md)
+    "requests": ("ha",),  # its HTTP session, configured by coordinator.etcdconn
 }
 """Top-level module name -> the extras whose requirements provide it (pyproject.toml); the first is
 the one a missing-module message names."""
