@@ -375,6 +375,43 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
             "enforced_over_budget": round(enforced_sum / policy.budget_w, 4)}
 
 
+def measure_sim(cluster: str, policy_file: str, duration_s: float | None) -> dict:
+    """The ``capctl sim`` figure of issue 12: the capctl policy's CPU (``time.process_time`` inside
+    its ``decide``: registry mirror, models, inputs, solve, planning) and its solve time, on the
+    scenario ``cluster`` under ``policy_file`` (the engine and the devices not counted)."""
+    from dataclasses import replace
+
+    from capctl.policy import load_policy
+    from capctl.sim import policies
+    from capctl.sim.cluster import load_cluster
+    from capctl.sim.engine import build_scenario, run_policy
+
+    spec = load_cluster(cluster)
+    if duration_s is not None:
+        spec = replace(spec, duration_s=float(duration_s))
+    scn = build_scenario(spec, load_policy(policy_file))
+    cpu = [0.0, 0]
+    inner = policies.Capctl.decide
+
+    def decide(self, obs):
+        t0 = time.process_time()
+        try:
+            return inner(self, obs)
+        finally:
+            cpu[0] += time.process_time() - t0
+            cpu[1] += 1
+
+    policies.Capctl.decide = decide
+    try:
+        run = run_policy(scn, "capctl")
+    finally:
+        policies.Capctl.decide = inner
+    g = scn.topo.n_gpus
+    return {"scenario": spec.name, "gpus": g, "decisions": cpu[1], "capctl_cpu_s": round(cpu[0], 2),
+            "solve_s": run.extra.get("solve_s") if hasattr(run, "extra") else None,
+            "us_per_gpu_per_decision": round(1e6 * cpu[0] / max(1, cpu[1] * g), 1), "throughput": run.throughput}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="8000,100000", help="comma-separated cluster sizes (GPUs, multiples of 8)")
@@ -382,7 +419,17 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed intervals first (hellos, first fits)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="write a cProfile of the first timed interval to this file")
+    ap.add_argument("--sim", nargs=2, metavar=("CLUSTER", "POLICY"),
+                    help="measure the capctl policy of `capctl sim` on this cluster and policy file instead")
+    ap.add_argument("--duration", type=float, default=None, help="with --sim: simulated seconds")
     args = ap.parse_args(argv)
+    if args.sim:
+        r = measure_sim(args.sim[0], args.sim[1], args.duration)
+        print(f"capctl sim {r['scenario']}: capctl policy {r['capctl_cpu_s']:.1f} s CPU over {r['decisions']} "
+              f"decisions x {r['gpus']} GPUs = {r['us_per_gpu_per_decision']:.1f} us/GPU/decision; "
+              f"solve {r['solve_s']} s")
+        print(json.dumps({"bench": "interval_cost_sim", **r}))
+        return 0
     results = []
     for n in [int(x) for x in args.gpus.split(",") if x.strip()]:
         r = measure(n, args.intervals, args.warmup, args.seed, args.profile)
