@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import time
 
@@ -63,7 +64,7 @@ class Binding:
         )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Sample:
     """One telemetry sample of one GPU, kept for the online models (W, degC, MHz, s)."""
 
@@ -133,7 +134,7 @@ class GpuObs:
     def constraints_problem(self) -> str:
         """What is wrong with the limit constraints its agent reported ("" when usable;
         :func:`capctl.devicedata.constraints_problem`): such a GPU is held at its limit."""
-        return devicedata.constraints_problem(self.min_cap_w, self.max_cap_w)
+        return _constraints_problem(self.min_cap_w, self.max_cap_w)
 
     def accounted_w(self, now_mono: float, ack_memory_s: float) -> float:
         """The highest cap this GPU may be enforcing now (W); see the module docstring. Without a
@@ -232,6 +233,30 @@ class NodeObs:
     def stale(self, now_mono: float, lease_s: float) -> bool:
         """True when the node sent no report within the lease or its stream is closed."""
         return self.session is None or (now_mono - self.last_report_mono) > lease_s
+
+
+@functools.lru_cache(maxsize=1024)
+def _constraints_problem(min_w: float, max_w: float) -> str:
+    """:func:`capctl.devicedata.constraints_problem`, memoized (a pure function of two floats,
+    asked for every GPU several times an interval; a cluster has a handful of distinct pairs)."""
+    return devicedata.constraints_problem(min_w, max_w)
+
+
+_REASON_FLAGS: dict[tuple, tuple[bool, bool, bool]] = {}
+_REASON_FLAGS_MAX = 4096
+
+
+def reason_flags(reasons: tuple) -> tuple[bool, bool, bool]:
+    """``(thermal, power, stuck)`` of a clocks-event-reason tuple: :func:`capctl.reasons.classify`
+    and :func:`stuck_slowdown`, memoized per tuple (a fleet reports a few distinct sets; bounded)."""
+    hit = _REASON_FLAGS.get(reasons)
+    if hit is None:
+        thermal, power = classify_reasons(reasons)
+        hit = (bool(thermal), bool(power), stuck_slowdown(reasons))
+        if len(_REASON_FLAGS) >= _REASON_FLAGS_MAX:
+            _REASON_FLAGS.clear()
+        _REASON_FLAGS[reasons] = hit
+    return hit
 
 
 def stuck_slowdown(reasons) -> bool:
@@ -351,11 +376,11 @@ class Registry:
             g.utilization_pct = util
             g.job_id = t.job_id
             g.error = t.error
-            thermal, power = classify_reasons(reasons)
+            thermal, power, stuck = reason_flags(reasons)
             g.add_throttle(now, thermal, power)
             g.sample_enforced_w = t.enforced_w
             g.sample_mono = now
-            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck_slowdown(reasons)) else 0
+            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
             if len(g.new_samples) < 1024:
                 g.new_samples.append(Sample(now, power_w, t.enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
