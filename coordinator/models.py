@@ -478,6 +478,8 @@ class Models:
         m = self.gpus.get(key)
         if m is None:
             return None
+        if not m._full_fit_ready():
+            return m._anchored()  # what m.curve() returns then, without reading the clocks
         n = m.refits
         c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
         self.refits += m.refits - n
