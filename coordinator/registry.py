@@ -242,6 +242,21 @@ def _constraints_problem(min_w: float, max_w: float) -> str:
     return devicedata.constraints_problem(min_w, max_w)
 
 
+_STATE_NAMES: dict[tuple, str] = {}
+
+
+def _cap_state_name(value: int, name: str) -> str:
+    """:func:`capctl.capstates.of` of a message with these ``cap_state``/``cap_state_name``
+    fields, memoized (a handful of states)."""
+    key = (value, name)
+    hit = _STATE_NAMES.get(key)
+    if hit is None:
+        hit = capstates.from_wire(value) if value else name
+        if len(_STATE_NAMES) < 256:
+            _STATE_NAMES[key] = hit
+    return hit
+
+
 _REASON_FLAGS: dict[tuple, tuple[bool, bool, bool]] = {}
 _REASON_FLAGS_MAX = 4096
 
@@ -353,16 +368,33 @@ class Registry:
         node.last_telemetry_seq = msg.seq
         gpus = node.gpus
         energy_seen = self._energy_seen
+        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
+        if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
+            job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
+        state_of = _cap_state_name
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
             if g is None:
                 continue
-            if not self._reading(g, t):
+            enforced_w = t.enforced_w
+            if not enforced_w > 0:
                 # no valid reading (an agent that just started, NVML not answering yet: zeros):
                 # nothing of this sample is a fact; the GPU keeps its last readings (or stays
                 # without one: fixed at its accounted cap) and no model learns from it
+                self._reading(g, t)
                 continue
+            # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
+            state = state_of(t.cap_state, t.cap_state_name)
+            g.have_reading = True
+            g.cap_w = t.cap_w
+            g.enforced_w = enforced_w
+            if state:
+                g.cap_state = state
+            if _constraints_problem(g.min_cap_w, g.max_cap_w):
+                g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
+            g.pre_job_cap_w = t.pre_job_cap_w
+            error = t.error
             power_w = t.power_w
             temp_c = t.temp_c
             sm_clock = t.sm_clock_mhz
@@ -375,21 +407,21 @@ class Registry:
             g.reasons = reasons
             g.utilization_pct = util
             g.job_id = t.job_id
-            g.error = t.error
+            g.error = error
             thermal, power, stuck = reason_flags(reasons)
             g.add_throttle(now, thermal, power)
-            g.sample_enforced_w = t.enforced_w
+            g.sample_enforced_w = enforced_w
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
             if len(g.new_samples) < 1024:
-                g.new_samples.append(Sample(now, power_w, t.enforced_w, temp_c, float(sm_clock), reasons, util))
+                g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
             key = (node_name, index)
             prev = energy_seen.get(key)
             energy_seen[key] = energy_j
             g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
-                job = self.job_of(node, index)
+                job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
                 if job:
                     self.job_energy_j[job] += energy_j - prev
         return first and all(g.have_reading for g in node.gpus.values())
