@@ -82,6 +82,16 @@ class SolveInputs:
     node_domain: dict[str, str]
     domain_members: dict[str, set]  # domain name -> GPU keys below it (all levels)
     limited: tuple | None = None  # (limited domains, levels): see domain_levels (None: not computed yet)
+    limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
+
+
+def limited_positions(inputs: SolveInputs) -> list[tuple[float, np.ndarray]]:
+    """``(limit W, positions of its GPUs in inputs.gpus, sorted)`` of every domain with a finite
+    limit, in domain order: :func:`coordinator.planner.domain_index` of ``inputs`` (cached)."""
+    if inputs.limited_pos is None:
+        limited, levels = domain_levels(inputs)
+        inputs.limited_pos = [(lim, np.nonzero((levels == j).any(axis=1))[0]) for j, (_n, lim) in enumerate(limited)]
+    return inputs.limited_pos
 
 
 def _limited_domains(domains: list[dict]) -> list[tuple[str, float]]:
@@ -190,9 +200,10 @@ the set of nodes and GPU indices changes (a few entries; see :func:`_structure`)
 _STRUCTURE_CACHE_MAX = 4
 
 
-def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dict[str, frozenset], tuple]:
-    """Domains, node -> node-domain, domain -> GPU keys below it and the limited domains with
-    their levels (:func:`domain_levels`, GPUs in topology order) for ``topology`` (a tuple of
+def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dict[str, frozenset], tuple, list]:
+    """Domains, node -> node-domain, domain -> GPU keys below it, the limited domains with their
+    levels (:func:`domain_levels`) and positions (:func:`limited_positions`; GPUs in topology
+    order, the order of :func:`build_inputs`' list) for ``topology`` (a tuple of
     ``(node name, (gpu indices...))`` sorted by name), cached. The returned objects are shared
     between intervals: callers must not mutate them."""
     key = (id(policy), topology)
@@ -212,7 +223,9 @@ def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dic
     limited = _limited_domains(domains)
     pos_of = {(name, idx): None for name, indices in topology for idx in indices}
     pos_of = {k: i for i, k in enumerate(pos_of)}  # the order of build_inputs' GPU list
-    value = (domains, node_domain, frozen, (limited, _levels(limited, frozen, pos_of)))
+    levels = _levels(limited, frozen, pos_of)
+    positions = [(lim, np.nonzero((levels == j).any(axis=1))[0]) for j, (_n, lim) in enumerate(limited)]
+    value = (domains, node_domain, frozen, (limited, levels), positions)
     if len(_STRUCTURE_CACHE) >= _STRUCTURE_CACHE_MAX:
         _STRUCTURE_CACHE.clear()
     _STRUCTURE_CACHE[key] = (policy, value)  # the policy is kept alive so that its id stays unique
@@ -230,7 +243,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     """
     nodes = registry.nodes
     topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in sorted(nodes))
-    domains, node_domain, members, limited = _structure(policy, topology)
+    domains, node_domain, members, limited, positions = _structure(policy, topology)
     jobs: dict[str, float] = {}
     weights: dict[tuple, float] = {}
     rows = _GpuRows(policy, models, now_mono, ack_memory_s)
@@ -247,7 +260,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     used = {g.job for g in gpus if g.job}
     jobs = {j: w for j, w in jobs.items() if j in used}
     return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
-                       node_domain=node_domain, domain_members=members, limited=limited)
+                       node_domain=node_domain, domain_members=members, limited=limited, limited_pos=positions)
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:

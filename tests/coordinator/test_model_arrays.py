@@ -167,3 +167,16 @@ def test_the_rules_act_on_these_inputs():
         allocation.idle_from_headroom(inputs, out)
         raised += sum(out[k] > before[k] + 1e-6 for k in out)
     assert moved > 0 and raised > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cached_domain_positions_equal_the_planners_domain_index(seed):
+    from coordinator import decide, planner
+
+    inputs, _ = _cluster(random.Random(seed))
+    keys = [g.key for g in inputs.gpus]
+    want = planner.domain_index(decide.domain_specs(inputs), keys)
+    got = allocation.limited_positions(inputs)
+    assert [lim for lim, _ in got] == [lim for lim, _ in want] and len(want) == 3
+    for (_l1, a), (_l2, b) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
