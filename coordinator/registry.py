@@ -460,18 +460,20 @@ class Registry:
         so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
         first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
         and a GPU that never had a reading stays fixed at its accounted cap."""
-        state = capstates.of(t)
-        if not t.enforced_w > 0:
+        state = _cap_state_name(t.cap_state, t.cap_state_name)  # capstates.of(t), memoized
+        enforced_w = t.enforced_w
+        if not enforced_w > 0:
             if state:
                 g.cap_state = state
             g.error = t.error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
-        g.enforced_w = t.enforced_w
+        g.enforced_w = enforced_w
         if state:
             g.cap_state = state
-        if g.constraints_problem:  # whatever an older agent says: bad device data holds the GPU
+        if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
+            # holds the GPU
             g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:
