@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import gc
 import json
-import math
 import sys
 import tempfile
 import time
@@ -250,44 +249,44 @@ class BenchSession:
         self.close_reason = reason
 
 
-def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: str = "") -> dict:
-    from capctl.allocator import fast
-    from capctl.policy import load_policy
-    from capctl.security import limits
-    from capctl.v1 import capctl_pb2 as pb
-    from coordinator import allocation, decide, loop, observe
-    from coordinator.metrics import ViewCollector
-    from coordinator.models import Models
+class IntervalBench:
+    """The daemon's coordinator for ``n_gpus`` GPUs on a simulated clock, its stand-in agents and
+    the stage timers (see module docstring)."""
 
-    n_nodes = n_gpus // GPUS_PER_NODE
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "policy.yaml"
-        write_policy(path, n_nodes)
-        policy = load_policy(str(path))
-    sim_now = [1000.0]
-    clock = lambda: sim_now[0]  # noqa: E731
-    coord = loop.Coordinator(policy, str(path))
-    coord.registry.clock = clock
-    coord._start_clock = clock() - 1e6  # no startup hold
-    coord.models = Models(clock=clock)
-    fleet = Fleet(n_nodes, seed)
-    sw = Stopwatch()
-    # stage timers around the daemon's own functions (looked up at call time)
-    patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),
-               (allocation, "idle_from_headroom", "idle")]
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    for mod, name, stage in patches:
-        setattr(mod, name, sw.wrap(stage, getattr(mod, name)))
-    sessions = [BenchSession(k, fleet, coord) for k in range(n_nodes)]
-    for k, s in enumerate(sessions):
-        coord.attach(fleet.hello(k), s)
-    collector = ViewCollector(coord)
+    def __init__(self, n_gpus: int, seed: int) -> None:
+        from capctl.policy import load_policy
+        from coordinator import loop
+        from coordinator.metrics import ViewCollector
+        from coordinator.models import Models
 
-    def ingest(blobs):
+        self.n_gpus = n_gpus
+        self.n_nodes = n_gpus // GPUS_PER_NODE
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "policy.yaml"
+            write_policy(path, self.n_nodes)
+            self.policy = load_policy(str(path))
+        self.now_s = 1000.0
+        clock = lambda: self.now_s  # noqa: E731
+        coord = self.coord = loop.Coordinator(self.policy, str(path))
+        coord.registry.clock = clock
+        coord._start_clock = clock() - 1e6  # no startup hold
+        coord.models = Models(clock=clock)
+        self.fleet = Fleet(self.n_nodes, seed)
+        self.sw = Stopwatch()
+        self.sessions = [BenchSession(k, self.fleet, coord) for k in range(self.n_nodes)]
+        for k, s in enumerate(self.sessions):
+            coord.attach(self.fleet.hello(k), s)
+        self.collector = ViewCollector(coord)
+
+    def ingest(self, blobs: list[bytes]) -> None:
+        """The server's telemetry branch (coordinator/server.py, AgentLinkServicer._read) per report."""
+        from capctl.security import limits
+        from capctl.v1 import capctl_pb2 as pb
+
+        coord = self.coord
         for k, data in enumerate(blobs):
-            msg = pb.AgentMessage.FromString(data)  # the gRPC deserializer's call
-            tele = msg.telemetry
-            node = sessions[k].node
+            tele = pb.AgentMessage.FromString(data).telemetry  # the gRPC deserializer's call
+            node = self.sessions[k].node
             if tele.node and tele.node != node:
                 continue
             if limits.validate_telemetry(tele, node):
@@ -295,84 +294,98 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
             coord.on_energy(node, tele)
             coord.registry.on_telemetry(node, tele)
 
-    async def one_interval():
-        # Coordinator.tick, stage by stage (same calls, same order)
-        c = time.process_time
-        t0 = c()
+    async def one_interval(self):
+        """Coordinator.tick, stage by stage (same calls, same order); returns the decision."""
+        from coordinator import decide, observe
+
+        coord, sw, c = self.coord, self.sw, time.process_time
+        on = sw.on
         t = c()
-        coord.models.update(coord.registry, policy.interval_s)
+        coord.models.update(coord.registry, self.policy.interval_s)
         coord.models.forget_missing(coord.registry)
-        sw.cpu["models"] += (c() - t) * sw.on
+        sw.cpu["models"] += (c() - t) * on
         t = c()
         problem = observe.problem(coord.registry, coord.models, coord.policy, coord.registry.clock(), coord.lease_s,
                                   coord.ack_memory_s())
-        sw.cpu["inputs"] += (c() - t) * sw.on
+        sw.cpu["inputs"] += (c() - t) * on
         t = c()
         inner0 = sum(sw.cpu[s] for s in ("solve", "build", "pace", "idle"))
         solution = decide.solve(problem)  # the daemon runs it in a worker thread: same CPU
         coord._record_solution(solution)
-        inner = sum(sw.cpu[s] for s in ("solve", "build", "pace", "idle")) - inner0
-        sw.cpu["solve_rest"] += (c() - t) * sw.on - inner
+        sw.cpu["solve_rest"] += (c() - t) * on - (sum(sw.cpu[s] for s in ("solve", "build", "pace", "idle")) - inner0)
         t = c()
         decision = decide.plan(solution, coord._observations(problem))
-        sw.cpu["plan"] += (c() - t) * sw.on
+        sw.cpu["plan"] += (c() - t) * on
         t = c()
-        a0 = fleet.agent_cpu_s
+        a0 = self.fleet.agent_cpu_s
         sent = await coord._send(decision, problem.inputs)
-        sw.cpu["send"] += (c() - t - (fleet.agent_cpu_s - a0)) * sw.on
+        sw.cpu["send"] += (c() - t - (self.fleet.agent_cpu_s - a0)) * on
         t = c()
         coord._after_plans(decision)
         coord.tick_count += 1
         coord._publish(problem.inputs, solution.out, solution.desired_w, list(decision.alerts), 0.0, sent)
-        sw.cpu["after"] += (c() - t) * sw.on
+        sw.cpu["after"] += (c() - t) * on
         t = c()
         coord.view.resolve()
-        for _ in collector.collect():
+        for _ in self.collector.collect():
             pass
-        sw.cpu["view"] += (c() - t) * sw.on
-        return c() - t0, decision
+        sw.cpu["view"] += (c() - t) * on
+        return decision
 
-    async def run():
-        prof = None
+    async def run(self, intervals: int, warmup: int, profile: str) -> list[str]:
+        """``warmup`` untimed then ``intervals`` timed intervals; returns the decision modes."""
         modes = []
         for it in range(warmup + intervals):
-            sw.on = it >= warmup
-            fleet.step(it)
-            blobs = [fleet.telemetry_bytes(k) for k in range(n_nodes)]  # the agents' side: not timed
+            self.sw.on = it >= warmup
+            self.fleet.step(it)
+            blobs = [self.fleet.telemetry_bytes(k) for k in range(self.n_nodes)]  # the agents' side: not timed
             t = time.process_time()
-            ingest(blobs)
-            sw.cpu["ingest"] += (time.process_time() - t) * sw.on
+            self.ingest(blobs)
+            self.sw.cpu["ingest"] += (time.process_time() - t) * self.sw.on
+            prof = None
             if profile and it == warmup:
                 import cProfile
                 prof = cProfile.Profile()
                 prof.enable()
-            _, decision = await one_interval()
+            decision = await self.one_interval()
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(profile)
-                prof = None
             modes.append(decision.mode)
-            sim_now[0] += INTERVAL_S
+            self.now_s += INTERVAL_S
         return modes
 
+
+def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: str = "") -> dict:
+    """Run :class:`IntervalBench` and return its figures (us per GPU per interval by stage)."""
+    from capctl.allocator import fast
+    from coordinator import allocation, loop
+
+    bench = IntervalBench(n_gpus, seed)
+    sw = bench.sw
+    # stage timers around the daemon's own functions (looked up at call time)
+    patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),
+               (allocation, "idle_from_headroom", "idle")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    for mod, name, stage in patches:
+        setattr(mod, name, sw.wrap(stage, getattr(mod, name)))
     old_gc = gc.get_threshold()
     gc.set_threshold(*(max(a, b) for a, b in zip(loop.GC_THRESHOLDS, old_gc)))  # as Coordinator.run
     try:
-        modes = asyncio.run(run())
+        modes = asyncio.run(bench.run(intervals, warmup, profile))
     finally:
         gc.set_threshold(*old_gc)
         for mod, name, fn in saved:
             setattr(mod, name, fn)
     per = {s: 1e6 * v / (n_gpus * intervals) for s, v in sw.cpu.items()}
     beyond = sum(v for s, v in per.items() if s not in ("solve", "view"))
-    enforced_sum = float(fleet.enforced.sum())
-    return {"gpus": n_gpus, "nodes": n_nodes, "jobs": len(fleet.jobs), "intervals": intervals,
+    return {"gpus": n_gpus, "nodes": bench.n_nodes, "jobs": len(bench.fleet.jobs), "intervals": intervals,
             "us_per_gpu": {s: round(v, 2) for s, v in per.items()},
             "solve_us_per_gpu": round(per["solve"], 2), "beyond_solver_us": round(beyond, 2),
             "view_read_us": round(per["view"], 2),
             "interval_cpu_s": round(sum(sw.cpu.values()) / intervals, 3),
-            "refits": coord.models.refits, "modes": sorted(set(modes)),
-            "enforced_over_budget": round(enforced_sum / policy.budget_w, 4)}
+            "refits": bench.coord.models.refits, "modes": sorted(set(modes)),
+            "enforced_over_budget": round(float(bench.fleet.enforced.sum()) / bench.policy.budget_w, 4)}
 
 
 def measure_sim(cluster: str, policy_file: str, duration_s: float | None) -> dict:

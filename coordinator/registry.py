@@ -366,6 +366,12 @@ class Registry:
         node.seen_s = time.time()
         node.seen_mono = now
         node.last_telemetry_seq = msg.seq
+        self._record_gpus(node, msg, now)
+        return first and all(g.have_reading for g in node.gpus.values())
+
+    def _record_gpus(self, node: NodeObs, msg, now: float) -> None:
+        """The GPU readings of one ``NodeTelemetry`` (:meth:`on_telemetry`) at ``now`` (s)."""
+        node_name = node.name
         gpus = node.gpus
         energy_seen = self._energy_seen
         job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
@@ -424,7 +430,6 @@ class Registry:
                 job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
                 if job:
                     self.job_energy_j[job] += energy_j - prev
-        return first and all(g.have_reading for g in node.gpus.values())
 
     def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None) -> None:
         """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
