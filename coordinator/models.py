@@ -1,8 +1,9 @@
 """Per-GPU online models: the power->rate curve and the thermal (R, tau, inlet) model.
 
-Both estimators are the allocator's (:class:`capctl.allocator.curves.OnlineCurveFit`,
-:class:`capctl.allocator.thermal.OnlineThermalFit`); this module only turns telemetry samples into
-their observations.
+The curve estimator is the allocator's (:class:`capctl.allocator.curves.OnlineCurveFit`); the
+thermal one is the arithmetic of :class:`capctl.allocator.thermal.OnlineThermalFit` batched over
+nodes (:class:`ThermalBank`: one RLS update of every node's GPUs per interval, as arrays); this
+module turns telemetry samples into their observations.
 
 Rate observations (one per telemetry sample of a busy GPU; source: NVML clocks event reasons,
 ``nvmlDeviceGetCurrentClocksEventReasons``):
