@@ -309,7 +309,7 @@ class _GpuRows:
             target = 0.0
             strag = ""
             fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
-                     or bool(g.constraints_problem))
+                     or bool(g.constraints_problem))  # (memoized: coordinator.registry)
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
@@ -338,10 +338,11 @@ class _GpuRows:
                 else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes
                     idle = lo  # back from the headroom left once every running job has its watts
                     target = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
+            job = job_of.get(idx)
             gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
                 key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
-                g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
-                target if job_of.get(idx) is None else 0.0,
+                g.enforced_w if g.have_reading else accounted, job, curve_of(key), math.inf, idle,
+                target if job is None else 0.0,
             ))
             if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
                 _pace(gpus[-1], g, strag)

@@ -491,6 +491,16 @@ class Models:
         m = self.gpus.get(key)
         return m.kind if m is not None else ""
 
+    def curve_kinds(self, keys) -> dict[tuple[str, int], str]:
+        """GPU key -> :meth:`curve_kind` for every key of ``keys``."""
+        gpus = self.gpus
+        out = {}
+        for k in keys:
+            m = gpus.get(k)
+            # GpuModel.kind, inlined (one call per GPU per interval saved)
+            out[k] = "" if m is None else "learned" if m._cached is not m.prior else "prior" if m.known else "generic"
+        return out
+
     def thermal(self, node: str) -> dict[int, tuple[float, float, float]]:
         """GPU index -> (R °C/W, tau s, inlet °C) for ``node`` (empty if unknown). The parameters
         of every node are computed at once, on the first call after :meth:`update`."""

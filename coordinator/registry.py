@@ -112,7 +112,6 @@ class GpuObs:
     pending: dict[int, float] = dataclasses.field(default_factory=dict)  # plan seq -> cap sent (W)
     last_ack_w: float = 0.0
     last_ack_mono: float = -1e18
-    target_w: float = 0.0  # the last cap the coordinator decided for this GPU (W)
     safe_cap_w: float = 0.0  # the last safe cap sent (W)
     # throttling history: (mono time, thermal?, power?) over THROTTLE_WINDOW_S
     throttle_hist: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
