@@ -81,6 +81,58 @@ class SolveInputs:
     slew_w: float | None
     node_domain: dict[str, str]
     domain_members: dict[str, set]  # domain name -> GPU keys below it (all levels)
+    limited: tuple | None = None  # (limited domains, levels): see domain_levels (None: not computed yet)
+    limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
+
+
+def limited_positions(inputs: SolveInputs) -> list[tuple[float, np.ndarray]]:
+    """``(limit W, positions of its GPUs in inputs.gpus, sorted)`` of every domain with a finite
+    limit, in domain order: :func:`coordinator.planner.domain_index` of ``inputs`` (cached)."""
+    if inputs.limited_pos is None:
+        limited, levels = domain_levels(inputs)
+        inputs.limited_pos = [(lim, np.nonzero((levels == j).any(axis=1))[0]) for j, (_n, lim) in enumerate(limited)]
+    return inputs.limited_pos
+
+
+def _limited_domains(domains: list[dict]) -> list[tuple[str, float]]:
+    return [(d["name"], float(d["limit_w"])) for d in domains
+            if d["limit_w"] is not None and math.isfinite(d["limit_w"])]
+
+
+def _levels(limited: list[tuple[str, float]], members: dict, pos_of) -> np.ndarray:
+    """[G, depth] int: the positions in ``limited`` of the domains above each GPU, -1 padded
+    (``pos_of``: GPU key -> its position, G = len(pos_of))."""
+    G = len(pos_of)
+    count = np.zeros(G, np.int64)
+    cols = []
+    for j, (name, _lim) in enumerate(limited):
+        idx = np.fromiter((pos_of[k] for k in members.get(name, ()) if k in pos_of), np.int64)
+        cols.append((j, idx, count[idx].copy()))
+        count[idx] += 1
+    levels = np.full((G, int(count.max()) if G and cols else 0), -1, np.int64)
+    for j, idx, col in cols:
+        levels[idx, col] = j
+    return levels
+
+
+def domain_levels(inputs: SolveInputs) -> tuple[list[tuple[str, float]], np.ndarray]:
+    """``(limited, levels)`` of ``inputs``: the domains with a finite limit as ``(name, limit W)``
+    and, per GPU of ``inputs.gpus`` (in order), the positions in ``limited`` of the domains above
+    it ([G, depth] int, -1 padded). Cached on ``inputs`` (from the domain structure when
+    :func:`build_inputs` made it)."""
+    if inputs.limited is None:
+        limited = _limited_domains(inputs.domains)
+        inputs.limited = (limited, _levels(limited, inputs.domain_members,
+                                           {g.key: i for i, g in enumerate(inputs.gpus)}))
+    return inputs.limited
+
+
+def _domain_sums(levels: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """[n]: the sum of ``values`` [G] (W) over each limited domain's GPUs."""
+    if not levels.size:
+        return np.zeros(n)
+    m = levels >= 0
+    return np.bincount(levels[m], weights=np.broadcast_to(values[:, None], levels.shape)[m], minlength=n)
 
 
 @dataclasses.dataclass
@@ -148,8 +200,10 @@ the set of nodes and GPU indices changes (a few entries; see :func:`_structure`)
 _STRUCTURE_CACHE_MAX = 4
 
 
-def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dict[str, frozenset]]:
-    """Domains, node -> node-domain and domain -> GPU keys below it for ``topology`` (a tuple of
+def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dict[str, frozenset], tuple, list]:
+    """Domains, node -> node-domain, domain -> GPU keys below it, the limited domains with their
+    levels (:func:`domain_levels`) and positions (:func:`limited_positions`; GPUs in topology
+    order, the order of :func:`build_inputs`' list) for ``topology`` (a tuple of
     ``(node name, (gpu indices...))`` sorted by name), cached. The returned objects are shared
     between intervals: callers must not mutate them."""
     key = (id(policy), topology)
@@ -165,7 +219,13 @@ def _structure(policy, topology: tuple) -> tuple[list[dict], dict[str, str], dic
         while d is not None:
             members[d].update(keys)
             d = parent[d]
-    value = (domains, node_domain, {k: frozenset(v) for k, v in members.items()})
+    frozen = {k: frozenset(v) for k, v in members.items()}
+    limited = _limited_domains(domains)
+    pos_of = {(name, idx): None for name, indices in topology for idx in indices}
+    pos_of = {k: i for i, k in enumerate(pos_of)}  # the order of build_inputs' GPU list
+    levels = _levels(limited, frozen, pos_of)
+    positions = [(lim, np.nonzero((levels == j).any(axis=1))[0]) for j, (_n, lim) in enumerate(limited)]
+    value = (domains, node_domain, frozen, (limited, levels), positions)
     if len(_STRUCTURE_CACHE) >= _STRUCTURE_CACHE_MAX:
         _STRUCTURE_CACHE.clear()
     _STRUCTURE_CACHE[key] = (policy, value)  # the policy is kept alive so that its id stays unique
@@ -183,7 +243,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     """
     nodes = registry.nodes
     topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in sorted(nodes))
-    domains, node_domain, members = _structure(policy, topology)
+    domains, node_domain, members, limited, positions = _structure(policy, topology)
     jobs: dict[str, float] = {}
     weights: dict[tuple, float] = {}
     rows = _GpuRows(policy, models, now_mono, ack_memory_s)
@@ -200,7 +260,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     used = {g.job for g in gpus if g.job}
     jobs = {j: w for j, w in jobs.items() if j in used}
     return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
-                       node_domain=node_domain, domain_members=members)
+                       node_domain=node_domain, domain_members=members, limited=limited, limited_pos=positions)
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
@@ -249,7 +309,7 @@ class _GpuRows:
             target = 0.0
             strag = ""
             fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
-                     or bool(g.constraints_problem))
+                     or bool(g.constraints_problem))  # (memoized: coordinator.registry)
             if fixed:
                 v = max(accounted, FIXED_EPS_W)
                 lo = hi = v
@@ -258,7 +318,7 @@ class _GpuRows:
                 lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
                 hi = g.max_cap_w
                 lo = max(lo, FIXED_EPS_W)
-                strag = straggler_reason(g, self.now_mono)
+                strag = straggler_reason(g, now_mono) if g.slowdown_run >= STRAGGLER_SAMPLES else ""
                 if strag:  # held where extra watts buy nothing (its draw, +5 % and 5 W for noise);
                     # the solve paces its job-mates to it (its measured speed) and frees the rest
                     hi = max(lo, min(hi, g.sample_enforced_w, STRAGGLER_MARGIN * g.power_w + 5.0))
@@ -278,10 +338,11 @@ class _GpuRows:
                 else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes
                     idle = lo  # back from the headroom left once every running job has its watts
                     target = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
+            job = job_of.get(idx)
             gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
                 key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
-                g.enforced_w if g.have_reading else accounted, job_of.get(idx), curve_of(key), math.inf, idle,
-                target if job_of.get(idx) is None else 0.0,
+                g.enforced_w if g.have_reading else accounted, job, curve_of(key), math.inf, idle,
+                target if job is None else 0.0,
             ))
             if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
                 _pace(gpus[-1], g, strag)
@@ -305,18 +366,34 @@ def straggler_reason(g, now_mono: float) -> str:
             f"({', '.join(g.reasons)})")
 
 
+_PACE_REASONS: dict[tuple, tuple[bool, bool]] = {}
+
+
+def _pace_reasons(reasons: tuple) -> tuple[bool, bool]:
+    """``(a slowdown, the power cap)`` among ``reasons`` (memoized per tuple; bounded)."""
+    hit = _PACE_REASONS.get(reasons)
+    if hit is None:
+        up = [r.upper() for r in reasons]
+        hit = (any("SLOWDOWN" in r for r in up), any("POWER_CAP" in r for r in up))
+        if len(_PACE_REASONS) >= 4096:
+            _PACE_REASONS.clear()
+        _PACE_REASONS[reasons] = hit
+    return hit
+
+
 def _pace(gi: GpuInput, g, strag: str) -> None:
     """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`)."""
-    from capctl.allocator.curves import DEFAULT_CURVES
-
     gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
     gi.pace_at_w = g.sample_enforced_w
-    up = [r.upper() for r in g.reasons]
+    reasons = g.reasons
+    slowed, capped = _pace_reasons(reasons if isinstance(reasons, tuple) else tuple(reasons))
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
     # (pace 1.0: the fastest a GPU gets, so the loop may bring its cap down, never needs to raise it)
-    gi.paced = (not strag and g.utilization_pct >= 20.0 and not any("SLOWDOWN" in r for r in up)
-                and (any("POWER_CAP" in r for r in up) or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
+    gi.paced = (not strag and g.utilization_pct >= 20.0 and not slowed
+                and (capped or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
     if strag:
+        from capctl.allocator.curves import DEFAULT_CURVES
+
         curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
         model = float(curve.rate(max(gi.max_cap_w, gi.min_cap_w)))  # at the cap it is held at
         gi.straggler = strag
@@ -376,38 +453,46 @@ def solve(inputs: SolveInputs) -> SolveOutput:
 
 def paced_split(inputs: SolveInputs, desired: dict) -> None:
     """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
-    job, keeping a job's correction only when every limited domain stays within its limit."""
+    job, keeping a job's correction only when every limited domain stays within its limit (domain
+    sums on arrays: :func:`domain_levels`)."""
     from coordinator import paceloop
 
-    limited = [(d["name"], float(d["limit_w"])) for d in inputs.domains
-               if d["limit_w"] is not None and math.isfinite(d["limit_w"])]
-    load = {name: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(name, ())) for name, _ in limited}
-    head = {name: lim - load[name] - LIMIT_SLACK_W for name, lim in limited}
+    limited, levels = domain_levels(inputs)
+    gpus = inputs.gpus
+    n = len(limited)
+    lims = np.array([lim for _, lim in limited], float)
+    d = np.fromiter((desired.get(g.key, 0.0) for g in gpus), float, len(gpus))
+    load = _domain_sums(levels, d, n)
+    head = lims - load - LIMIT_SLACK_W
+    pos_of = {g.key: i for i, g in enumerate(gpus)}
 
     def extra_w(members) -> float:
         # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
         # left in all its limited domains; granted job by job, so no domain is counted twice
-        keys = {g.key for g in members}
-        mine = [n for n, _ in limited if keys & inputs.domain_members.get(n, frozenset())]
-        grant = max(0.0, min((head[n] for n in mine), default=0.0))
-        for n in mine:
-            head[n] -= grant
+        if not n:
+            return 0.0
+        mine = np.unique(levels[np.fromiter((pos_of[g.key] for g in members), np.int64, len(members))])
+        mine = mine[mine >= 0]
+        if not mine.size:
+            return 0.0
+        grant = max(0.0, float(head[mine].min()))
+        head[mine] -= grant
         return grant
 
-    moved = paceloop.correct(inputs.gpus, desired, inputs.jobs, extra_w)
+    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w)
     if not moved:
         return
-    job_of = {g.key: g.job for g in inputs.gpus}
+    job_of = {g.key: g.job for g in gpus}
     by_job: dict = {}
     for k, c in moved.items():
         by_job.setdefault(job_of[k], {})[k] = c
     for caps in by_job.values():
-        delta = {name: sum(c - desired[k] for k, c in caps.items() if k in inputs.domain_members.get(name, ()))
-                 for name, _ in limited}
-        if all(load[name] + delta[name] <= lim + 1e-6 for name, lim in limited):
+        p = np.fromiter((pos_of[k] for k in caps), np.int64, len(caps))
+        diff = np.fromiter((c - desired[k] for k, c in caps.items()), float, len(caps))
+        delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
+        if bool(np.all(load + delta <= lims + 1e-6)):
             desired.update(caps)
-            for name in load:
-                load[name] += delta[name]
+            load += delta
 
 
 def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
@@ -420,31 +505,33 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
     that goes back to its idle GPUs, in proportion to what each still lacks, with the grant of a GPU
     the smallest of its domains' ratios: one pass, so no domain ever exceeds its limit. With
     headroom enough (as at a job's end under a budget that allows it) every pre-job limit comes back
-    fully."""
-    want = {g.key: g.idle_target_w - desired[g.key] for g in inputs.gpus
+    fully. Domain sums on arrays (:func:`domain_levels`)."""
+    gpus = inputs.gpus
+    want = {i: g.idle_target_w - desired[g.key] for i, g in enumerate(gpus)
             if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6}
     if not want:
         return
-    ratio: dict = {}
-    for d in inputs.domains:
-        lim = d["limit_w"]
-        if lim is None or not math.isfinite(lim):
-            continue
-        members = inputs.domain_members.get(d["name"], ())
-        wanted = sum(want.get(k, 0.0) for k in members)
-        if wanted <= 0:
-            continue
-        head = float(lim) - sum(desired.get(k, 0.0) for k in members)
+    limited, levels = domain_levels(inputs)
+    n = len(limited)
+    if n:
+        w = np.zeros(len(gpus))
+        w[np.fromiter(want, np.int64, len(want))] = np.fromiter(want.values(), float, len(want))
+        wanted = _domain_sums(levels, w, n)
+        head = np.array([lim for _, lim in limited]) - _domain_sums(
+            levels, np.fromiter((desired.get(g.key, 0.0) for g in gpus), float, len(gpus)), n)
         # all of it when it fits (a budget equal to the pre-job limits' sum restores them exactly),
         # else in proportion, LIMIT_SLACK_W below the limit (float rounding)
-        ratio[d["name"]] = 1.0 if head >= wanted - 1e-9 else min(1.0, max(0.0, (head - LIMIT_SLACK_W) / wanted))
-    domains_of: dict = {}
-    for name, r in ratio.items():
-        for k in inputs.domain_members.get(name, ()):
-            if k in want:
-                domains_of[k] = min(domains_of.get(k, 1.0), r)
-    for k, w in want.items():
-        desired[k] += w * domains_of.get(k, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(head >= wanted - 1e-9, 1.0,
+                             np.minimum(1.0, np.maximum(0.0, (head - LIMIT_SLACK_W) / wanted)))
+        ratio = np.append(np.where(wanted > 0, ratio, 1.0), 1.0)  # index -1 (padding): no limit
+        rows = np.fromiter(want, np.int64, len(want))
+        factor = ratio[levels[rows]].min(axis=1) if levels.shape[1] else np.ones(len(rows))
+        factor = np.minimum(factor, 1.0).tolist()
+    else:
+        factor = [1.0] * len(want)
+    for (i, wv), f in zip(want.items(), factor):
+        desired[gpus[i].key] += wv * f
 
 
 LIMIT_SLACK_W = 0.01

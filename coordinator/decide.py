@@ -311,6 +311,15 @@ def _candidate_nodes(pa: planner.PlanArrays) -> frozenset:
     return frozenset(pa.keys[i][0] for i in cand)
 
 
+def _domain_index(inputs: allocation.SolveInputs, domains, state: FleetState) -> list:
+    """:func:`coordinator.planner.domain_index` of the fleet state's GPUs: the problem's cached
+    positions when the state holds every GPU of the problem (none left since), else rebuilt."""
+    pos = state.pos
+    if len(pos) == len(inputs.gpus) and (not len(pos) or (pos[0] == 0 and pos[-1] == len(pos) - 1)):
+        return allocation.limited_positions(inputs)  # pos is strictly increasing: the identity
+    return planner.domain_index(domains, state.gpus.keys)
+
+
 def plan(solution: Solution, obs: Observations) -> Decision:
     """Stage 2: the decision of ``solution`` on the fleet's state ``obs`` (see :class:`Decision`).
 
@@ -319,8 +328,9 @@ def plan(solution: Solution, obs: Observations) -> Decision:
     Stale nodes get nothing (their GPUs are fixed at their accounted caps in the problem)."""
     pa = with_desired(solution, obs.state)
     keys = pa.keys
-    domains = domain_specs(obs.problem.inputs)
-    doms = planner.domain_index(domains, keys)
+    inputs = obs.problem.inputs
+    domains = domain_specs(inputs)
+    doms = _domain_index(inputs, domains, obs.state)
     live_pos = np.nonzero(pa.live)[0].tolist()
     safe = planner.safe_caps_arrays(np.minimum(pa.desired_w, pa.accounted_w), pa, doms,
                                     obs.policy.failsafe.safe_cap_w).tolist()

@@ -454,14 +454,9 @@ class Coordinator:
                                    self.ack_memory_s(), with_nodes=False)
 
     def _after_plans(self, decision: decide.Decision) -> None:
-        """Record the targets, rewrite the node ledger when due, forget long-silent nodes."""
+        """Rewrite the node ledger when due, forget long-silent nodes."""
         reg = self.registry
         nodes = reg.nodes
-        for key, want in decision.desired_w.items():
-            node = nodes.get(key[0])
-            g = node.gpus.get(key[1]) if node else None
-            if g is not None:
-                g.target_w = want
         reporting = frozenset(n for n, node in nodes.items() if any(g.have_reading for g in node.gpus.values()))
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
@@ -527,7 +522,7 @@ class Coordinator:
             now=now, time_s=time.time(), nodes=nodes, job_energy_j={**reg.job_energy_j, **self.energy_book.energy_j()},
             persistent_alerts=list(self.persistent_alerts.values()), alerts=list(alerts), inputs=inputs, out=out,
             desired=desired, tick_s=tick_s, plans_sent=plans_sent,
-            curve_kind={k: self.models.curve_kind(k) for k in desired},
+            curve_kind=self.models.curve_kinds(desired),
         )
         self.view = LazyView(functools.partial(build_view, snap), tick_s, plans_sent)
 

@@ -1,8 +1,9 @@
 """Per-GPU online models: the power->rate curve and the thermal (R, tau, inlet) model.
 
-Both estimators are the allocator's (:class:`capctl.allocator.curves.OnlineCurveFit`,
-:class:`capctl.allocator.thermal.OnlineThermalFit`); this module only turns telemetry samples into
-their observations.
+The curve estimator is the allocator's (:class:`capctl.allocator.curves.OnlineCurveFit`); the
+thermal one is the arithmetic of :class:`capctl.allocator.thermal.OnlineThermalFit` batched over
+nodes (:class:`ThermalBank`: one RLS update of every node's GPUs per interval, as arrays); this
+module turns telemetry samples into their observations.
 
 Rate observations (one per telemetry sample of a busy GPU; source: NVML clocks event reasons,
 ``nvmlDeviceGetCurrentClocksEventReasons``):
@@ -52,7 +53,7 @@ import time
 import numpy as np
 
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
-from capctl.allocator.thermal import OnlineThermalFit
+from capctl.allocator.thermal import THERMAL_PRIOR
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -85,14 +86,32 @@ def prior_curve(product_name: str, min_cap_w: float, max_cap_w: float) -> CurveP
     return DEFAULT_CURVES["A40"].scaled(*_A40_RANGE_W, lo, hi, f"A40 Zeus fit mapped onto [{lo:g}, {hi:g}] W")
 
 
+_SLOWED, _POWER, _FREE = 0, 1, 2
+_RATE_CLASS: dict[tuple, int] = {}
+
+
+def _rate_class(reasons: tuple) -> int:
+    """What a reason set says of the rate (memoized per tuple; a fleet reports a few distinct
+    sets): a slowdown sets the clock (thermal, HW), the power cap does, or nothing throttles."""
+    hit = _RATE_CLASS.get(reasons)
+    if hit is None:
+        up = [r.upper() for r in reasons]
+        hit = (_SLOWED if any("THERMAL" in r or "SLOWDOWN" in r for r in up)
+               else _POWER if any("POWER" in r for r in up) else _FREE)
+        if len(_RATE_CLASS) >= 4096:
+            _RATE_CLASS.clear()
+        _RATE_CLASS[reasons] = hit
+    return hit
+
+
 def rate_observation(sample, max_sm_clock_mhz: float) -> float | None:
     """Relative rate observed in one telemetry sample (see module docstring), or None."""
     if sample.utilization_pct < BUSY_UTILIZATION_PCT:
         return None
-    reasons = [r.upper() for r in sample.reasons]
-    if any("THERMAL" in r or "SLOWDOWN" in r for r in reasons):
+    cls = _rate_class(sample.reasons if isinstance(sample.reasons, tuple) else tuple(sample.reasons))
+    if cls == _SLOWED:
         return None  # the clock is set by a slowdown (thermal, HW): it says nothing of the cap
-    if any("POWER" in r for r in reasons):
+    if cls == _POWER:
         if max_sm_clock_mhz <= 0 or sample.sm_clock_mhz <= 0:
             return None
         return min(1.0, sample.sm_clock_mhz / max_sm_clock_mhz)
@@ -135,6 +154,7 @@ class GpuModel:
         self._scaled: CurveParams | None = None
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
         self._scale_at_fit = 1.0
+        self._ready = False  # _full_fit_ready() once true stays true (caps are only added)
         self.refits = 0
         self.job_id = ""  # the job whose samples this model holds ("" = none yet)
 
@@ -148,6 +168,7 @@ class GpuModel:
         if b not in self._caps and sample.enforced_w >= self.prior.valid_min_w:
             self._caps.add(b)
             self._new_caps += 1
+            self._ready = False
         p = self.prior
         if rho < 1.0:
             ref = p.sat_w - p.k_w * math.log1p((1.0 - rho) / p.a)  # cap_for_rate, scalar
@@ -175,7 +196,10 @@ class GpuModel:
         return self._scale_sum / self._scale_wt if self._scale_wt > 0 else 1.0
 
     def _full_fit_ready(self) -> bool:
-        return len(self._caps) >= FULL_FIT_MIN_CAPS and max(self._caps) - min(self._caps) >= FULL_FIT_MIN_SPAN_W
+        if not self._ready:
+            caps = self._caps
+            self._ready = len(caps) >= FULL_FIT_MIN_CAPS and max(caps) - min(caps) >= FULL_FIT_MIN_SPAN_W
+        return self._ready
 
     def _anchored(self) -> CurveParams:
         if self._scaled is None:
@@ -216,34 +240,158 @@ class GpuModel:
         return self._cached if self._cached is not self.prior else self._anchored()
 
 
-class NodeThermal:
-    """Thermal model of one node's GPUs (one :class:`OnlineThermalFit` over its GPU indices)."""
+class ThermalBank:
+    """The RLS thermal estimates of many nodes with ``n_gpus`` GPUs each, as arrays (one row per
+    node): the arithmetic of :class:`capctl.allocator.thermal.OnlineThermalFit` (same model,
+    prior, forgetting factor 0.995, prior strength 1e-2, dt screening, bounds), batched over nodes
+    so that one interval's samples of all nodes are one update. Row ``r`` after the same samples
+    equals an ``OnlineThermalFit(n_gpus, nominal_interval_s=...)`` fed them (tested to 1e-9).
 
-    def __init__(self, indices: tuple[int, ...], interval_s: float) -> None:
+    Shapes: ``theta`` [rows, G, 3] (alpha, beta, gamma), ``cov`` [rows, G, 3, 3]; per row the
+    previous sample time (s, NaN: none), temperatures (°C), the dt statistics (s)."""
+
+    FORGET = 0.995
+    PRIOR_STRENGTH = 1e-2
+
+    def __init__(self, n_gpus: int) -> None:
+        self.n = int(n_gpus)
+        self.rows = 0
+        self.free: list[int] = []
+        self._alloc(16)
+
+    def _alloc(self, cap: int) -> None:
+        old = self.rows and (self.theta, self.cov, self.prev_t, self.prev_temp, self.dt_sum, self.dt_n, self.dt_s)
+        G = self.n
+        self.theta = np.zeros((cap, G, 3))
+        self.cov = np.zeros((cap, G, 3, 3))
+        self.prev_t = np.full(cap, np.nan)
+        self.prev_temp = np.zeros((cap, G))
+        self.dt_sum = np.zeros(cap)
+        self.dt_n = np.zeros(cap, np.int64)
+        self.dt_s = np.zeros(cap)
+        if old:
+            for new, prev in zip((self.theta, self.cov, self.prev_t, self.prev_temp, self.dt_sum, self.dt_n,
+                                  self.dt_s), old):
+                new[:len(prev)] = prev
+
+    def new_row(self, interval_s: float) -> int:
+        """A row at the prior (nominal sampling period ``interval_s``, s); returns its index."""
+        if self.free:
+            row = self.free.pop()
+        else:
+            if self.rows == len(self.prev_t):
+                self._alloc(2 * self.rows)
+            row = self.rows
+            self.rows += 1
+        r0, tau0, in0 = (THERMAL_PRIOR[k][0] for k in ("r_c_per_w", "tau_s", "inlet_c"))
+        e = np.exp(-float(interval_s) / tau0)
+        self.theta[row] = np.array([e, (1 - e) * r0, (1 - e) * in0])
+        scale = np.array([1 / 50.0, 1 / 300.0, 1.0]) ** 2
+        self.cov[row] = np.diag(scale / self.PRIOR_STRENGTH)
+        self.prev_t[row] = np.nan
+        self.dt_sum[row] = 0.0
+        self.dt_n[row] = 0
+        self.dt_s[row] = float(interval_s)
+        return row
+
+    def release(self, row: int) -> None:
+        """Give a row back (its node left)."""
+        self.free.append(row)
+
+    def add(self, rows: np.ndarray, time_s: np.ndarray, power_w: np.ndarray, temp_c: np.ndarray) -> None:
+        """One sample of every GPU of the nodes ``rows`` (distinct, [K]): time [K] (s, later than
+        the row's previous one), power [K, G] (W), temperature [K, G] (°C)."""
+        G = self.n
+        has = np.isfinite(self.prev_t[rows])
+        k = rows[has]
+        if k.size:
+            dt = time_s[has] - self.prev_t[k]
+            n_prev = self.dt_n[k]
+            mean_dt = np.where(n_prev > 0, self.dt_sum[k] / np.maximum(n_prev, 1), dt)
+            ok = np.abs(dt - mean_dt) <= 0.5 * mean_dt
+            k, dt = k[ok], dt[ok]
+            if k.size:
+                self.dt_sum[k] += G * dt
+                self.dt_n[k] += G
+                self.dt_s[k] = self.dt_sum[k] / self.dt_n[k]
+                sel = np.nonzero(has)[0][ok]
+                x = np.stack([self.prev_temp[k], power_w[sel], np.ones((k.size, G))], axis=2)  # [K, G, 3]
+                cov = self.cov[k]
+                theta = self.theta[k]
+                px = np.einsum("kgij,kgj->kgi", cov, x)
+                denom = self.FORGET + np.einsum("kgi,kgi->kg", x, px)
+                gain = px / denom[..., None]
+                err = temp_c[sel] - np.einsum("kgi,kgi->kg", x, theta)
+                upd = np.isfinite(err)
+                theta[upd] += gain[upd] * err[upd][:, None]
+                newcov = (cov - gain[..., :, None] * px[..., None, :]) / self.FORGET
+                cov[upd] = newcov[upd]
+                self.theta[k] = theta
+                self.cov[k] = cov
+        self.prev_t[rows] = time_s
+        self.prev_temp[rows] = temp_c
+
+    def params(self, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(r_c_per_w, tau_s, inlet_c)`` [K, G] (°C/W, s, °C) of ``rows``, clipped to the
+        bounds of :data:`capctl.allocator.thermal.THERMAL_PRIOR` (as ``OnlineThermalFit.params``)."""
+        lo = {k: v[1] for k, v in THERMAL_PRIOR.items()}
+        hi = {k: v[2] for k, v in THERMAL_PRIOR.items()}
+        dt = self.dt_s[rows][:, None]
+        th = self.theta[rows]
+        alpha = np.clip(th[..., 0], np.exp(-dt / lo["tau_s"]), np.exp(-dt / hi["tau_s"]))
+        tau = -dt / np.log(alpha)
+        r = np.clip(th[..., 1] / (1 - alpha), lo["r_c_per_w"], hi["r_c_per_w"])
+        inlet = np.clip(th[..., 2] / (1 - alpha), lo["inlet_c"], hi["inlet_c"])
+        return r, np.clip(tau, lo["tau_s"], hi["tau_s"]), inlet
+
+
+class NodeThermal:
+    """Thermal model of one node's GPUs: one row of a :class:`ThermalBank` over its GPU indices."""
+
+    def __init__(self, indices: tuple[int, ...], interval_s: float, bank: ThermalBank | None = None) -> None:
         self.indices = indices
-        self.fit = OnlineThermalFit(len(indices), nominal_interval_s=interval_s)
+        self.bank = bank if bank is not None else ThermalBank(len(indices))
+        self.row = self.bank.new_row(interval_s)
         self.last_t = -math.inf
+
+    def accepts(self, time_s: float, power_w, temp_c) -> bool:
+        """True when a sample at ``time_s`` (s) is new and well formed (one finite-typed value per
+        GPU); out-of-order samples are ignored."""
+        return time_s > self.last_t and len(power_w) == len(temp_c) == len(self.indices)
 
     def add(self, time_s: float, power_w: list[float], temp_c: list[float]) -> None:
         """One sample per GPU (in ``indices`` order); out-of-order samples are ignored."""
-        if time_s <= self.last_t:
+        if not self.accepts(time_s, power_w, temp_c):
             return
         self.last_t = time_s
-        try:
-            self.fit.add(time_s, np.asarray(power_w, float), np.asarray(temp_c, float))
-        except ValueError as exc:
-            log.debug("thermal sample ignored: %s", exc)
+        self.bank.add(np.array([self.row]), np.array([float(time_s)]), np.asarray([power_w], float),
+                      np.asarray([temp_c], float))
 
     def params(self) -> dict[int, tuple[float, float, float]]:
         """GPU index -> (r_c_per_w °C/W, tau_s s, inlet_c °C)."""
-        r, tau, inlet = self.fit.params()
-        return {idx: (float(r[i]), float(tau[i]), float(inlet[i])) for i, idx in enumerate(self.indices)}
+        r, tau, inlet = (a[0].tolist() for a in self.bank.params(np.array([self.row])))
+        return {idx: (r[i], tau[i], inlet[i]) for i, idx in enumerate(self.indices)}
 
 
 REFIT_BUDGET_FRACTION = 0.1
 """Curve refits of one interval stop after this fraction of the interval (at most
 :data:`REFIT_BUDGET_MAX_S`); the GPUs left over keep their last fit until a later interval."""
 REFIT_BUDGET_MAX_S = 0.1
+
+
+def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]:
+    """The thermal samples of one node: ``(time s, powers W, temps °C)`` for each telemetry time
+    at which every GPU has a valid sample with a temperature (sorted). The samples of one
+    telemetry message share its arrival time; a GPU without a reading, or without a temperature,
+    gives none at that time, so the fit never learns from zeros."""
+    if all(len(x) == 1 for x in per_gpu):  # the usual case: one report per interval
+        t = per_gpu[0][0].time_s
+        if all(x[0].time_s == t and x[0].temp_c > 0 and math.isfinite(x[0].temp_c) for x in per_gpu):
+            return [(t, [x[0].power_w for x in per_gpu], [x[0].temp_c for x in per_gpu])]
+    by_time = [{smp.time_s: smp for smp in samples_i if smp.temp_c > 0 and math.isfinite(smp.temp_c)}
+               for samples_i in per_gpu]
+    common = sorted(set(by_time[0]).intersection(*by_time[1:]))
+    return [(t, [m[t].power_w for m in by_time], [m[t].temp_c for m in by_time]) for t in common]
 
 
 class Models:
@@ -256,6 +404,8 @@ class Models:
         clocks and a seeded ``random.Random`` (deterministic runs)."""
         self.gpus: dict[tuple[str, int], GpuModel] = {}
         self.nodes: dict[str, NodeThermal] = {}
+        self._banks: dict[int, ThermalBank] = {}  # GPUs per node -> the thermal rows of such nodes
+        self._thermal_cache = None  # per interval: bank id -> (r, tau, inlet) of all its rows
         self._refit_deadline = 0.0
         self._clock = clock
         self._budget_clock = budget_clock
@@ -265,19 +415,25 @@ class Models:
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's
-        refit budget (see :data:`REFIT_BUDGET_FRACTION`)."""
+        refit budget (see :data:`REFIT_BUDGET_FRACTION`). The thermal samples of all nodes go
+        into their :class:`ThermalBank` in one batched update per bank and round."""
         self._refit_deadline = self._budget_clock() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
+        self._thermal_cache = None
         samples = registry.take_samples()
+        thermal_work = []
         for node_name, node in registry.nodes.items():
             indices = tuple(sorted(node.gpus))
             nt = self.nodes.get(node_name)
             if nt is None or nt.indices != indices:
-                nt = NodeThermal(indices, interval_s)
+                if nt is not None:
+                    nt.bank.release(nt.row)
+                nt = NodeThermal(indices, interval_s, self._bank(len(indices)))
                 self.nodes[node_name] = nt
-            per_gpu = [samples.get((node_name, i), []) for i in indices]
+            per_gpu = [samples.get((node_name, i), ()) for i in indices]
             job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
-            for i in indices:
-                g = node.gpus[i]
+            gpus = node.gpus
+            for i, mine in zip(indices, per_gpu):
+                g = gpus[i]
                 key = (node_name, i)
                 m = self.gpus.get(key)
                 job = job_of.get(i, "")
@@ -286,23 +442,45 @@ class Models:
                     m = GpuModel(g.name, g.min_cap_w, g.max_cap_w)
                     m.job_id = job
                     self.gpus[key] = m
-                for s in samples.get(key, ()):
-                    m.add(s, g.max_sm_clock_mhz)
-            # thermal: the samples of one telemetry message share its arrival time; a time is
-            # used only when every GPU of the node has a valid sample then (a GPU without a
-            # reading, or without a temperature, gives none: the fit never learns from zeros)
+                for smp in mine:
+                    m.add(smp, g.max_sm_clock_mhz)
             if per_gpu and all(per_gpu):
-                by_time = [{s.time_s: s for s in samples_i if s.temp_c > 0 and math.isfinite(s.temp_c)}
-                           for samples_i in per_gpu]
-                common = sorted(set(by_time[0]).intersection(*by_time[1:]))
-                for t in common:
-                    nt.add(t, [m[t].power_w for m in by_time], [m[t].temp_c for m in by_time])
+                times = _common_times(per_gpu)
+                if times:
+                    thermal_work.append((nt, times))
+        self._add_thermal(thermal_work)
+
+    def _bank(self, n_gpus: int) -> ThermalBank:
+        bank = self._banks.get(n_gpus)
+        if bank is None:
+            bank = self._banks[n_gpus] = ThermalBank(n_gpus)
+        return bank
+
+    def _add_thermal(self, work: list) -> None:
+        """Feed ``(NodeThermal, [(time s, powers W, temps °C), ...])`` pairs to their banks: round
+        r takes every node's r-th new time, one batched :meth:`ThermalBank.add` per bank."""
+        r = 0
+        while work:
+            by_bank: dict = {}
+            for nt, times in work:
+                t, power, temp = times[r]
+                if nt.accepts(t, power, temp):
+                    nt.last_t = t
+                    by_bank.setdefault(id(nt.bank), (nt.bank, []))[1].append((nt.row, t, power, temp))
+            for bank, rows in by_bank.values():
+                bank.add(np.fromiter((x[0] for x in rows), np.int64, len(rows)),
+                         np.fromiter((x[1] for x in rows), float, len(rows)),
+                         np.array([x[2] for x in rows], float), np.array([x[3] for x in rows], float))
+            r += 1
+            work = [w for w in work if len(w[1]) > r]
 
     def curve(self, key: tuple[str, int]) -> CurveParams | None:
         """Current rate curve of a GPU (None if unknown)."""
         m = self.gpus.get(key)
         if m is None:
             return None
+        if not m._full_fit_ready():
+            return m._anchored()  # what m.curve() returns then, without reading the clocks
         n = m.refits
         c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
         self.refits += m.refits - n
@@ -313,14 +491,36 @@ class Models:
         m = self.gpus.get(key)
         return m.kind if m is not None else ""
 
+    def curve_kinds(self, keys) -> dict[tuple[str, int], str]:
+        """GPU key -> :meth:`curve_kind` for every key of ``keys``."""
+        gpus = self.gpus
+        out = {}
+        for k in keys:
+            m = gpus.get(k)
+            # GpuModel.kind, inlined (one call per GPU per interval saved)
+            out[k] = "" if m is None else "learned" if m._cached is not m.prior else "prior" if m.known else "generic"
+        return out
+
     def thermal(self, node: str) -> dict[int, tuple[float, float, float]]:
-        """GPU index -> (R °C/W, tau s, inlet °C) for ``node`` (empty if unknown)."""
+        """GPU index -> (R °C/W, tau s, inlet °C) for ``node`` (empty if unknown). The parameters
+        of every node are computed at once, on the first call after :meth:`update`."""
         nt = self.nodes.get(node)
-        return nt.params() if nt else {}
+        if nt is None:
+            return {}
+        if self._thermal_cache is None:
+            self._thermal_cache = {id(b): tuple(a.tolist() for a in b.params(np.arange(b.rows)))
+                                   for b in self._banks.values()}
+        hit = self._thermal_cache.get(id(nt.bank))
+        if hit is None or nt.row >= len(hit[0]):
+            return nt.params()
+        r, tau, inlet = hit[0][nt.row], hit[1][nt.row], hit[2][nt.row]
+        return {idx: (r[i], tau[i], inlet[i]) for i, idx in enumerate(nt.indices)}
 
     def forget_missing(self, registry) -> None:
         """Drop models of GPUs no longer known to the registry."""
         for key in [k for k in self.gpus if k[0] not in registry.nodes or k[1] not in registry.nodes[k[0]].gpus]:
             del self.gpus[key]
         for name in [n for n in self.nodes if n not in registry.nodes]:
-            del self.nodes[name]
+            nt = self.nodes.pop(name)
+            nt.bank.release(nt.row)
+        self._thermal_cache = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import time
 
@@ -63,7 +64,7 @@ class Binding:
         )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Sample:
     """One telemetry sample of one GPU, kept for the online models (W, degC, MHz, s)."""
 
@@ -111,7 +112,6 @@ class GpuObs:
     pending: dict[int, float] = dataclasses.field(default_factory=dict)  # plan seq -> cap sent (W)
     last_ack_w: float = 0.0
     last_ack_mono: float = -1e18
-    target_w: float = 0.0  # the last cap the coordinator decided for this GPU (W)
     safe_cap_w: float = 0.0  # the last safe cap sent (W)
     # throttling history: (mono time, thermal?, power?) over THROTTLE_WINDOW_S
     throttle_hist: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
@@ -133,7 +133,7 @@ class GpuObs:
     def constraints_problem(self) -> str:
         """What is wrong with the limit constraints its agent reported ("" when usable;
         :func:`capctl.devicedata.constraints_problem`): such a GPU is held at its limit."""
-        return devicedata.constraints_problem(self.min_cap_w, self.max_cap_w)
+        return _constraints_problem(self.min_cap_w, self.max_cap_w)
 
     def accounted_w(self, now_mono: float, ack_memory_s: float) -> float:
         """The highest cap this GPU may be enforcing now (W); see the module docstring. Without a
@@ -234,6 +234,45 @@ class NodeObs:
         return self.session is None or (now_mono - self.last_report_mono) > lease_s
 
 
+@functools.lru_cache(maxsize=1024)
+def _constraints_problem(min_w: float, max_w: float) -> str:
+    """:func:`capctl.devicedata.constraints_problem`, memoized (a pure function of two floats,
+    asked for every GPU several times an interval; a cluster has a handful of distinct pairs)."""
+    return devicedata.constraints_problem(min_w, max_w)
+
+
+_STATE_NAMES: dict[tuple, str] = {}
+
+
+def _cap_state_name(value: int, name: str) -> str:
+    """:func:`capctl.capstates.of` of a message with these ``cap_state``/``cap_state_name``
+    fields, memoized (a handful of states)."""
+    key = (value, name)
+    hit = _STATE_NAMES.get(key)
+    if hit is None:
+        hit = capstates.from_wire(value) if value else name
+        if len(_STATE_NAMES) < 256:
+            _STATE_NAMES[key] = hit
+    return hit
+
+
+_REASON_FLAGS: dict[tuple, tuple[bool, bool, bool]] = {}
+_REASON_FLAGS_MAX = 4096
+
+
+def reason_flags(reasons: tuple) -> tuple[bool, bool, bool]:
+    """``(thermal, power, stuck)`` of a clocks-event-reason tuple: :func:`capctl.reasons.classify`
+    and :func:`stuck_slowdown`, memoized per tuple (a fleet reports a few distinct sets; bounded)."""
+    hit = _REASON_FLAGS.get(reasons)
+    if hit is None:
+        thermal, power = classify_reasons(reasons)
+        hit = (bool(thermal), bool(power), stuck_slowdown(reasons))
+        if len(_REASON_FLAGS) >= _REASON_FLAGS_MAX:
+            _REASON_FLAGS.clear()
+        _REASON_FLAGS[reasons] = hit
+    return hit
+
+
 def stuck_slowdown(reasons) -> bool:
     """A clocks-event-reason set whose slowdown no power cap lifts: a hardware slowdown
     (``HW_SLOWDOWN``, e.g. an external power-brake or a failing part) without a thermal reason
@@ -326,18 +365,41 @@ class Registry:
         node.seen_s = time.time()
         node.seen_mono = now
         node.last_telemetry_seq = msg.seq
+        self._record_gpus(node, msg, now)
+        return first and all(g.have_reading for g in node.gpus.values())
+
+    def _record_gpus(self, node: NodeObs, msg, now: float) -> None:
+        """The GPU readings of one ``NodeTelemetry`` (:meth:`on_telemetry`) at ``now`` (s)."""
+        node_name = node.name
         gpus = node.gpus
         energy_seen = self._energy_seen
+        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
+        if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
+            job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
+        state_of = _cap_state_name
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
             if g is None:
                 continue
-            if not self._reading(g, t):
+            enforced_w = t.enforced_w
+            if not enforced_w > 0:
                 # no valid reading (an agent that just started, NVML not answering yet: zeros):
                 # nothing of this sample is a fact; the GPU keeps its last readings (or stays
                 # without one: fixed at its accounted cap) and no model learns from it
+                self._reading(g, t)
                 continue
+            # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
+            state = state_of(t.cap_state, t.cap_state_name)
+            g.have_reading = True
+            g.cap_w = t.cap_w
+            g.enforced_w = enforced_w
+            if state:
+                g.cap_state = state
+            if _constraints_problem(g.min_cap_w, g.max_cap_w):
+                g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
+            g.pre_job_cap_w = t.pre_job_cap_w
+            error = t.error
             power_w = t.power_w
             temp_c = t.temp_c
             sm_clock = t.sm_clock_mhz
@@ -350,24 +412,23 @@ class Registry:
             g.reasons = reasons
             g.utilization_pct = util
             g.job_id = t.job_id
-            g.error = t.error
-            thermal, power = classify_reasons(reasons)
+            g.error = error
+            thermal, power, stuck = reason_flags(reasons)
             g.add_throttle(now, thermal, power)
-            g.sample_enforced_w = t.enforced_w
+            g.sample_enforced_w = enforced_w
             g.sample_mono = now
-            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck_slowdown(reasons)) else 0
+            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
             if len(g.new_samples) < 1024:
-                g.new_samples.append(Sample(now, power_w, t.enforced_w, temp_c, float(sm_clock), reasons, util))
+                g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
             key = (node_name, index)
             prev = energy_seen.get(key)
             energy_seen[key] = energy_j
             g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
-                job = self.job_of(node, index)
+                job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
                 if job:
                     self.job_energy_j[job] += energy_j - prev
-        return first and all(g.have_reading for g in node.gpus.values())
 
     def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None) -> None:
         """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
@@ -403,18 +464,20 @@ class Registry:
         so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
         first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
         and a GPU that never had a reading stays fixed at its accounted cap."""
-        state = capstates.of(t)
-        if not t.enforced_w > 0:
+        state = _cap_state_name(t.cap_state, t.cap_state_name)  # capstates.of(t), memoized
+        enforced_w = t.enforced_w
+        if not enforced_w > 0:
             if state:
                 g.cap_state = state
             g.error = t.error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
-        g.enforced_w = t.enforced_w
+        g.enforced_w = enforced_w
         if state:
             g.cap_state = state
-        if g.constraints_problem:  # whatever an older agent says: bad device data holds the GPU
+        if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
+            # holds the GPU
             g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
         g.pre_job_cap_w = t.pre_job_cap_w
         if t.error:

@@ -45,6 +45,8 @@ MAX_CAP_W = 1e5
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]*$")
 _JOB_RE = re.compile(r"^[A-Za-z0-9_.+:-]+$")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+"""A control character: ``ord(c) < 32 or ord(c) == 127``."""
 
 
 def _show(value: str, n: int = 64) -> str:
@@ -69,7 +71,7 @@ def check_label(value: str, field: str, max_len: int = MAX_LABEL_LEN) -> str:
     """A free-text label (user, partition, ...): at most ``max_len`` characters, no control characters."""
     if len(value) > max_len:
         return f"{field}: {len(value)} characters, at most {max_len} allowed"
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if _CONTROL_RE.search(value):
         return f"{field} {_show(value)}: control characters are not allowed"
     return ""
 
@@ -120,8 +122,12 @@ def validate_gpu_telemetry(g, field: str = "gpus") -> str:
         return f"{field}[{g.index}].clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
     if len(g.error) > MAX_ERROR_LEN:
         return f"{field}[{g.index}].error: {len(g.error)} characters, at most {MAX_ERROR_LEN} allowed"
-    return _first(check_label(g.cap_state_name, f"{field}[{g.index}].cap_state_name"),
-                  check_label(g.job_id, f"{field}[{g.index}].job_id", MAX_LABEL_LEN * 8))
+    state, job = g.cap_state_name, g.job_id
+    if len(state) > MAX_LABEL_LEN or len(job) > MAX_LABEL_LEN * 8 or _CONTROL_RE.search(state) \
+            or _CONTROL_RE.search(job):  # (the field names are built only for a message: every GPU, every interval)
+        return _first(check_label(state, f"{field}[{g.index}].cap_state_name"),
+                      check_label(job, f"{field}[{g.index}].job_id", MAX_LABEL_LEN * 8))
+    return ""
 
 
 def validate_hello(hello) -> str:

@@ -26,7 +26,8 @@ What each one may observe is what it would observe on a real cluster:
    budget is charged :data:`CAPCTL_REFIT_COST_S` per refit; the refit jitter comes from a seeded
    ``random.Random``); then the coordinator's :func:`coordinator.allocation.build_inputs`
    and :func:`~coordinator.allocation.solve` (fast allocator) and its two-phase planner with
-   the deadband (:mod:`coordinator.planner`). It sees only NVML telemetry — no step rates,
+   the deadband (:mod:`coordinator.planner`, its array versions, as the daemon's decision).
+   It sees only NVML telemetry — no step rates,
    no speeds, no power factors; a GPU's power efficiency shows in its SM clock at the enforced cap.
 5. ``oracle`` — the same allocator given the truth: per GPU, the rate curve of its job's workload
    fitted to the physics' steady state (:func:`capctl.simgpu.node.steady_state`) and mapped in
@@ -291,6 +292,8 @@ class Capctl(_AllocatorPolicy):
                              budget_clock=lambda: self._now + self.models.refits * CAPCTL_REFIT_COST_S,
                              rng=random.Random(0))
         self.jobs_seen: set = set()
+        self._plan_keys: list | None = None  # the problem's GPU order, its topology positions and domains
+        self._plan_pos = self._plan_doms = None
 
     @staticmethod
     def _make_registry(ctx):
@@ -319,27 +322,32 @@ class Capctl(_AllocatorPolicy):
         tele = obs.tele
         gpn = self.ctx.topo.gpus_per_node
         names_cache: dict[int, tuple[str, ...]] = {}
+        # columns as Python lists once (reading a numpy record per GPU and field costs ~1 us each)
+        power, limit, enforced, temp, clock, util, bits_of = (
+            tele[f].tolist() for f in ("power_avg_w", "limit_w", "enforced_w", "temp_c", "sm_clock_mhz",
+                                       "utilization_pct", "reasons"))
+        t_s = obs.t_s
         for k, name in enumerate(self.ctx.topo.node_names):
             node = self.registry.nodes[name]
-            node.last_report_mono = obs.t_s
+            node.last_report_mono = t_s
             for i, g in node.gpus.items():
-                row = tele[k * gpn + i]
+                j = k * gpn + i
                 g.have_reading = True
-                g.power_w = float(row["power_avg_w"])
-                g.cap_w = float(row["limit_w"])
-                g.enforced_w = float(row["enforced_w"])
-                g.temp_c = float(row["temp_c"])
-                g.sm_clock_mhz = int(row["sm_clock_mhz"])
-                g.utilization_pct = float(row["utilization_pct"])
-                bits = int(row["reasons"])
+                g.power_w = float(power[j])
+                g.cap_w = float(limit[j])
+                g.enforced_w = float(enforced[j])
+                g.temp_c = float(temp[j])
+                g.sm_clock_mhz = int(clock[j])
+                g.utilization_pct = float(util[j])
+                bits = int(bits_of[j])
                 names = names_cache.get(bits)
                 if names is None:
                     names = names_cache[bits] = tuple(n.upper() for n in reason_names(bits))
                 g.reasons = names  # the pace loop's inputs, as on_telemetry records them
-                g.sample_enforced_w, g.sample_mono = g.enforced_w, obs.t_s
+                g.sample_enforced_w, g.sample_mono = g.enforced_w, t_s
                 g.slowdown_run = g.slowdown_run + 1 if (g.utilization_pct >= 20.0 and stuck_slowdown(names)) else 0
-                g.new_samples.append(Sample(time_s=obs.t_s, power_w=g.power_w, enforced_w=g.enforced_w,
-                                            temp_c=g.temp_c, sm_clock_mhz=float(row["sm_clock_mhz"]),
+                g.new_samples.append(Sample(time_s=t_s, power_w=g.power_w, enforced_w=g.enforced_w,
+                                            temp_c=g.temp_c, sm_clock_mhz=float(clock[j]),
                                             reasons=names, utilization_pct=g.utilization_pct))
         if obs.event or self._bound_jobs is None:
             for node in self.registry.nodes.values():
@@ -354,9 +362,7 @@ class Capctl(_AllocatorPolicy):
 
     def decide(self, obs: Observation):
         from coordinator import allocation
-        from coordinator.planner import GpuPlanInput, plan_decreases, plan_increases
 
-        t = self.ctx.topo
         pol = self.ctx.policy
         self._now = obs.t_s
         self._sync_registry(obs)
@@ -369,19 +375,32 @@ class Capctl(_AllocatorPolicy):
         out = allocation.solve(inputs)
         self.solve_s += time.perf_counter() - t0
         self.solves += 1
-        # the coordinator's two-phase apply with its deadband (acknowledged at once here)
-        enforced = obs.tele["enforced_w"].astype(float)
-        index = self.index
-        plan = [GpuPlanInput(key, float(out.desired_w[key]), float(enforced[index[key]]),
-                             float(enforced[index[key]]), float(t.min_cap_w[index[key]]),
-                             float(t.max_cap_w[index[key]]), True) for key in out.desired_w]
+        return self._two_phase(out, obs.tele["enforced_w"].astype(float))
+
+    def _two_phase(self, out, enforced: np.ndarray) -> np.ndarray:
+        """The coordinator's two-phase apply with its deadband on arrays
+        (:func:`coordinator.planner.plan_decreases_arrays`, then
+        :func:`~coordinator.planner.plan_increases_arrays` on the caps after phase 1: acknowledged at
+        once here). ``enforced``: W per GPU of the topology; returns the caps (W)."""
+        from coordinator.planner import PlanArrays, domain_index, plan_decreases_arrays, plan_increases_arrays
+
+        t = self.ctx.topo
+        keys = list(out.desired_w)
+        if self._plan_keys != keys:  # the GPU order of the problem (fixed unless the topology changes)
+            self._plan_keys = keys
+            self._plan_pos = np.fromiter((self.index[k] for k in keys), np.int64, len(keys))
+            self._plan_doms = domain_index(self.domain_specs, keys)
+        pos = self._plan_pos
+        desired = np.fromiter(out.desired_w.values(), float, len(keys))
+        live = np.ones(len(keys), bool)
+        lo, hi, none = t.min_cap_w[pos], t.max_cap_w[pos], np.zeros(len(keys))
         caps = enforced.copy()
-        for key, v in plan_decreases(plan).items():
-            caps[index[key]] = v
-        after = [GpuPlanInput(i.key, i.desired_w, caps[index[i.key]], caps[index[i.key]], i.min_cap_w,
-                              i.max_cap_w, True) for i in plan]
-        for key, v in plan_increases(after, self.domain_specs).items():
-            caps[index[key]] = v
+        now = enforced[pos]
+        sel, caps_w = plan_decreases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none))
+        caps[pos[sel]] = caps_w
+        now = caps[pos]
+        sel, caps_w = plan_increases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none), self._plan_doms)
+        caps[pos[sel]] = caps_w
         return caps
 
     @property
