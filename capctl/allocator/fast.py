@@ -31,10 +31,13 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ._core import LIMIT_MARGIN_W, finalize, prepare
+from .interior import interior_prices
 from .problem import AllocationProblem, AllocationResult
 
 __all__ = ["solve"]
 DENSE_MAX = 50  # free prices up to this count: dense Cholesky, else sparse LU
+USE_INTERIOR = True
+_IPM_TRACE = None
 _TRACE = None  # debugging hook: a list collects (iteration, KKT residual W, dual, damping, free)
 
 
@@ -220,6 +223,8 @@ class _Dual:
         self.m = cand.size
         self.budget = prep.limit[cand] - _fixed_load(pb, prep, s, gpu_var)[cand] - LIMIT_MARGIN_W
         self.scale_w = np.maximum(np.abs(prep.limit[cand]), 1.0)
+        self.depth_c = prep.depth[cand]
+        self.parent_c = _candidate_parents(pb.domain_parent, cand_idx, cand)
         self.U = (lambda x: jobs.w * np.log(x)) if jobs.prop else (lambda x: jobs.w * x)
 
     def evaluate(self, lam, s0):
@@ -322,6 +327,21 @@ class _Dual:
         return lam_new, ev
 
 
+def _candidate_parents(parent, cand_idx, cand):
+    """Nearest candidate ancestor [m] (candidate index, -1 none) of each candidate ``cand`` [m];
+    ``parent`` [D] the domain tree, ``cand_idx`` [D] candidate index of each domain (-1 none)."""
+    out = np.full(cand.size, -1, np.int64)
+    cur = parent[cand]
+    todo = np.arange(cand.size)
+    while todo.size:
+        live = cur >= 0
+        todo, cur = todo[live], cur[live]
+        hit = cand_idx[cur] >= 0
+        out[todo[hit]] = cand_idx[cur[hit]]
+        todo, cur = todo[~hit], parent[cur[~hit]]
+    return out
+
+
 def _fixed_load(pb, prep, s, gpu_var):
     """Load [D] in watts of everything that does not move: idle GPUs (at lo) and GPUs of
     fixed-rate jobs (``gpu_var`` [G] < 0; at their cap for rate ``s`` [J])."""
@@ -364,8 +384,14 @@ def _projected_newton(dual, max_iter, tol_rel, alerts):
     lam = np.zeros(dual.m)
     sv, h, dphi, grad, value = dual.evaluate(lam, None)
     if np.any(grad < 0):  # initial prices for violated domains
-        lam = dual.initial_prices(sv, dphi, grad)
-        sv, h, dphi, grad, value = dual.evaluate(lam, sv)
+        start = interior_prices(dual.jobs, dual.pc, dual.pg, dual.budget, dual.depth_c, dual.parent_c,
+                                trace=_IPM_TRACE) if USE_INTERIOR else None
+        if start is not None:
+            lam = start[0]
+            sv, h, dphi, grad, value = dual.evaluate(lam, start[1])
+        else:
+            lam = dual.initial_prices(sv, dphi, grad)
+            sv, h, dphi, grad, value = dual.evaluate(lam, sv)
     damp = 1e-2
     for it in range(1, max_iter + 1):
         tol_w = tol_rel * dual.scale_w + 1e-6

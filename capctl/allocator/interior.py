@@ -1,0 +1,330 @@
+"""Starting prices for the fast allocator: a primal-dual interior-point method (internal).
+
+The exact dual method of :mod:`capctl.allocator.fast` converges only linearly when many jobs sit
+on a kink (a rate where one of their GPUs leaves its minimum cap): the dual is then piecewise
+smooth with many pieces and each Newton step crosses few of them. The interior-point method does
+not see kinks — a kink is the point where two smooth inequalities of the same GPU are both active
+— and converges in a number of iterations nearly independent of their count. Its prices start
+the exact method, which then certifies optimality (KKT on the exact problem) in a step or two.
+
+Program (powers in kW inside, for scaling), over the movable jobs' rates s_j and the caps P_g of
+their GPUs that sit under a candidate domain and whose cap box is not a point::
+
+    minimize    -sum_j w_j U(s_j)                    U = log ("proportional") or identity
+    subject to  phi_g(s_j) - P_g + y1_g = 0,  y1 >= 0    GPU g keeps the pace of its job j
+                lo_g <= P_g <= hi_g
+                (A P)_d - b_d + y4_d = 0,  y4 >= 0     candidate domain d (A: 0/1 incidence)
+                s_lo_j <= s_j <= s_max_j
+
+with ``phi_g(s) = sat_g - k_g log((c_g - s) / (sigma_g a_g))``, ``c_g = sigma_g (1 + a_g)``
+(the inverse rate curve, :mod:`capctl.allocator.curves`). Mehrotra's predictor-corrector
+(Mehrotra 1992, "On the implementation of a primal-dual interior point method"; Nocedal & Wright,
+"Numerical Optimization", 2nd ed., §14.2 and §19.3) on the perturbed KKT conditions. Every
+per-GPU unknown is eliminated in closed form, leaving one symmetric positive definite system
+over the m candidate prices per iteration, factored once (sparse LU, deepest domains first).
+
+The domains form a tree, so the candidate ancestors of a GPU are the candidate chain of its
+deepest candidate domain (its *class*): ``A = C E`` with C [m, m] the chain incidence (domain d
+is in the chain of class e) and E [m, n] the GPU's class. Every product with A goes through one
+bincount over the GPUs and a small product with C.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+__all__ = ["interior_prices"]
+
+KW = 1e3             # watts per kW: the program works in kW
+_DEBUG = False
+START_RATE = 0.5
+MU0 = 1.0
+SIGMA_MIN = 0.1
+TO_BOUNDARY = 0.995  # fraction of the step to the boundary of the positive orthant
+
+
+def _dot(x, y) -> float:
+    """x . y without BLAS (a multithreaded BLAS on a loaded machine is slower than numpy)."""
+    return float(np.multiply(x, y).sum())
+
+
+def _classes(pc, pg, depth_c, parent_c, m, ngv):
+    """(deep [ngv] deepest candidate above each var GPU (-1 none), C [m, m] chain incidence).
+
+    ``pc``/``pg`` [P']: (candidate, var-GPU) pairs; ``depth_c`` [m]: domain depth;
+    ``parent_c`` [m]: nearest candidate ancestor of each candidate (-1 none)."""
+    best = np.full(ngv, -1, np.int64)
+    np.maximum.at(best, pg, depth_c[pc])
+    top = depth_c[pc] == best[pg]
+    deep = np.full(ngv, -1, np.int64)
+    deep[pg[top]] = pc[top]
+    rows, cols = [np.arange(m)], [np.arange(m)]
+    cur = parent_c.copy()
+    e = np.arange(m)
+    while cur.size:
+        live = cur >= 0
+        cur, e = cur[live], e[live]
+        rows.append(cur)
+        cols.append(e)
+        cur = parent_c[cur]
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    return deep, sp.csr_matrix((np.ones(r.size), (r, c)), shape=(m, m))
+
+
+class _Program:
+    """The reduced program's data (see module docstring), built from the fast path's job data.
+
+    ``jobs``: :class:`capctl.allocator.fast._Jobs`; ``pc``/``pg`` [P']: (candidate, var-GPU)
+    pairs; ``budget`` [m] in W; ``depth_c``, ``parent_c`` [m]: see :func:`_classes`. Attribute
+    ``ok`` is False when some candidate domain has no strict interior (its GPUs' minimums already
+    fill its budget) or no GPU can move: the caller then starts without these prices."""
+
+    def __init__(self, jobs, pc, pg, budget, depth_c, parent_c):
+        m, ngv = budget.size, jobs.gpus.size
+        deep, self.C = _classes(pc, pg, depth_c, parent_c, m, ngv)
+        self.Ct = self.C.T.tocsr()
+        movable = jobs.hi > jobs.lo
+        sel = (deep >= 0) & movable
+        fixed = (deep >= 0) & ~movable
+        g = np.nonzero(sel)[0]
+        self.n, self.m, self.J = g.size, m, jobs.nv
+        self.deep, self.job = deep[g], jobs.job[g]
+        self.b = budget / KW - self.C @ np.bincount(deep[fixed], jobs.lo[fixed] / KW, minlength=m)
+        self.k = jobs.k[g] / KW
+        self.c = jobs.c[g]
+        self.base = jobs.sat[g] / KW + self.k * np.log(jobs.sig_a[g])   # phi = base - k log(c - s)
+        self.lo, self.hi = jobs.lo[g] / KW, jobs.hi[g] / KW
+        self.s_lo, self.s_max = jobs.s_lo, jobs.s_max
+        self.w, self.prop = jobs.w, jobs.prop
+        # a row without movable GPUs cannot move; one without room has no interior point
+        self.row = (self.C @ np.bincount(self.deep, minlength=m)) > 0
+        room = self.b - self.A_dot(self.lo)
+        self.ok = self.n > 0 and bool(np.all(room[self.row] > 1e-9 * np.maximum(1.0, np.abs(self.b[self.row]))))
+        # (class, job) combinations: B_alpha = C V with V [m, J] the per-class sums of alpha
+        key = self.deep * self.J + self.job
+        uniq, self.cj_of_gpu = np.unique(key, return_inverse=True)
+        self.cj_class, self.cj_job = uniq // self.J, uniq % self.J
+        self.npairs = 3 * self.n + int(self.row.sum()) + 2 * self.J
+        # eliminate deep domains first: the tree part then fills nothing
+        self.order = np.argsort(-depth_c, kind="stable")
+
+    def A_dot(self, x):
+        """(A x) [m] for x [n]."""
+        return self.C @ np.bincount(self.deep, x, minlength=self.m)
+
+    def At_dot(self, y):
+        """(A^T y) [n] for y [m]."""
+        return (self.Ct @ y)[self.deep]
+
+    def by_job(self, x):
+        """Sum of x [n] over each job's GPUs: [J]."""
+        return np.bincount(self.job, x, minlength=self.J)
+
+
+class _State:
+    """Iterate: rates s [J], caps P [n] kW, slacks y1 [n], y4 [m], multipliers z1, z2 (P >= lo),
+    z3 (P <= hi) [n], lam [m] (per kW), zl, zu [J] (rate bounds).
+
+    Start: rates at the middle of their range, caps a little above what keeps pace, slacks at
+    least a fraction of their range, every multiplier at mu0 / its slack (centred)."""
+
+    def __init__(self, pr: _Program):
+        s = pr.s_lo + START_RATE * (pr.s_max - pr.s_lo)
+        phi = pr.base - pr.k * np.log(pr.c - s[pr.job])
+        m_g = np.maximum(phi, pr.lo)
+        width = pr.hi - pr.lo
+        P = np.clip(m_g + 0.05 * (pr.hi - m_g), pr.lo + 1e-3 * width, pr.hi - 1e-3 * width)
+        self.s, self.P = s, P
+        self.y1 = np.maximum(P - phi, 1e-2 * width)
+        self.y4 = np.where(pr.row, np.maximum(pr.b - pr.A_dot(P), 0.1 * pr.A_dot(width)), 1.0)
+        mu0 = MU0 * max(float(pr.w.sum()), 1.0) / pr.npairs
+        self.z1 = mu0 / self.y1
+        self.z2 = mu0 / (P - pr.lo)
+        self.z3 = mu0 / (pr.hi - P)
+        self.lam = np.where(pr.row, mu0 / self.y4, 0.0)
+        self.zl = mu0 / (s - pr.s_lo)
+        self.zu = mu0 / (pr.s_max - s)
+
+
+def _objective_derivatives(pr, s):
+    """(f', f'') [J] of f(s) = -sum w U(s)."""
+    if pr.prop:
+        return -pr.w / s, pr.w / (s * s)
+    return -pr.w, np.zeros_like(s)
+
+
+class _Newton:
+    """One linearization of the perturbed KKT system at a state: residuals, the eliminated
+    per-GPU blocks and the factored [m, m] Schur complement over the prices."""
+
+    def __init__(self, pr: _Program, st: _State):
+        self.pr, self.st = pr, st
+        u = pr.c - st.s[pr.job]
+        self.phi = pr.base - pr.k * np.log(u)
+        self.dphi = pr.k / u
+        self.d2, self.d3 = st.P - pr.lo, pr.hi - st.P
+        self.dl, self.du = st.s - pr.s_lo, pr.s_max - st.s
+        fp, fpp = _objective_derivatives(pr, st.s)
+        self.rP = pr.At_dot(st.lam) - st.z1 - st.z2 + st.z3
+        z1dphi = st.z1 * self.dphi
+        self.rs = fp + pr.by_job(z1dphi) - st.zl + st.zu
+        self.r1 = self.phi - st.P + st.y1
+        self.r4 = np.where(pr.row, pr.A_dot(st.P) - pr.b + st.y4, 0.0)
+        self.D1 = st.z1 / st.y1
+        e23 = st.z2 / self.d2 + st.z3 / self.d3
+        self.Q = self.D1 + e23
+        self.alpha = self.D1 * self.dphi / self.Q
+        self.Ht = (fpp + pr.by_job(z1dphi / u + self.alpha * self.dphi * e23)
+                   + st.zl / self.dl + st.zu / self.du)
+        self._factor()
+
+    def _factor(self):
+        pr, st = self.pr, self.st
+        v_vals = np.bincount(pr.cj_of_gpu, self.alpha, minlength=pr.cj_class.size)
+        self.V = sp.csr_matrix((v_vals, (pr.cj_class, pr.cj_job)), shape=(pr.m, pr.J))
+        q = np.bincount(pr.deep, 1.0 / self.Q, minlength=pr.m)
+        inner = sp.diags(q) + (self.V.multiply(1.0 / self.Ht)) @ self.V.T
+        ydiag = np.where(pr.row, st.y4 / np.where(pr.row, st.lam, 1.0), 1.0)
+        S = (pr.C @ inner @ pr.Ct + sp.diags(ydiag)).tocsr()
+        o = pr.order
+        lu = spla.splu(S[o][:, o].tocsc(), permc_spec="NATURAL", diag_pivot_thresh=0.0,
+                       options={"SymmetricMode": True})
+        inv = np.empty_like(o)
+        inv[o] = np.arange(o.size)
+        self.solve_s = lambda r: lu.solve(r[o])[inv]
+
+    def mu(self):
+        st, row = self.st, self.pr.row
+        tot = (_dot(st.z1, st.y1) + _dot(st.z2, self.d2) + _dot(st.z3, self.d3) + _dot(st.lam[row], st.y4[row])
+               + _dot(st.zl, self.dl) + _dot(st.zu, self.du))
+        return tot / self.pr.npairs
+
+    def direction(self, tau):
+        """Newton direction for complementarity targets ``tau`` = (t1, t2, t3, t4, tl, tu)."""
+        pr, st = self.pr, self.st
+        t1, t2, t3, t4, tl, tu = tau
+        c1 = (t1 + st.z1 * (self.phi - st.P)) / st.y1
+        e = c1 - self.rP + (t2 / self.d2 - st.z2) - (t3 / self.d3 - st.z3)
+        gt = (pr.by_job(self.alpha * e - self.dphi * c1) - self.rs + (tl / self.dl - st.zl)
+              - (tu / self.du - st.zu))
+        lam1 = np.where(pr.row, st.lam, 1.0)
+        ht = np.where(pr.row, st.y4 - self.r4 - t4 / lam1, 0.0)
+        rhs = pr.C @ (self.V @ (gt / self.Ht) + np.bincount(pr.deep, e / self.Q, minlength=pr.m)) - ht
+        dlam = np.where(pr.row, self.solve_s(rhs), 0.0)
+        ctl = pr.Ct @ dlam
+        ds = (gt - self.V.T @ ctl) / self.Ht
+        dsg = ds[pr.job]
+        dP = self.alpha * dsg + (e - ctl[pr.deep]) / self.Q
+        dz1 = self.D1 * (self.dphi * dsg - dP) + c1
+        dz2 = t2 / self.d2 - st.z2 - (st.z2 / self.d2) * dP
+        dz3 = t3 / self.d3 - st.z3 + (st.z3 / self.d3) * dP
+        dy1 = t1 / st.z1 - st.y1 - (st.y1 / st.z1) * dz1
+        dy4 = np.where(pr.row, t4 / lam1 - st.y4 - (st.y4 / lam1) * dlam, 0.0)
+        dzl = tl / self.dl - st.zl - (st.zl / self.dl) * ds
+        dzu = tu / self.du - st.zu + (st.zu / self.du) * ds
+        return ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu
+
+    def max_step(self, d):
+        """Largest primal and dual steps in (0, 1] keeping every slack and multiplier positive."""
+        ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+        st = self.st
+        primal = ((self.dl, ds), (self.du, -ds), (self.d2, dP), (self.d3, -dP), (st.y1, dy1), (st.y4, dy4))
+        dual = ((st.z1, dz1), (st.z2, dz2), (st.z3, dz3), (st.lam, dlam), (st.zl, dzl), (st.zu, dzu))
+        return _ratio(primal), _ratio(dual)
+
+    def mu_after(self, d, steps):
+        """Average complementarity after primal and dual steps ``steps`` along ``d``."""
+        ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+        st, row = self.st, self.pr.row
+        a, b = steps
+        tot = (_dot(st.z1 + b * dz1, st.y1 + a * dy1) + _dot(st.z2 + b * dz2, self.d2 + a * dP)
+               + _dot(st.z3 + b * dz3, self.d3 - a * dP)
+               + _dot((st.lam + b * dlam)[row], (st.y4 + a * dy4)[row])
+               + _dot(st.zl + b * dzl, self.dl + a * ds) + _dot(st.zu + b * dzu, self.du - a * ds))
+        return tot / self.pr.npairs
+
+    def converged(self, mu, tol):
+        """Central enough and feasible: mu and the residuals within ``tol`` of their scales."""
+        pr, st = self.pr, self.st
+        price = max(float(np.max(st.lam, initial=0.0)), 1e-12)
+        bmax = max(1.0, float(np.max(np.abs(pr.b[pr.row]), initial=1.0)))
+        return (mu * pr.npairs <= tol * max(float(pr.w.sum()), 1.0)
+                and float(np.max(np.abs(self.r1), initial=0.0)) <= 1e-9
+                and float(np.max(np.abs(self.r4), initial=0.0)) <= 1e-9 * bmax
+                and float(np.max(np.abs(self.rP), initial=0.0)) <= 1e-7 * price)
+
+
+def _ratio(pairs):
+    """Largest step in (0, 1] keeping x + step dx > 0 for every (x, dx) in ``pairs``."""
+    step = 1.0
+    for x, dx in pairs:
+        ratio = np.where(dx < 0, x / np.maximum(-dx, 1e-300), np.inf)
+        step = min(step, float(ratio.min(initial=np.inf)))
+    return step
+
+
+def _update(st, d, steps):
+    """Primal step ``steps[0]`` and dual step ``steps[1]`` along ``d``."""
+    ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+    a, b = steps
+    st.s = st.s + a * ds
+    st.P = st.P + a * dP
+    st.y1 = st.y1 + a * dy1
+    st.y4 = st.y4 + a * dy4
+    st.z1 = st.z1 + b * dz1
+    st.z2 = st.z2 + b * dz2
+    st.z3 = st.z3 + b * dz3
+    st.lam = st.lam + b * dlam
+    st.zl = st.zl + b * dzl
+    st.zu = st.zu + b * dzu
+
+
+def _corrector_targets(aff, target):
+    """Mehrotra's corrector targets: the centering target minus the affine step's second-order terms."""
+    ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = aff
+    return (target - dy1 * dz1, target - dP * dz2, target + dP * dz3, target - dy4 * dlam,
+            target - ds * dzl, target + ds * dzu)
+
+
+def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol=1e-9, trace=None):
+    """Near-optimal domain prices for the fast path's dual (see module docstring).
+
+    ``jobs``: the fast path's job data (:class:`capctl.allocator.fast._Jobs`); ``pc``/``pg``
+    [P']: (candidate index, var-GPU index) pairs; ``budget`` [m] W; ``depth_c`` [m] depth of each
+    candidate domain, ``parent_c`` [m] its nearest candidate ancestor (-1 none).
+    Returns (lam [m] per W, s [nv] rates, iterations) or None when the program has no interior
+    or the method breaks down (a singular system, a non-finite iterate): the caller then starts
+    from its own initial prices. ``trace``: a list collecting (iteration, mu, step) or None."""
+    pr = _Program(jobs, pc, pg, budget, depth_c, parent_c)
+    if not pr.ok:
+        return None
+    st = _State(pr)
+    it = 0
+    try:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            for it in range(1, max_iter + 1):
+                nt = _Newton(pr, st)
+                mu = nt.mu()
+                if nt.converged(mu, tol):
+                    break
+                aff = nt.direction((0.0,) * 6)
+                sigma = max(SIGMA_MIN, (nt.mu_after(aff, nt.max_step(aff)) / mu) ** 3)
+                d = nt.direction(_corrector_targets(aff, sigma * mu))
+                steps = tuple(min(1.0, TO_BOUNDARY * a) for a in nt.max_step(d))
+                if trace is not None:
+                    trace.append((it, mu, steps))
+                if not all(a > 0 and np.isfinite(a) for a in steps):
+                    return None
+                _update(st, d, steps)
+    except (np.linalg.LinAlgError, RuntimeError, ValueError):
+        if _DEBUG:
+            raise
+        return None
+    if not (np.all(np.isfinite(st.lam)) and np.all(np.isfinite(st.s))):
+        return None
+    # a domain with slack keeps a positive multiplier ~ mu / slack inside: report it as 0 (the
+    # exact method counts every positive price as binding)
+    binding = pr.row & (st.y4 < st.lam)
+    return np.where(binding, st.lam, 0.0) / KW, st.s, it
