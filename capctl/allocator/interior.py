@@ -12,7 +12,7 @@ their GPUs that sit under a candidate domain and whose cap box is not a point::
 
     minimize    -sum_j w_j U(s_j)                    U = log ("proportional") or identity
     subject to  phi_g(s_j) - P_g + y1_g = 0,  y1 >= 0    GPU g keeps the pace of its job j
-                lo_g <= P_g <= hi_g
+                P_g >= lo_g
                 (A P)_d - b_d + y4_d = 0,  y4 >= 0     candidate domain d (A: 0/1 incidence)
                 s_lo_j <= s_j <= s_max_j
 
@@ -40,6 +40,8 @@ __all__ = ["interior_prices"]
 KW = 1e3             # watts per kW: the program works in kW
 _DEBUG = False
 START_RATE = 0.5
+START_P = 1.0
+START_UP = 0.2
 MU0 = 1.0
 SIGMA_MIN = 0.1
 TO_BOUNDARY = 0.995  # fraction of the step to the boundary of the positive orthant
@@ -56,6 +58,8 @@ def _classes(pc, pg, depth_c, parent_c, m, ngv):
     ``pc``/``pg`` [P']: (candidate, var-GPU) pairs; ``depth_c`` [m]: domain depth;
     ``parent_c`` [m]: nearest candidate ancestor of each candidate (-1 none)."""
     best = np.full(ngv, -1, np.int64)
+    if pc.size == 0:
+        return best, sp.csr_matrix((m, m))
     np.maximum.at(best, pg, depth_c[pc])
     top = depth_c[pc] == best[pg]
     deep = np.full(ngv, -1, np.int64)
@@ -89,8 +93,20 @@ class _Program:
         sel = (deep >= 0) & movable
         fixed = (deep >= 0) & ~movable
         g = np.nonzero(sel)[0]
+        # GPUs sorted by (job, class): every per-job and per-class sum is then a contiguous
+        # reduction (np.add.reduceat), much cheaper than a weighted bincount over the GPUs
+        key = jobs.job[g] * m + deep[g]
+        perm = np.argsort(key, kind="stable")
+        g, key = g[perm], key[perm]
         self.n, self.m, self.J = g.size, m, jobs.nv
         self.deep, self.job = deep[g], jobs.job[g]
+        # (job, class) groups: V [m, J] holds the per-group sums of alpha (B_alpha = C V)
+        self.cj_start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if g.size else np.zeros(0, np.int64)
+        self.cj_job, self.cj_class = self.job[self.cj_start], self.deep[self.cj_start]
+        rowmajor = np.lexsort((self.cj_job, self.cj_class))  # CSR order of V's entries
+        self.cj_csr = rowmajor
+        self.cj_csr_job = self.cj_job[rowmajor]
+        self.cj_indptr = np.concatenate([[0], np.cumsum(np.bincount(self.cj_class, minlength=m))])
         self.b = budget / KW - self.C @ np.bincount(deep[fixed], jobs.lo[fixed] / KW, minlength=m)
         self.k = jobs.k[g] / KW
         self.c = jobs.c[g]
@@ -98,21 +114,27 @@ class _Program:
         self.lo, self.hi = jobs.lo[g] / KW, jobs.hi[g] / KW
         self.s_lo, self.s_max = jobs.s_lo, jobs.s_max
         self.w, self.prop = jobs.w, jobs.prop
+        self.ok = self.n > 0
+        if not self.ok:
+            return
         # a row without movable GPUs cannot move; one without room has no interior point
         self.row = (self.C @ np.bincount(self.deep, minlength=m)) > 0
         room = self.b - self.A_dot(self.lo)
-        self.ok = self.n > 0 and bool(np.all(room[self.row] > 1e-9 * np.maximum(1.0, np.abs(self.b[self.row]))))
-        # (class, job) combinations: B_alpha = C V with V [m, J] the per-class sums of alpha
-        key = self.deep * self.J + self.job
-        uniq, self.cj_of_gpu = np.unique(key, return_inverse=True)
-        self.cj_class, self.cj_job = uniq // self.J, uniq % self.J
-        self.npairs = 3 * self.n + int(self.row.sum()) + 2 * self.J
-        # eliminate deep domains first: the tree part then fills nothing
+        self.ok = bool(np.all(room[self.row] > 1e-9 * np.maximum(1.0, np.abs(self.b[self.row]))))
+        self.npairs = 2 * self.n + int(self.row.sum()) + 2 * self.J
+        # eliminate deep domains first: the tree part then fills nothing; C_o = C with its rows
+        # in that order, so that the Schur complement C_o X C_o^T comes out permuted
         self.order = np.argsort(-depth_c, kind="stable")
+        self.C_o = self.C[self.order].tocsr()
+        self.C_oT = self.C_o.T.tocsr()
+
+    def by_group(self, x):
+        """Sum of x [n] over each (job, class) group: [groups]."""
+        return np.add.reduceat(x, self.cj_start)
 
     def A_dot(self, x):
         """(A x) [m] for x [n]."""
-        return self.C @ np.bincount(self.deep, x, minlength=self.m)
+        return self.C @ np.bincount(self.cj_class, self.by_group(x), minlength=self.m)
 
     def At_dot(self, y):
         """(A^T y) [n] for y [m]."""
@@ -120,12 +142,16 @@ class _Program:
 
     def by_job(self, x):
         """Sum of x [n] over each job's GPUs: [J]."""
-        return np.bincount(self.job, x, minlength=self.J)
+        return np.bincount(self.cj_job, self.by_group(x), minlength=self.J)
+
+    def by_class(self, x):
+        """Sum of x [n] over each class's GPUs: [m]."""
+        return np.bincount(self.cj_class, self.by_group(x), minlength=self.m)
 
 
 class _State:
-    """Iterate: rates s [J], caps P [n] kW, slacks y1 [n], y4 [m], multipliers z1, z2 (P >= lo),
-    z3 (P <= hi) [n], lam [m] (per kW), zl, zu [J] (rate bounds).
+    """Iterate: rates s [J], caps P [n] kW, slacks y1 [n], y4 [m], multipliers z1, z2 (P >= lo)
+    [n], lam [m] (per kW), zl, zu [J] (rate bounds).
 
     Start: rates at the middle of their range, caps a little above what keeps pace, slacks at
     least a fraction of their range, every multiplier at mu0 / its slack (centred)."""
@@ -135,14 +161,13 @@ class _State:
         phi = pr.base - pr.k * np.log(pr.c - s[pr.job])
         m_g = np.maximum(phi, pr.lo)
         width = pr.hi - pr.lo
-        P = np.clip(m_g + 0.05 * (pr.hi - m_g), pr.lo + 1e-3 * width, pr.hi - 1e-3 * width)
+        P = np.clip(pr.lo + START_P * (m_g - pr.lo) + START_UP * (pr.hi - m_g), pr.lo + 1e-3 * width, pr.hi - 1e-3 * width)
         self.s, self.P = s, P
         self.y1 = np.maximum(P - phi, 1e-2 * width)
         self.y4 = np.where(pr.row, np.maximum(pr.b - pr.A_dot(P), 0.1 * pr.A_dot(width)), 1.0)
         mu0 = MU0 * max(float(pr.w.sum()), 1.0) / pr.npairs
         self.z1 = mu0 / self.y1
         self.z2 = mu0 / (P - pr.lo)
-        self.z3 = mu0 / (pr.hi - P)
         self.lam = np.where(pr.row, mu0 / self.y4, 0.0)
         self.zl = mu0 / (s - pr.s_lo)
         self.zu = mu0 / (pr.s_max - s)
@@ -164,83 +189,104 @@ class _Newton:
         u = pr.c - st.s[pr.job]
         self.phi = pr.base - pr.k * np.log(u)
         self.dphi = pr.k / u
-        self.d2, self.d3 = st.P - pr.lo, pr.hi - st.P
+        self.d2 = st.P - pr.lo
         self.dl, self.du = st.s - pr.s_lo, pr.s_max - st.s
         fp, fpp = _objective_derivatives(pr, st.s)
-        self.rP = pr.At_dot(st.lam) - st.z1 - st.z2 + st.z3
+        self.rP = pr.At_dot(st.lam) - st.z1 - st.z2
         z1dphi = st.z1 * self.dphi
         self.rs = fp + pr.by_job(z1dphi) - st.zl + st.zu
         self.r1 = self.phi - st.P + st.y1
         self.r4 = np.where(pr.row, pr.A_dot(st.P) - pr.b + st.y4, 0.0)
-        self.D1 = st.z1 / st.y1
-        e23 = st.z2 / self.d2 + st.z3 / self.d3
-        self.Q = self.D1 + e23
-        self.alpha = self.D1 * self.dphi / self.Q
-        self.Ht = (fpp + pr.by_job(z1dphi / u + self.alpha * self.dphi * e23)
-                   + st.zl / self.dl + st.zu / self.du)
+        self.inv_y1 = 1.0 / st.y1
+        self.D1 = st.z1 * self.inv_y1
+        self.y1z1 = st.y1 / st.z1
+        self.inv_d2 = 1.0 / self.d2
+        e23 = self.zd2 = st.z2 * self.inv_d2
+        self.invQ = 1.0 / (self.D1 + e23)
+        self.alpha = self.D1 * self.dphi * self.invQ
+        self.zdl, self.zdu = st.zl / self.dl, st.zu / self.du
+        self.Ht = fpp + pr.by_job(z1dphi / u + self.alpha * self.dphi * e23) + self.zdl + self.zdu
+        self.z1phiP = st.z1 * (self.phi - st.P)
+        self.e0 = -self.rP - st.z2      # e without the targets' terms
+        self.lam1 = np.where(pr.row, st.lam, 1.0)
         self._factor()
 
     def _factor(self):
         pr, st = self.pr, self.st
-        v_vals = np.bincount(pr.cj_of_gpu, self.alpha, minlength=pr.cj_class.size)
-        self.V = sp.csr_matrix((v_vals, (pr.cj_class, pr.cj_job)), shape=(pr.m, pr.J))
-        q = np.bincount(pr.deep, 1.0 / self.Q, minlength=pr.m)
-        inner = sp.diags(q) + (self.V.multiply(1.0 / self.Ht)) @ self.V.T
-        ydiag = np.where(pr.row, st.y4 / np.where(pr.row, st.lam, 1.0), 1.0)
-        S = (pr.C @ inner @ pr.Ct + sp.diags(ydiag)).tocsr()
-        o = pr.order
-        lu = spla.splu(S[o][:, o].tocsc(), permc_spec="NATURAL", diag_pivot_thresh=0.0,
+        v_vals = pr.by_group(self.alpha)[pr.cj_csr]
+        self.V = sp.csr_matrix((v_vals, pr.cj_csr_job, pr.cj_indptr), shape=(pr.m, pr.J))
+        W = sp.csr_matrix((v_vals / self.Ht[pr.cj_csr_job], pr.cj_csr_job, pr.cj_indptr), shape=(pr.m, pr.J))
+        q = pr.by_class(self.invQ)
+        inner = sp.diags(q) + W @ self.V.T
+        ydiag = np.where(pr.row, st.y4 / self.lam1, 1.0)
+        S = pr.C_o @ inner @ pr.C_oT + sp.diags(ydiag[pr.order])
+        lu = spla.splu(S.tocsc(), permc_spec="NATURAL", diag_pivot_thresh=0.0,
                        options={"SymmetricMode": True})
-        inv = np.empty_like(o)
-        inv[o] = np.arange(o.size)
-        self.solve_s = lambda r: lu.solve(r[o])[inv]
+        o = pr.order
+        out = np.empty(pr.m)
+
+        def solve_s(r):
+            out[o] = lu.solve(r[o])
+            return out.copy()
+        self.solve_s = solve_s
 
     def mu(self):
         st, row = self.st, self.pr.row
-        tot = (_dot(st.z1, st.y1) + _dot(st.z2, self.d2) + _dot(st.z3, self.d3) + _dot(st.lam[row], st.y4[row])
+        tot = (_dot(st.z1, st.y1) + _dot(st.z2, self.d2) + _dot(st.lam[row], st.y4[row])
                + _dot(st.zl, self.dl) + _dot(st.zu, self.du))
         return tot / self.pr.npairs
 
-    def direction(self, tau):
-        """Newton direction for complementarity targets ``tau`` = (t1, t2, t3, t4, tl, tu)."""
+    def direction(self, tau=None):
+        """Newton direction for complementarity targets ``tau`` = (t1, t2, t4, tl, tu) (arrays
+        or scalars), or for zero targets (the affine-scaling predictor) when None."""
         pr, st = self.pr, self.st
-        t1, t2, t3, t4, tl, tu = tau
-        c1 = (t1 + st.z1 * (self.phi - st.P)) / st.y1
-        e = c1 - self.rP + (t2 / self.d2 - st.z2) - (t3 / self.d3 - st.z3)
-        gt = (pr.by_job(self.alpha * e - self.dphi * c1) - self.rs + (tl / self.dl - st.zl)
-              - (tu / self.du - st.zu))
-        lam1 = np.where(pr.row, st.lam, 1.0)
-        ht = np.where(pr.row, st.y4 - self.r4 - t4 / lam1, 0.0)
-        rhs = pr.C @ (self.V @ (gt / self.Ht) + np.bincount(pr.deep, e / self.Q, minlength=pr.m)) - ht
+        if tau is None:
+            c1 = self.z1phiP * self.inv_y1
+            e = c1 + self.e0
+            gt = pr.by_job(self.alpha * e - self.dphi * c1) - self.rs - st.zl + st.zu
+            ht = np.where(pr.row, st.y4 - self.r4, 0.0)
+        else:
+            t1, t2, t4, tl, tu = tau
+            c1 = (t1 + self.z1phiP) * self.inv_y1
+            e = c1 + self.e0 + t2 * self.inv_d2
+            gt = (pr.by_job(self.alpha * e - self.dphi * c1) - self.rs + (tl / self.dl - st.zl)
+                  - (tu / self.du - st.zu))
+            ht = np.where(pr.row, st.y4 - self.r4 - t4 / self.lam1, 0.0)
+        rhs = pr.C @ (self.V @ (gt / self.Ht) + pr.by_class(e * self.invQ)) - ht
         dlam = np.where(pr.row, self.solve_s(rhs), 0.0)
         ctl = pr.Ct @ dlam
         ds = (gt - self.V.T @ ctl) / self.Ht
         dsg = ds[pr.job]
-        dP = self.alpha * dsg + (e - ctl[pr.deep]) / self.Q
+        dP = self.alpha * dsg + (e - ctl[pr.deep]) * self.invQ
         dz1 = self.D1 * (self.dphi * dsg - dP) + c1
-        dz2 = t2 / self.d2 - st.z2 - (st.z2 / self.d2) * dP
-        dz3 = t3 / self.d3 - st.z3 + (st.z3 / self.d3) * dP
-        dy1 = t1 / st.z1 - st.y1 - (st.y1 / st.z1) * dz1
-        dy4 = np.where(pr.row, t4 / lam1 - st.y4 - (st.y4 / lam1) * dlam, 0.0)
-        dzl = tl / self.dl - st.zl - (st.zl / self.dl) * ds
-        dzu = tu / self.du - st.zu + (st.zu / self.du) * ds
-        return ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu
+        if tau is None:
+            dz2 = -st.z2 - self.zd2 * dP
+            dy1 = -st.y1 - self.y1z1 * dz1
+            dy4 = np.where(pr.row, -st.y4 - (st.y4 / self.lam1) * dlam, 0.0)
+            dzl = -st.zl - self.zdl * ds
+            dzu = self.zdu * ds - st.zu
+        else:
+            dz2 = t2 * self.inv_d2 - st.z2 - self.zd2 * dP
+            dy1 = t1 / st.z1 - st.y1 - self.y1z1 * dz1
+            dy4 = np.where(pr.row, t4 / self.lam1 - st.y4 - (st.y4 / self.lam1) * dlam, 0.0)
+            dzl = tl / self.dl - st.zl - self.zdl * ds
+            dzu = tu / self.du - st.zu + self.zdu * ds
+        return ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu
 
     def max_step(self, d):
         """Largest primal and dual steps in (0, 1] keeping every slack and multiplier positive."""
-        ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+        ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
         st = self.st
-        primal = ((self.dl, ds), (self.du, -ds), (self.d2, dP), (self.d3, -dP), (st.y1, dy1), (st.y4, dy4))
-        dual = ((st.z1, dz1), (st.z2, dz2), (st.z3, dz3), (st.lam, dlam), (st.zl, dzl), (st.zu, dzu))
+        primal = ((self.dl, ds), (self.du, -ds), (self.d2, dP), (st.y1, dy1), (st.y4, dy4))
+        dual = ((st.z1, dz1), (st.z2, dz2), (st.lam, dlam), (st.zl, dzl), (st.zu, dzu))
         return _ratio(primal), _ratio(dual)
 
     def mu_after(self, d, steps):
         """Average complementarity after primal and dual steps ``steps`` along ``d``."""
-        ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+        ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
         st, row = self.st, self.pr.row
         a, b = steps
         tot = (_dot(st.z1 + b * dz1, st.y1 + a * dy1) + _dot(st.z2 + b * dz2, self.d2 + a * dP)
-               + _dot(st.z3 + b * dz3, self.d3 - a * dP)
                + _dot((st.lam + b * dlam)[row], (st.y4 + a * dy4)[row])
                + _dot(st.zl + b * dzl, self.dl + a * ds) + _dot(st.zu + b * dzu, self.du - a * ds))
         return tot / self.pr.npairs
@@ -257,17 +303,16 @@ class _Newton:
 
 
 def _ratio(pairs):
-    """Largest step in (0, 1] keeping x + step dx > 0 for every (x, dx) in ``pairs``."""
-    step = 1.0
+    """Largest step in (0, 1] keeping x + step dx > 0 for every (x, dx) in ``pairs`` (x > 0)."""
+    worst = 1.0
     for x, dx in pairs:
-        ratio = np.where(dx < 0, x / np.maximum(-dx, 1e-300), np.inf)
-        step = min(step, float(ratio.min(initial=np.inf)))
-    return step
+        worst = max(worst, float(np.max(-dx / x, initial=0.0)))
+    return 1.0 / worst
 
 
 def _update(st, d, steps):
     """Primal step ``steps[0]`` and dual step ``steps[1]`` along ``d``."""
-    ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = d
+    ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
     a, b = steps
     st.s = st.s + a * ds
     st.P = st.P + a * dP
@@ -275,7 +320,6 @@ def _update(st, d, steps):
     st.y4 = st.y4 + a * dy4
     st.z1 = st.z1 + b * dz1
     st.z2 = st.z2 + b * dz2
-    st.z3 = st.z3 + b * dz3
     st.lam = st.lam + b * dlam
     st.zl = st.zl + b * dzl
     st.zu = st.zu + b * dzu
@@ -283,12 +327,12 @@ def _update(st, d, steps):
 
 def _corrector_targets(aff, target):
     """Mehrotra's corrector targets: the centering target minus the affine step's second-order terms."""
-    ds, dP, dy1, dy4, dz1, dz2, dz3, dlam, dzl, dzu = aff
-    return (target - dy1 * dz1, target - dP * dz2, target + dP * dz3, target - dy4 * dlam,
+    ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = aff
+    return (target - dy1 * dz1, target - dP * dz2, target - dy4 * dlam,
             target - ds * dzl, target + ds * dzu)
 
 
-def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol=1e-9, trace=None):
+def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol=1e-7, trace=None):
     """Near-optimal domain prices for the fast path's dual (see module docstring).
 
     ``jobs``: the fast path's job data (:class:`capctl.allocator.fast._Jobs`); ``pc``/``pg``
@@ -309,9 +353,10 @@ def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol
                 mu = nt.mu()
                 if nt.converged(mu, tol):
                     break
-                aff = nt.direction((0.0,) * 6)
+                aff = nt.direction()
                 sigma = max(SIGMA_MIN, (nt.mu_after(aff, nt.max_step(aff)) / mu) ** 3)
-                d = nt.direction(_corrector_targets(aff, sigma * mu))
+                tau = _corrector_targets(aff, sigma * mu)
+                d = nt.direction(tau)
                 steps = tuple(min(1.0, TO_BOUNDARY * a) for a in nt.max_step(d))
                 if trace is not None:
                     trace.append((it, mu, steps))
