@@ -73,12 +73,14 @@ def measure(kind, seed, n, repeats, reference_max):
     row = {"instance": kind, "seed": seed, "gpus": pb.n_gpus, "jobs": pb.n_jobs, "domains": pb.n_domains,
            "fast_s": round(wall, 4), "fast_cpu_s": round(cpu, 4), "fast_iterations": fast.iterations,
            "fast_violation_w": violation_w(pb, fast), "fast_alerts": len(fast.alerts),
+           "fast_objective": fast.objective_value, "reference_objective": None,
            "reference_s": None, "rel_gap": None, "reference_violation_w": None}
     if pb.n_gpus <= reference_max:
         t = time.perf_counter()
         try:
             ref = solve_reference(pb)
             row["reference_s"] = round(time.perf_counter() - t, 4)
+            row["reference_objective"] = ref.objective_value
             row["rel_gap"] = abs(fast.objective_value - ref.objective_value) / max(1.0, abs(ref.objective_value))
             row["fast_minus_ref"] = fast.objective_value - ref.objective_value
             row["reference_violation_w"] = violation_w(pb, ref)

@@ -13,7 +13,9 @@ Layers (one way only):
 - no import cycle anywhere: neither between modules (also of one package) nor between packages;
 - high availability: only ``coordinator/etcdconn.py`` imports the etcd client (``etcd3gw``); the
   election and the etcd store sit below the reconcile loop and the servers (never import them);
-  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours).
+  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours);
+- the allocator's interior-point start (``capctl/allocator/interior.py``) is pure numerics
+  (imports nothing of ours: the fast path hands it arrays).
 
 The simulators (``capctl.sim``, ``capctl.demo``) may import the coordinator's modules (the what-if
 simulator runs the coordinator's own models and planner): they sit above the daemons, and no
@@ -151,6 +153,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the election and the etcd store sit below the loop, the servers and the daemon"
             elif mod == "nodeagent.fencing":
                 rule = "the agent's term fence is pure logic (imports nothing of ours)"
+            elif mod == "capctl.allocator.interior":
+                rule = "the allocator's interior-point start is pure numerics (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -195,7 +199,9 @@ def test_the_checker_sees_back_imports_and_cycles():
     graph["slurm.hooks"].add("nodeagent.daemon")
     graph["nodeagent.nvml"].add("capctl.simgpu.build")
     graph["capctl.cli.main"].add("slurm.hooks")
+    graph["capctl.allocator.interior"].add("capctl.allocator.fast")
     bad = violations(graph)
+    assert any(b.startswith("capctl.allocator.interior -> capctl.allocator.fast") for b in bad)
     assert any(b.startswith("nodeagent.caps -> coordinator.loop") for b in bad)
     assert any(b.startswith("slurm.hooks -> nodeagent.daemon") for b in bad)
     assert any(b.startswith("nodeagent.nvml -> capctl.simgpu.build") for b in bad)
