@@ -18,7 +18,8 @@ over limits and caps outside their bounds; <= 0 means feasible). Last line: one 
 Goal (issues 3 and 12): every instance kind at 100k GPUs in <= 0.5 s.
 
 Usage: python bench/solver_scale.py [--instances base,hard,single,throughput] [--seeds 1,2,3]
-       [--repeats 3] [--reference-max 8000] [sizes...]
+       [--repeats 3] [--reference-max 8000] [--no-interior] [sizes...]
+(OPENBLAS_NUM_THREADS=1 for the one-core figures: a multithreaded BLAS on a shared machine is slower.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 import numpy as np
 
 from capctl.allocator._core import ancestors
+from capctl.allocator import fast as fast_module
 from capctl.allocator.fast import solve
 from capctl.allocator.reference import ReferenceSolveError, solve_reference
 from capctl.allocator.synthetic import synthetic_cluster
@@ -106,7 +108,10 @@ def main(argv=None):
     ap.add_argument("--seeds", default="1", help="comma-separated seeds (default 1)")
     ap.add_argument("--repeats", type=int, default=3, help="fast-path runs per row, best taken")
     ap.add_argument("--reference-max", type=int, default=8000, help="largest size [GPUs] solved by the reference")
+    ap.add_argument("--no-interior", action="store_true",
+                    help="start the exact method from its own guess (the solver before issue 12)")
     args = ap.parse_args(argv)
+    fast_module.USE_INTERIOR = not args.no_interior
     kinds = [k for k in args.instances.split(",") if k]
     for k in kinds:
         if k not in INSTANCES:

@@ -12,7 +12,7 @@ their GPUs that sit under a candidate domain and whose cap box is not a point::
 
     minimize    -sum_j w_j U(s_j)                    U = log ("proportional") or identity
     subject to  phi_g(s_j) - P_g + y1_g = 0,  y1 >= 0    GPU g keeps the pace of its job j
-                P_g >= lo_g
+                P_g >= lo_g                             (P_g <= hi_g is implied: s_j <= s_max_j)
                 (A P)_d - b_d + y4_d = 0,  y4 >= 0     candidate domain d (A: 0/1 incidence)
                 s_lo_j <= s_j <= s_max_j
 
@@ -38,13 +38,10 @@ import scipy.sparse.linalg as spla
 __all__ = ["interior_prices"]
 
 KW = 1e3             # watts per kW: the program works in kW
-_DEBUG = False
-START_RATE = 0.5
-START_P = 1.0
-START_UP = 0.2
-MU0 = 1.0
-SIGMA_MIN = 0.1
-TO_BOUNDARY = 0.995  # fraction of the step to the boundary of the positive orthant
+TO_BOUNDARY = 0.995  # fraction of the step to the boundary of the positive orthant (Nocedal & Wright §14.2)
+START_RATE = 0.5     # starting rates: this far from s_lo to s_max
+START_HEADROOM = 0.2  # starting caps: this far from what keeps pace up to hi
+SIGMA_MIN = 0.1      # least centering (Mehrotra's sigma): without it, 100k single-GPU jobs stall
 
 
 def _dot(x, y) -> float:
@@ -153,19 +150,20 @@ class _State:
     """Iterate: rates s [J], caps P [n] kW, slacks y1 [n], y4 [m], multipliers z1, z2 (P >= lo)
     [n], lam [m] (per kW), zl, zu [J] (rate bounds).
 
-    Start: rates at the middle of their range, caps a little above what keeps pace, slacks at
-    least a fraction of their range, every multiplier at mu0 / its slack (centred)."""
+    Start (an infeasible start is fine for the method): rates at START_RATE of their range, caps
+    START_HEADROOM of the way above what keeps pace, slacks at least a fraction of their range,
+    every multiplier at mu0 / its slack (on the central path's complementarity)."""
 
     def __init__(self, pr: _Program):
         s = pr.s_lo + START_RATE * (pr.s_max - pr.s_lo)
         phi = pr.base - pr.k * np.log(pr.c - s[pr.job])
         m_g = np.maximum(phi, pr.lo)
         width = pr.hi - pr.lo
-        P = np.clip(pr.lo + START_P * (m_g - pr.lo) + START_UP * (pr.hi - m_g), pr.lo + 1e-3 * width, pr.hi - 1e-3 * width)
+        P = np.clip(m_g + START_HEADROOM * (pr.hi - m_g), pr.lo + 1e-3 * width, pr.hi - 1e-3 * width)
         self.s, self.P = s, P
         self.y1 = np.maximum(P - phi, 1e-2 * width)
         self.y4 = np.where(pr.row, np.maximum(pr.b - pr.A_dot(P), 0.1 * pr.A_dot(width)), 1.0)
-        mu0 = MU0 * max(float(pr.w.sum()), 1.0) / pr.npairs
+        mu0 = max(float(pr.w.sum()), 1.0) / pr.npairs  # duality gap ~ the objective's scale
         self.z1 = mu0 / self.y1
         self.z2 = mu0 / (P - pr.lo)
         self.lam = np.where(pr.row, mu0 / self.y4, 0.0)
@@ -363,9 +361,7 @@ def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol
                 if not all(a > 0 and np.isfinite(a) for a in steps):
                     return None
                 _update(st, d, steps)
-    except (np.linalg.LinAlgError, RuntimeError, ValueError):
-        if _DEBUG:
-            raise
+    except (np.linalg.LinAlgError, RuntimeError, ValueError):  # SuperLU: singular factor
         return None
     if not (np.all(np.isfinite(st.lam)) and np.all(np.isfinite(st.s))):
         return None
