@@ -44,9 +44,10 @@ START_HEADROOM = 0.2  # starting caps: this far from what keeps pace up to hi
 SIGMA_MIN = 0.1      # least centering (Mehrotra's sigma): without it, 100k single-GPU jobs stall
 
 
-def _dot(x, y) -> float:
-    """x . y without BLAS (a multithreaded BLAS on a loaded machine is slower than numpy)."""
-    return float(np.multiply(x, y).sum())
+def _dot(x, y, out=None) -> float:
+    """x . y without BLAS (a multithreaded BLAS on a loaded machine is slower than numpy);
+    ``out``: a buffer of x's shape for the products, or None."""
+    return float(np.multiply(x, y, out=out).sum())
 
 
 def _classes(pc, pg, depth_c, parent_c, m, ngv):
@@ -124,6 +125,7 @@ class _Program:
         self.order = np.argsort(-depth_c, kind="stable")
         self.C_o = self.C[self.order].tocsr()
         self.C_oT = self.C_o.T.tocsr()
+        self.work = _Work(self.n)
 
     def by_group(self, x):
         """Sum of x [n] over each (job, class) group: [groups]."""
@@ -178,34 +180,66 @@ def _objective_derivatives(pr, s):
     return -pr.w, np.zeros_like(s)
 
 
+class _Work:
+    """Preallocated [n] buffers, reused every iteration: at 100k GPUs a fresh temporary per
+    operation costs more than the arithmetic (page faults of memory the allocator returned)."""
+
+    NAMES = ("u", "phi", "dphi", "d2", "rP", "z1dphi", "r1", "inv_y1", "D1", "y1z1", "inv_d2", "zd2",
+             "invQ", "alpha", "z1phiP", "e0", "tmp", "tmp2")
+
+    def __init__(self, n):
+        for name in self.NAMES:
+            setattr(self, name, np.empty(n))
+        # two direction sets (predictor and corrector are alive together) and the targets
+        self.dirs = [{k: np.empty(n) for k in ("c1", "e", "dsg", "dP", "dz1", "dz2", "dy1")} for _ in range(2)]
+        self.t1, self.t2 = np.empty(n), np.empty(n)
+
+
 class _Newton:
     """One linearization of the perturbed KKT system at a state: residuals, the eliminated
-    per-GPU blocks and the factored [m, m] Schur complement over the prices."""
+    per-GPU blocks and the factored [m, m] Schur complement over the prices. Its [n] arrays
+    live in the program's :class:`_Work` buffers (valid until the next linearization)."""
 
     def __init__(self, pr: _Program, st: _State):
         self.pr, self.st = pr, st
-        u = pr.c - st.s[pr.job]
-        self.phi = pr.base - pr.k * np.log(u)
-        self.dphi = pr.k / u
-        self.d2 = st.P - pr.lo
+        w = pr.work
+        u = np.take(st.s, pr.job, out=w.u)
+        np.subtract(pr.c, u, out=u)
+        self.phi = np.log(u, out=w.phi)
+        self.phi *= pr.k
+        np.subtract(pr.base, self.phi, out=self.phi)
+        self.dphi = np.divide(pr.k, u, out=w.dphi)
+        self.d2 = np.subtract(st.P, pr.lo, out=w.d2)
         self.dl, self.du = st.s - pr.s_lo, pr.s_max - st.s
         fp, fpp = _objective_derivatives(pr, st.s)
-        self.rP = pr.At_dot(st.lam) - st.z1 - st.z2
-        z1dphi = st.z1 * self.dphi
+        self.rP = np.take(pr.Ct @ st.lam, pr.deep, out=w.rP)
+        self.rP -= st.z1
+        self.rP -= st.z2
+        z1dphi = np.multiply(st.z1, self.dphi, out=w.z1dphi)
         self.rs = fp + pr.by_job(z1dphi) - st.zl + st.zu
-        self.r1 = self.phi - st.P + st.y1
+        self.r1 = np.subtract(self.phi, st.P, out=w.r1)
+        self.r1 += st.y1
         self.r4 = np.where(pr.row, pr.A_dot(st.P) - pr.b + st.y4, 0.0)
-        self.inv_y1 = 1.0 / st.y1
-        self.D1 = st.z1 * self.inv_y1
-        self.y1z1 = st.y1 / st.z1
-        self.inv_d2 = 1.0 / self.d2
-        e23 = self.zd2 = st.z2 * self.inv_d2
-        self.invQ = 1.0 / (self.D1 + e23)
-        self.alpha = self.D1 * self.dphi * self.invQ
+        self.inv_y1 = np.divide(1.0, st.y1, out=w.inv_y1)
+        self.D1 = np.multiply(st.z1, self.inv_y1, out=w.D1)
+        self.y1z1 = np.divide(st.y1, st.z1, out=w.y1z1)
+        self.inv_d2 = np.divide(1.0, self.d2, out=w.inv_d2)
+        self.zd2 = np.multiply(st.z2, self.inv_d2, out=w.zd2)
+        self.invQ = np.add(self.D1, self.zd2, out=w.invQ)
+        np.divide(1.0, self.invQ, out=self.invQ)
+        self.alpha = np.multiply(self.D1, self.dphi, out=w.alpha)
+        self.alpha *= self.invQ
         self.zdl, self.zdu = st.zl / self.dl, st.zu / self.du
-        self.Ht = fpp + pr.by_job(z1dphi / u + self.alpha * self.dphi * e23) + self.zdl + self.zdu
-        self.z1phiP = st.z1 * (self.phi - st.P)
-        self.e0 = -self.rP - st.z2      # e without the targets' terms
+        # curvature: f'' + sum z1 phi'' + sum alpha phi' zd2 (phi'' = phi' / u)
+        h = np.divide(z1dphi, u, out=w.tmp)
+        h2 = np.multiply(self.alpha, self.dphi, out=w.tmp2)
+        h2 *= self.zd2
+        h += h2
+        self.Ht = fpp + pr.by_job(h) + self.zdl + self.zdu
+        self.z1phiP = np.subtract(self.phi, st.P, out=w.z1phiP)
+        self.z1phiP *= st.z1
+        self.e0 = np.add(self.rP, st.z2, out=w.e0)   # -(e without the targets' terms)
+        np.negative(self.e0, out=self.e0)
         self.lam1 = np.where(pr.row, st.lam, 1.0)
         self._factor()
 
@@ -229,43 +263,64 @@ class _Newton:
         self.solve_s = solve_s
 
     def mu(self):
-        st, row = self.st, self.pr.row
-        tot = (_dot(st.z1, st.y1) + _dot(st.z2, self.d2) + _dot(st.lam[row], st.y4[row])
+        st, row, tmp = self.st, self.pr.row, self.pr.work.tmp
+        tot = (_dot(st.z1, st.y1, tmp) + _dot(st.z2, self.d2, tmp) + _dot(st.lam[row], st.y4[row])
                + _dot(st.zl, self.dl) + _dot(st.zu, self.du))
         return tot / self.pr.npairs
 
-    def direction(self, tau=None):
+    def direction(self, tau=None, slot=0):
         """Newton direction for complementarity targets ``tau`` = (t1, t2, t4, tl, tu) (arrays
-        or scalars), or for zero targets (the affine-scaling predictor) when None."""
-        pr, st = self.pr, self.st
+        or scalars), or for zero targets (the affine-scaling predictor) when None. Its [n]
+        parts live in direction buffer ``slot`` (0 or 1)."""
+        pr, st, w = self.pr, self.st, self.pr.work
+        b = w.dirs[slot]
+        tmp = w.tmp
+        c1 = b["c1"]
         if tau is None:
-            c1 = self.z1phiP * self.inv_y1
-            e = c1 + self.e0
-            gt = pr.by_job(self.alpha * e - self.dphi * c1) - self.rs - st.zl + st.zu
-            ht = np.where(pr.row, st.y4 - self.r4, 0.0)
+            np.multiply(self.z1phiP, self.inv_y1, out=c1)
+            e = np.add(c1, self.e0, out=b["e"])
         else:
             t1, t2, t4, tl, tu = tau
-            c1 = (t1 + self.z1phiP) * self.inv_y1
-            e = c1 + self.e0 + t2 * self.inv_d2
-            gt = (pr.by_job(self.alpha * e - self.dphi * c1) - self.rs + (tl / self.dl - st.zl)
-                  - (tu / self.du - st.zu))
+            np.add(t1, self.z1phiP, out=c1)
+            c1 *= self.inv_y1
+            e = np.add(c1, self.e0, out=b["e"])
+            e += np.multiply(t2, self.inv_d2, out=tmp)
+        g = np.multiply(self.alpha, e, out=tmp)
+        g -= np.multiply(self.dphi, c1, out=w.tmp2)
+        if tau is None:
+            gt = pr.by_job(g) - self.rs - st.zl + st.zu
+            ht = np.where(pr.row, st.y4 - self.r4, 0.0)
+        else:
+            gt = pr.by_job(g) - self.rs + (tl / self.dl - st.zl) - (tu / self.du - st.zu)
             ht = np.where(pr.row, st.y4 - self.r4 - t4 / self.lam1, 0.0)
-        rhs = pr.C @ (self.V @ (gt / self.Ht) + pr.by_class(e * self.invQ)) - ht
+        rhs = pr.C @ (self.V @ (gt / self.Ht) + pr.by_class(np.multiply(e, self.invQ, out=tmp))) - ht
         dlam = np.where(pr.row, self.solve_s(rhs), 0.0)
         ctl = pr.Ct @ dlam
         ds = (gt - self.V.T @ ctl) / self.Ht
-        dsg = ds[pr.job]
-        dP = self.alpha * dsg + (e - ctl[pr.deep]) * self.invQ
-        dz1 = self.D1 * (self.dphi * dsg - dP) + c1
+        dsg = np.take(ds, pr.job, out=b["dsg"])
+        dP = np.take(ctl, pr.deep, out=b["dP"])
+        np.subtract(e, dP, out=dP)
+        dP *= self.invQ
+        dP += np.multiply(self.alpha, dsg, out=tmp)
+        dz1 = np.multiply(self.dphi, dsg, out=b["dz1"])
+        dz1 -= dP
+        dz1 *= self.D1
+        dz1 += c1
+        dz2 = np.multiply(self.zd2, dP, out=b["dz2"])
+        dy1 = np.multiply(self.y1z1, dz1, out=b["dy1"])
         if tau is None:
-            dz2 = -st.z2 - self.zd2 * dP
-            dy1 = -st.y1 - self.y1z1 * dz1
+            dz2 += st.z2
+            np.negative(dz2, out=dz2)
+            dy1 += st.y1
+            np.negative(dy1, out=dy1)
             dy4 = np.where(pr.row, -st.y4 - (st.y4 / self.lam1) * dlam, 0.0)
             dzl = -st.zl - self.zdl * ds
             dzu = self.zdu * ds - st.zu
         else:
-            dz2 = t2 * self.inv_d2 - st.z2 - self.zd2 * dP
-            dy1 = t1 / st.z1 - st.y1 - self.y1z1 * dz1
+            np.subtract(np.multiply(t2, self.inv_d2, out=tmp), dz2, out=dz2)
+            dz2 -= st.z2
+            np.subtract(np.divide(t1, st.z1, out=tmp), dy1, out=dy1)
+            dy1 -= st.y1
             dy4 = np.where(pr.row, t4 / self.lam1 - st.y4 - (st.y4 / self.lam1) * dlam, 0.0)
             dzl = tl / self.dl - st.zl - self.zdl * ds
             dzu = tu / self.du - st.zu + self.zdu * ds
@@ -274,17 +329,17 @@ class _Newton:
     def max_step(self, d):
         """Largest primal and dual steps in (0, 1] keeping every slack and multiplier positive."""
         ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
-        st = self.st
-        primal = ((self.dl, ds), (self.du, -ds), (self.d2, dP), (st.y1, dy1), (st.y4, dy4))
-        dual = ((st.z1, dz1), (st.z2, dz2), (st.lam, dlam), (st.zl, dzl), (st.zu, dzu))
-        return _ratio(primal), _ratio(dual)
+        st, tmp = self.st, self.pr.work.tmp
+        primal = ((self.dl, ds, 1.0), (self.du, ds, -1.0), (self.d2, dP, 1.0), (st.y1, dy1, 1.0), (st.y4, dy4, 1.0))
+        dual = ((st.z1, dz1, 1.0), (st.z2, dz2, 1.0), (st.lam, dlam, 1.0), (st.zl, dzl, 1.0), (st.zu, dzu, 1.0))
+        return _ratio(primal, tmp), _ratio(dual, tmp)
 
     def mu_after(self, d, steps):
         """Average complementarity after primal and dual steps ``steps`` along ``d``."""
         ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
-        st, row = self.st, self.pr.row
+        st, row, w = self.st, self.pr.row, self.pr.work
         a, b = steps
-        tot = (_dot(st.z1 + b * dz1, st.y1 + a * dy1) + _dot(st.z2 + b * dz2, self.d2 + a * dP)
+        tot = (_dot_after(st.z1, dz1, b, st.y1, dy1, a, w) + _dot_after(st.z2, dz2, b, self.d2, dP, a, w)
                + _dot((st.lam + b * dlam)[row], (st.y4 + a * dy4)[row])
                + _dot(st.zl + b * dzl, self.dl + a * ds) + _dot(st.zu + b * dzu, self.du - a * ds))
         return tot / self.pr.npairs
@@ -300,34 +355,47 @@ class _Newton:
                 and float(np.max(np.abs(self.rP), initial=0.0)) <= 1e-7 * price)
 
 
-def _ratio(pairs):
-    """Largest step in (0, 1] keeping x + step dx > 0 for every (x, dx) in ``pairs`` (x > 0)."""
+def _ratio(pairs, tmp):
+    """Largest step in (0, 1] keeping x + step * sign * dx > 0 for every (x, dx, sign) in
+    ``pairs`` (x > 0); ``tmp`` an [n] buffer for the [n] pairs."""
     worst = 1.0
-    for x, dx in pairs:
-        worst = max(worst, float(np.max(-dx / x, initial=0.0)))
+    for x, dx, sign in pairs:
+        r = np.divide(dx, x, out=tmp) if dx.shape == tmp.shape else dx / x
+        worst = max(worst, float(-sign * (r.min(initial=0.0) if sign > 0 else r.max(initial=0.0))))
     return 1.0 / worst
 
 
-def _update(st, d, steps):
-    """Primal step ``steps[0]`` and dual step ``steps[1]`` along ``d``."""
+def _dot_after(z, dz, b, y, dy, a, w) -> float:
+    """(z + b dz) . (y + a dy) for [n] arrays, in the work buffers."""
+    zz = np.multiply(dz, b, out=w.tmp)
+    zz += z
+    yy = np.multiply(dy, a, out=w.tmp2)
+    yy += y
+    return _dot(zz, yy, zz)
+
+
+def _update(st, d, steps, tmp):
+    """Primal step ``steps[0]`` and dual step ``steps[1]`` along ``d`` (in place)."""
     ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = d
     a, b = steps
     st.s = st.s + a * ds
-    st.P = st.P + a * dP
-    st.y1 = st.y1 + a * dy1
     st.y4 = st.y4 + a * dy4
-    st.z1 = st.z1 + b * dz1
-    st.z2 = st.z2 + b * dz2
     st.lam = st.lam + b * dlam
     st.zl = st.zl + b * dzl
     st.zu = st.zu + b * dzu
+    for x, dx, step in ((st.P, dP, a), (st.y1, dy1, a), (st.z1, dz1, b), (st.z2, dz2, b)):
+        x += np.multiply(dx, step, out=tmp)
 
 
-def _corrector_targets(aff, target):
-    """Mehrotra's corrector targets: the centering target minus the affine step's second-order terms."""
+def _corrector_targets(aff, target, work):
+    """Mehrotra's corrector targets: the centering target minus the affine step's second-order
+    terms (the [n] ones in ``work``'s target buffers)."""
     ds, dP, dy1, dy4, dz1, dz2, dlam, dzl, dzu = aff
-    return (target - dy1 * dz1, target - dP * dz2, target - dy4 * dlam,
-            target - ds * dzl, target + ds * dzu)
+    t1 = np.multiply(dy1, dz1, out=work.t1)
+    np.subtract(target, t1, out=t1)
+    t2 = np.multiply(dP, dz2, out=work.t2)
+    np.subtract(target, t2, out=t2)
+    return (t1, t2, target - dy4 * dlam, target - ds * dzl, target + ds * dzu)
 
 
 def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol=1e-7, trace=None):
@@ -353,14 +421,14 @@ def interior_prices(jobs, pc, pg, budget, depth_c, parent_c, *, max_iter=60, tol
                     break
                 aff = nt.direction()
                 sigma = max(SIGMA_MIN, (nt.mu_after(aff, nt.max_step(aff)) / mu) ** 3)
-                tau = _corrector_targets(aff, sigma * mu)
-                d = nt.direction(tau)
+                tau = _corrector_targets(aff, sigma * mu, pr.work)
+                d = nt.direction(tau, slot=1)
                 steps = tuple(min(1.0, TO_BOUNDARY * a) for a in nt.max_step(d))
                 if trace is not None:
                     trace.append((it, mu, steps))
                 if not all(a > 0 and np.isfinite(a) for a in steps):
                     return None
-                _update(st, d, steps)
+                _update(st, d, steps, pr.work.tmp)
     except (np.linalg.LinAlgError, RuntimeError, ValueError):  # SuperLU: singular factor
         return None
     if not (np.all(np.isfinite(st.lam)) and np.all(np.isfinite(st.s))):
