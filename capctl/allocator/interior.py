@@ -101,6 +101,7 @@ class _Program:
         # (job, class) groups: V [m, J] holds the per-group sums of alpha (B_alpha = C V)
         self.cj_start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if g.size else np.zeros(0, np.int64)
         self.cj_job, self.cj_class = self.job[self.cj_start], self.deep[self.cj_start]
+        self.cj_size = np.diff(np.append(self.cj_start, g.size))
         rowmajor = np.lexsort((self.cj_job, self.cj_class))  # CSR order of V's entries
         self.cj_csr = rowmajor
         self.cj_csr_job = self.cj_job[rowmajor]
@@ -137,7 +138,15 @@ class _Program:
 
     def At_dot(self, y):
         """(A^T y) [n] for y [m]."""
-        return (self.Ct @ y)[self.deep]
+        return self.per_class(self.Ct @ y)
+
+    def per_class(self, x):
+        """x [m] (per class) repeated over each GPU of the class: [n]."""
+        return np.repeat(x[self.cj_class], self.cj_size)
+
+    def per_job(self, x):
+        """x [J] (per job) repeated over each GPU of the job: [n]."""
+        return np.repeat(x[self.cj_job], self.cj_size)
 
     def by_job(self, x):
         """Sum of x [n] over each job's GPUs: [J]."""
@@ -184,14 +193,14 @@ class _Work:
     """Preallocated [n] buffers, reused every iteration: at 100k GPUs a fresh temporary per
     operation costs more than the arithmetic (page faults of memory the allocator returned)."""
 
-    NAMES = ("u", "phi", "dphi", "d2", "rP", "z1dphi", "r1", "inv_y1", "D1", "y1z1", "inv_d2", "zd2",
+    NAMES = ("u", "phi", "dphi", "d2", "z1dphi", "r1", "inv_y1", "D1", "y1z1", "inv_d2", "zd2",
              "invQ", "alpha", "z1phiP", "e0", "tmp", "tmp2")
 
     def __init__(self, n):
         for name in self.NAMES:
             setattr(self, name, np.empty(n))
         # two direction sets (predictor and corrector are alive together) and the targets
-        self.dirs = [{k: np.empty(n) for k in ("c1", "e", "dsg", "dP", "dz1", "dz2", "dy1")} for _ in range(2)]
+        self.dirs = [{k: np.empty(n) for k in ("c1", "e", "dP", "dz1", "dz2", "dy1")} for _ in range(2)]
         self.t1, self.t2 = np.empty(n), np.empty(n)
 
 
@@ -203,8 +212,7 @@ class _Newton:
     def __init__(self, pr: _Program, st: _State):
         self.pr, self.st = pr, st
         w = pr.work
-        u = np.take(st.s, pr.job, out=w.u)
-        np.subtract(pr.c, u, out=u)
+        u = np.subtract(pr.c, pr.per_job(st.s), out=w.u)
         self.phi = np.log(u, out=w.phi)
         self.phi *= pr.k
         np.subtract(pr.base, self.phi, out=self.phi)
@@ -212,7 +220,7 @@ class _Newton:
         self.d2 = np.subtract(st.P, pr.lo, out=w.d2)
         self.dl, self.du = st.s - pr.s_lo, pr.s_max - st.s
         fp, fpp = _objective_derivatives(pr, st.s)
-        self.rP = np.take(pr.Ct @ st.lam, pr.deep, out=w.rP)
+        self.rP = pr.At_dot(st.lam)
         self.rP -= st.z1
         self.rP -= st.z2
         z1dphi = np.multiply(st.z1, self.dphi, out=w.z1dphi)
@@ -297,9 +305,8 @@ class _Newton:
         dlam = np.where(pr.row, self.solve_s(rhs), 0.0)
         ctl = pr.Ct @ dlam
         ds = (gt - self.V.T @ ctl) / self.Ht
-        dsg = np.take(ds, pr.job, out=b["dsg"])
-        dP = np.take(ctl, pr.deep, out=b["dP"])
-        np.subtract(e, dP, out=dP)
+        dsg = pr.per_job(ds)
+        dP = np.subtract(e, pr.per_class(ctl), out=b["dP"])
         dP *= self.invQ
         dP += np.multiply(self.alpha, dsg, out=tmp)
         dz1 = np.multiply(self.dphi, dsg, out=b["dz1"])
