@@ -102,6 +102,11 @@ class _Program:
         self.cj_start = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if g.size else np.zeros(0, np.int64)
         self.cj_job, self.cj_class = self.job[self.cj_start], self.deep[self.cj_start]
         self.cj_size = np.diff(np.append(self.cj_start, g.size))
+        # job groups (contiguous too): first GPU of each job that has GPUs here
+        first = np.concatenate([[True], self.job[1:] != self.job[:-1]]) if g.size else np.zeros(0, bool)
+        self.job_start = np.flatnonzero(first)
+        self.job_present = self.job[self.job_start]
+        self.all_jobs = self.job_present.size == jobs.nv
         rowmajor = np.lexsort((self.cj_job, self.cj_class))  # CSR order of V's entries
         self.cj_csr = rowmajor
         self.cj_csr_job = self.cj_job[rowmajor]
@@ -150,7 +155,12 @@ class _Program:
 
     def by_job(self, x):
         """Sum of x [n] over each job's GPUs: [J]."""
-        return np.bincount(self.cj_job, self.by_group(x), minlength=self.J)
+        sums = np.add.reduceat(x, self.job_start)
+        if self.all_jobs:
+            return sums
+        out = np.zeros(self.J)
+        out[self.job_present] = sums
+        return out
 
     def by_class(self, x):
         """Sum of x [n] over each class's GPUs: [m]."""
