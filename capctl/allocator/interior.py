@@ -25,8 +25,9 @@ over the m candidate prices per iteration, factored once (sparse LU, deepest dom
 
 The domains form a tree, so the candidate ancestors of a GPU are the candidate chain of its
 deepest candidate domain (its *class*): ``A = C E`` with C [m, m] the chain incidence (domain d
-is in the chain of class e) and E [m, n] the GPU's class. Every product with A goes through one
-bincount over the GPUs and a small product with C.
+is in the chain of class e) and E [m, n] the GPU's class. With the GPUs sorted by (job, class),
+every product with A is one contiguous reduction over the GPUs (``np.add.reduceat``) and a small
+product with C. Returns None (the caller starts without) where there is no interior point.
 """
 
 from __future__ import annotations
