@@ -57,6 +57,12 @@ class UnsupportedConstraintsError(NvmlError):
     bounds: :func:`capctl.devicedata.constraints_problem`): bad device data, nothing is written."""
 
 
+class NvmlStalledError(NvmlError):
+    """An NVML call on this GPU has not returned within the agent's per-GPU timeout (a hung driver
+    call), or an earlier one is still outstanding: no fresh reading, nothing written until it returns
+    (:mod:`nodeagent.callguard`)."""
+
+
 class NvmlUninitializedError(NvmlError):
     """The backend (or NVML) is not initialised: call :meth:`nodeagent.nvml.NvmlBackend.open` first."""
 
