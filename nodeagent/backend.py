@@ -192,6 +192,11 @@ class GpuBackend(Protocol):
         (never raises for one GPU)."""
         ...
 
+    def telemetry(self, index: int) -> GpuSample:
+        """One sample of GPU ``index`` (what :mod:`nodeagent.callguard` runs per GPU). Raises as
+        the class doc says."""
+        ...
+
     def clamp_cap_mw(self, index: int, cap_w: float) -> int:
         """The cap ``cap_w`` (W) as whole milliwatts inside the GPU's limit constraints.
 

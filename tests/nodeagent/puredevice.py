@@ -106,6 +106,9 @@ class PureDevice:
                 samples.append(GpuSample.failed(i, err, time.time()))
         return samples
 
+    def telemetry(self, index: int) -> GpuSample:
+        return self._sample(index)
+
     def clamp_cap_mw(self, index: int, cap_w: float) -> int:
         g = self._gpu(index, "clamp")
         if isinstance(cap_w, bool) or not isinstance(cap_w, (int, float)) or not math.isfinite(cap_w):
