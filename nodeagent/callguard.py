@@ -115,6 +115,7 @@ class GuardedBackend:
         self._workers: dict[int, _Worker] = {}
         self._lock = threading.Lock()
         self.stalls = 0  # calls that timed out (capctl_agent_nvml_stalls_total)
+        self._known: dict[int, DeviceInfo] = {}  # the last static facts read per GPU
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -182,18 +183,22 @@ class GuardedBackend:
 
     # -- GpuBackend ------------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
-        """The inner backend's static facts (read at open; a GPU whose facts failed is re-read
-        through its worker, and keeps its error while it stalls)."""
-        infos = list(self.inner.devices())
-        for n, info in enumerate(infos):
-            if info.error is not None:
-                try:
-                    infos[n] = self.call(info.index, "reading device facts", self.inner.device, info.index)
-                except NvmlStalledError:
-                    pass
-                except Exception:  # noqa: BLE001 - the error stays in the facts
-                    pass
-        return infos
+        """Static facts of every GPU, each read through its worker (``device(i)``: the inner backend's
+        cached facts, re-read only for a GPU whose read failed); a stalled GPU keeps the facts last
+        known (they do not change while it hangs)."""
+        device = getattr(self.inner, "device", None)
+        if device is None:  # a backend without per-GPU facts: its list as it is
+            return list(self.inner.devices())
+        if not self._known:
+            self._known = {d.index: d for d in self.inner.devices()}
+        out = []
+        for i in sorted(self._known):
+            try:
+                self._known[i] = self.call(i, "reading device facts", device, i)
+            except NvmlStalledError:
+                pass
+            out.append(self._known[i])
+        return out
 
     def telemetry(self, index: int) -> GpuSample:
         return self.call(index, "reading telemetry", self.inner.telemetry, index)

@@ -81,6 +81,7 @@ def test_a_hung_gpu_times_out_alone_is_refused_at_once_and_recovers(hanging):
     assert (1, 300.0) not in dev.writes and guard.stalled().keys() == {1}
     assert len(_workers()) - before == 3  # one thread per GPU, no growth
     assert guard.set_cap_w(0, 350.0).cap_w == 350.0  # the other GPUs are written meanwhile
+    assert [d.uuid for d in guard.devices()] == [f"GPU-pure-{i:04d}" for i in range(3)]  # facts last known
     dev.release()
     deadline = time.monotonic() + 5.0
     while guard.stalled() and time.monotonic() < deadline:
