@@ -238,4 +238,18 @@ class GuardedBackend:
         return self.call(index, "nvmlDeviceGetEnforcedPowerLimit", self.inner.get_enforced_w, index)
 
     def set_cap_w(self, index: int, cap_w: float) -> SetResult:
-        return self.call(index, f"setting the power limit to {cap_w:g} W", self.inner.set_cap_w, index, cap_w)
+        """Write the cap (W) unless the caller gave up first: the worker reads the limit constraints
+        (the first NVML call of a write), and writes only if the caller still waits, so a write
+        never lands after the agent reported the GPU STALLED and moved on (only a hang of the set
+        call itself, after it started, can still land late; the next reconcile then sees a drift)."""
+        def write() -> SetResult:
+            self.inner.clamp_cap_mw(index, cap_w)
+            if call.abandoned:
+                raise self._stalled_error(index, call)
+            return self.inner.set_cap_w(index, cap_w)
+
+        call = _Call(f"setting the power limit to {cap_w:g} W", write, ())
+        busy = self._worker(index).submit(call)
+        if busy is not None:
+            raise self._stalled_error(index, busy)
+        return self._finish(index, call, time.monotonic() + self.timeout_s)

@@ -89,6 +89,18 @@ def test_a_hung_gpu_times_out_alone_is_refused_at_once_and_recovers(hanging):
     assert [s.ok for s in guard.telemetry_all()] == [True, True, True]
 
 
+def test_a_write_whose_first_read_hangs_is_never_issued_after_the_timeout(hanging):
+    dev, guard = hanging
+    dev.hang(2)
+    with pytest.raises(NvmlStalledError):
+        guard.set_cap_w(2, 650.0)  # blocked in its constraints read
+    dev.release()
+    deadline = time.monotonic() + 5.0
+    while guard.stalled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not guard.stalled() and dev.writes == [] and dev.limit_w(2) == 700.0  # the caller gave up: not written
+
+
 def test_the_agent_reports_a_hung_gpu_stalled_holds_it_and_answers_the_plan(tmp_path, hanging):
     dev, guard = hanging
     agent = make_agent(tmp_path, guard)
