@@ -155,7 +155,7 @@ def validate_hello(hello) -> str:
         # node's other GPUs are controlled. Only what no agent sends is refused: a non-finite number
         # (the agent sends an unreadable value as 0, nodeagent/messages.py).
         if not all(math.isfinite(v) for v in vals):
-            return (f"AgentHello.gpus[{g.index}]: min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w} "
+            return (f"AgentHello.gpus[{g.index}]: limit constraints min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w}, "
                     f"default_cap_w={g.default_cap_w} slowdown_temp_c={g.slowdown_temp_c} "
                     f"pre_job_cap_w={g.pre_job_cap_w}: need finite numbers")
         p = _first(check_label(g.uuid, f"AgentHello.gpus[{g.index}].uuid"),

@@ -45,7 +45,7 @@ def test_good_messages_pass():
     (dict(gpus=[_gpu(i) for i in range(65)]), "65 GPUs, at most 64"),
     (dict(gpus=[_gpu(0), _gpu(0)]), "index 0 twice"),
     (dict(gpus=[_gpu(70)]), "index 70, at most 63"),
-    (dict(gpus=[_gpu(0, min_cap_w=math.nan)]), "gpus[0]: min_cap_w=nan"),
+    (dict(gpus=[_gpu(0, min_cap_w=math.nan)]), "gpus[0]: limit constraints min_cap_w=nan"),
     (dict(gpus=[_gpu(0, default_cap_w=math.inf)]), "need finite numbers"),
     (dict(gpus=[_gpu(0, max_cap_w=math.nan)]), "max_cap_w=nan"),
     (dict(gpus=[_gpu(0, uuid="x" * 500)]), "uuid: 500 characters, at most 128"),
