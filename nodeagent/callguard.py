@@ -118,6 +118,8 @@ class GuardedBackend:
         self._known: dict[int, DeviceInfo] = {}  # the last static facts read per GPU
 
     def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, a failed __init__): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     # -- the guard -------------------------------------------------------------------------
@@ -148,14 +150,16 @@ class GuardedBackend:
     def _finish(self, index: int, call: _Call, deadline_mono: float):
         """Wait for ``call`` until ``deadline_mono``; its result, its error, or NvmlStalledError."""
         if not call.done.wait(max(0.0, deadline_mono - time.monotonic())):
-            with self._workers[index].lock:
-                outstanding = not call.done.is_set()
+            worker = self._workers[index]
+            with worker.lock:  # the worker clears ``current`` under this lock when the call returns
+                outstanding = worker.current is call
                 call.abandoned = outstanding
             if outstanding:
                 self.stalls += 1
                 err = self._stalled_error(index, call)
                 LOG.error("%s", err)
                 raise err
+            call.done.wait()  # it returned just now: its outcome is being handed over
         if call.error is not None:
             raise call.error
         return call.result
