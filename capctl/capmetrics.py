@@ -20,7 +20,7 @@ GPU_LABELS = ["node", "gpu", "uuid"]
 
 CAP_STATES = (capstates.OK, capstates.SAFE_CAP, capstates.OOB_LIMITED, capstates.FOREIGN_WRITER,
               capstates.RESTORE_FAILED, capstates.LOST, capstates.SET_FAILED, capstates.ERROR,
-              capstates.UNCONFIRMED, capstates.NO_READING)
+              capstates.UNCONFIRMED, capstates.NO_READING, capstates.STALLED)
 """Every cap state exported as a ``state`` label value."""
 
 

@@ -30,8 +30,9 @@ ERROR = _name("ERROR")
 UNCONFIRMED = _name("UNCONFIRMED")
 NO_READING = _name("NO_READING")
 UNSUPPORTED_CONSTRAINTS = _name("UNSUPPORTED_CONSTRAINTS")
+STALLED = _name("STALLED")
 
-UNCONTROLLABLE = frozenset({SET_FAILED, ERROR, LOST, FOREIGN_WRITER, UNSUPPORTED_CONSTRAINTS})
+UNCONTROLLABLE = frozenset({SET_FAILED, ERROR, LOST, FOREIGN_WRITER, UNSUPPORTED_CONSTRAINTS, STALLED})
 """States in which the coordinator holds a GPU at its accounted cap instead of optimizing it."""
 NORMAL = frozenset({OK, SAFE_CAP})
 """States that raise no alert."""

@@ -139,8 +139,8 @@ class GpuObs:
         """The highest cap this GPU may be enforcing now (W); see the module docstring. Without a
         reading: its maximum limit (with unusable constraints: the highest value it reported)."""
         if not self.have_reading:
-            if self.constraints_problem:
-                return max(self.min_cap_w, self.max_cap_w, self.default_cap_w)
+            if self.constraints_problem:  # no board takes more than MAX_SANE_LIMIT_W (a 1e12 W "max")
+                return min(max(self.min_cap_w, self.max_cap_w, self.default_cap_w), devicedata.MAX_SANE_LIMIT_W)
             return self.max_cap_w
         value = self.enforced_w
         pending = self.pending

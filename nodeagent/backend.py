@@ -57,6 +57,12 @@ class UnsupportedConstraintsError(NvmlError):
     bounds: :func:`capctl.devicedata.constraints_problem`): bad device data, nothing is written."""
 
 
+class NvmlStalledError(NvmlError):
+    """An NVML call on this GPU has not returned within the agent's per-GPU timeout (a hung driver
+    call), or an earlier one is still outstanding: no fresh reading, nothing written until it returns
+    (:mod:`nodeagent.callguard`)."""
+
+
 class NvmlUninitializedError(NvmlError):
     """The backend (or NVML) is not initialised: call :meth:`nodeagent.nvml.NvmlBackend.open` first."""
 
@@ -184,6 +190,11 @@ class GpuBackend(Protocol):
     def telemetry_all(self) -> list[GpuSample]:
         """One sample per GPU in index order; a GPU that fails yields :meth:`GpuSample.failed`
         (never raises for one GPU)."""
+        ...
+
+    def telemetry(self, index: int) -> GpuSample:
+        """One sample of GPU ``index`` (what :mod:`nodeagent.callguard` runs per GPU). Raises as
+        the class doc says."""
         ...
 
     def clamp_cap_mw(self, index: int, cap_w: float) -> int:

@@ -32,7 +32,9 @@ with the one capctl last wrote:
 Cap states: ``OK``, ``OOB_LIMITED``, ``FOREIGN_WRITER``, ``RESTORE_FAILED``, ``LOST`` (GPU lost),
 ``SET_FAILED`` (a write was refused, e.g. NO_PERMISSION / NOT_SUPPORTED), ``ERROR`` (a read failed),
 ``UNSUPPORTED_CONSTRAINTS`` (the device reports limit constraints no cap satisfies, see
-:mod:`capctl.devicedata`: the GPU is never written; checked at open and before every write).
+:mod:`capctl.devicedata`: the GPU is never written; checked at open and before every write),
+``STALLED`` (an NVML call on the GPU did not return within the agent's timeout,
+:mod:`nodeagent.callguard`: nothing is written until it returns; the next read recovers it).
 """
 
 from __future__ import annotations
@@ -54,11 +56,12 @@ from capctl.capstates import (  # the one vocabulary (the protocol's CapState en
     OOB_LIMITED,
     RESTORE_FAILED,
     SET_FAILED,
+    STALLED,
     UNSUPPORTED_CONSTRAINTS,
 )
 from capctl.devicedata import unsupported_message
 from capctl.errors import CapctlError, UserInputError
-from nodeagent.backend import GpuBackend, GpuLostError, NvmlError, UnsupportedConstraintsError
+from nodeagent.backend import GpuBackend, GpuLostError, NvmlError, NvmlStalledError, UnsupportedConstraintsError
 from nodeagent.savedstate import (
     STATE_FILE_NAME,
     GpuRecord,
@@ -71,7 +74,8 @@ from nodeagent.savedstate import (
 
 LOG = logging.getLogger("capctl.nodeagent.caps")
 
-CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR, UNSUPPORTED_CONSTRAINTS)
+CAP_STATES = (OK, OOB_LIMITED, FOREIGN_WRITER, RESTORE_FAILED, LOST, SET_FAILED, ERROR, UNSUPPORTED_CONSTRAINTS,
+              STALLED)
 """Every value :meth:`CapManager.states` / :meth:`CapManager.reconcile` can report."""
 
 ENFORCED_TOLERANCE_W = 1.0
@@ -368,6 +372,9 @@ class CapManager:
             except GpuLostError as err:
                 results[index] = self._fail(index, action, cap_w, err, LOST)
                 continue
+            except NvmlStalledError as err:  # nothing is written while its NVML call is outstanding
+                results[index] = self._fail(index, action, cap_w, err, STALLED)
+                continue
             except CapctlError as err:
                 results[index] = self._fail(index, action, cap_w, err, ERROR)
                 continue
@@ -399,6 +406,8 @@ class CapManager:
             res = self.backend.set_cap_w(index, cap_w)
         except GpuLostError as err:
             return self._fail(index, action, cap_w, err, LOST)
+        except NvmlStalledError as err:  # the write may still land: the next read shows (a drift)
+            return self._fail(index, action, cap_w, err, STALLED)
         except CapctlError as err:
             return self._fail(index, action, cap_w, err, RESTORE_FAILED if action == "restore" else SET_FAILED)
         rt.cap_w, rt.enforced_w, rt.message = res.cap_w, res.enforced_w, None
@@ -612,11 +621,14 @@ class CapManager:
         except GpuLostError as err:
             self._fail(index, "read", cap_w, err, LOST)
             return False
+        except NvmlStalledError as err:
+            self._fail(index, "read", cap_w, err, STALLED)
+            return False
         except CapctlError as err:
             self._fail(index, "read", cap_w, err, ERROR)
             return False
         rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
-        if rt.state in (LOST, ERROR, UNSUPPORTED_CONSTRAINTS):
+        if rt.state in (LOST, ERROR, UNSUPPORTED_CONSTRAINTS, STALLED):
             rt.state, rt.message = OK, None
         written_w = rec.written_w if rec is not None else None
         if written_w is None or rt.state == SET_FAILED:

@@ -15,7 +15,7 @@ import math
 import threading
 from pathlib import Path
 
-from capctl import capstates
+from capctl import capstates, devicedata
 from capctl.errors import CapctlError
 from nodeagent import agentstate, messages
 from nodeagent.backend import DeviceInfo, GpuBackend, GpuSample
@@ -195,9 +195,13 @@ class AgentCore:
 
     def _gpu_telemetry(self, s: GpuSample, bound: dict[int, list[str]], states: dict[int, str] | None = None):
         cap_state = states.get(s.index, capstates.OK) if states is not None else capstates.OK
+        error = self.gpu_error.get(s.index, "")
+        if not error and cap_state == capstates.UNSUPPORTED_CONSTRAINTS:  # also before any write: the values read
+            problem = devicedata.unsupported_message(s.min_cap_w, s.max_cap_w)
+            error = f"GPU {s.index}: {problem}" if problem else ""
         return messages.gpu_telemetry(
             s, state=messages.telemetry_state(s, cap_state, s.index in self.safe_mode),
-            job_ids=bound.get(s.index, []), error=self.gpu_error.get(s.index, ""),
+            job_ids=bound.get(s.index, []), error=error,
             pre_job_cap_w=self.caps.saved_limits_w().get(s.index, 0.0))
 
     def _meter(self) -> list[GpuSample]:

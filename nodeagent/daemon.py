@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None, help="policy YAML (start cap, safe cap, socket group, interval)")
     p.add_argument("--interval-s", type=float, default=None,
                    help="telemetry/reconcile period in seconds until the coordinator's Welcome (default: policy's)")
+    p.add_argument("--nvml-timeout-s", type=float, default=None,
+                   help="per-GPU NVML call timeout in seconds: a GPU whose call does not return in time is "
+                        "reported STALLED while the others go on (default 0.5; nodeagent/callguard.py)")
     p.add_argument("--socket-group", default=None, help="group allowed on the local socket besides root")
     p.add_argument("--reconnect-max-s", type=float, default=5.0, help="ceiling of the reconnect backoff, seconds")
     p.add_argument("--metrics-listen", default="none", metavar="HOST:PORT",
@@ -228,6 +231,8 @@ def _check_flags(args: argparse.Namespace) -> None:
 
     if args.interval_s is not None and not (0.05 <= args.interval_s <= 3600):
         raise UserInputError(f"--interval-s {args.interval_s}: allowed 0.05..3600 seconds")
+    if args.nvml_timeout_s is not None and not (0.01 <= args.nvml_timeout_s <= 60):
+        raise UserInputError(f"--nvml-timeout-s {args.nvml_timeout_s}: allowed 0.01..60 seconds")
     if not (0.2 <= args.reconnect_max_s <= 300):
         raise UserInputError(f"--reconnect-max-s {args.reconnect_max_s}: allowed 0.2..300 seconds")
     if not args.node.strip() or "/" in args.node:
@@ -370,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         UserInputError: bad flags or policy (before any GPU is touched).
         NvmlError: NVML cannot be opened (see :meth:`nodeagent.nvml.NvmlBackend.open`).
     """
+    from nodeagent.callguard import DEFAULT_TIMEOUT_S, GuardedBackend
     from nodeagent.caps import CapManager
     from nodeagent.nvml import NvmlBackend
 
@@ -378,8 +384,9 @@ def run(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     metrics_address = _metrics_address(args.metrics_listen)
-    backend = NvmlBackend(args.nvml_library, allow_simulated=bool(args.allow_simulated))
-    backend.open()
+    nvml = NvmlBackend(args.nvml_library, allow_simulated=bool(args.allow_simulated))
+    nvml.open()
+    backend = GuardedBackend(nvml, args.nvml_timeout_s or DEFAULT_TIMEOUT_S)  # per-GPU NVML timeouts
     agent = metrics = None
     stop, hangup = _stop_on_signals()
     try:

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 
-from capctl import __version__
+from capctl import __version__, capstates
 from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
@@ -153,6 +153,7 @@ class AgentLoop(AgentCore):
             wanted[c.index] = self._clamp(c.index, c.cap_w)
         if plan.phase == PHASE_DECREASE:
             self._hold_raises(wanted)
+        before = {i: (self.allowed_w.get(i), self.desired_w.get(i)) for i in wanted}
         for i, cap in wanted.items():
             self.allowed_w[i] = cap
             self.caps.set_restore_ceiling(i, cap)  # a held restore may rise to the new allowance
@@ -162,8 +163,24 @@ class AgentLoop(AgentCore):
             if r is None or messages.result_error(r):
                 ok = False
                 errors.append(f"GPU {i}: {messages.result_error(r) if r is not None else 'not applied'}")
+            if getattr(r, "state", None) == capstates.STALLED:
+                self._keep_stalled_low(i, cap, *before[i])
+                continue
             self.desired_w[i] = cap
         return ok
+
+    def _keep_stalled_low(self, index: int, cap_w: float, allowed_w: float | None, desired_w: float | None) -> None:
+        """A plan's cap (W) for a GPU whose NVML call is outstanding (not written): kept only as far
+        as it lowers the GPU. The coordinator holds a STALLED GPU at its last enforced limit and
+        stops counting a raise it sent once the ack says it failed, so a raise written when the GPU
+        recovers could overrun a domain limit; a decrease is always safe and is written then."""
+        if allowed_w is not None:  # else the new allowance (cap_w, set already) is the first ceiling
+            self.allowed_w[index] = min(allowed_w, cap_w)
+        if desired_w is None:
+            self.desired_w.pop(index, None)  # nothing kept on it before: it stays where it is
+        else:
+            self.desired_w[index] = min(desired_w, cap_w)
+        self.caps.set_restore_ceiling(index, self.allowed_w[index])
 
     def _hold_raises(self, wanted: dict[int, float]) -> None:
         """Phase 1 of a plan only lowers caps: a cap above a GPU's current limit (W) is held at

@@ -114,12 +114,14 @@ def job_binding(node: str, job_id: str, meta: dict):
 
 def telemetry_state(sample: GpuSample, cap_state: str, safe_mode: bool) -> str:
     """The cap state a GPU reports: ``SAFE_CAP`` for an ``OK`` GPU held by the failsafe, ``LOST`` /
-    ``ERROR`` for a sample that could not be read, else the CapManager's ``cap_state``."""
+    ``STALLED`` / ``ERROR`` for a sample that could not be read (lost GPU / an NVML call past its
+    timeout, :mod:`nodeagent.callguard` / other), else the CapManager's ``cap_state``."""
     state = cap_state
     if safe_mode and state == capstates.OK:
         state = capstates.SAFE_CAP
     if getattr(sample, "error", None):
-        state = capstates.LOST if getattr(sample, "error_type", "") == "GpuLostError" else capstates.ERROR
+        state = {"GpuLostError": capstates.LOST, "NvmlStalledError": capstates.STALLED}.get(
+            getattr(sample, "error_type", ""), capstates.ERROR)
     return state
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from capctl import capmetrics
+from nodeagent import messages
 
 GPU_LABELS = capmetrics.GPU_LABELS
 
@@ -80,6 +81,7 @@ class _AgentCollector:
             states = dict(a.caps.states())
             uuids = {i: d.uuid for i, d in a.devices.items()}
             failed = dict(getattr(a.caps, "failed_writes", {}))
+            safe_mode = set(a.safe_mode)
             link = a.link
         fams = {k: GaugeMetricFamily(n, h, labels=GPU_LABELS) for k, n, h in (
             ("cap", "capctl_gpu_cap_watts", "Requested power limit of the GPU (W)."),
@@ -90,7 +92,10 @@ class _AgentCollector:
         rows = []
         for s in samples:
             lab = [a.node, str(s.index), uuids.get(s.index, "")]
-            rows.append((a.node, s.index, lab[2], states.get(s.index, "")))
+            # the state the report carries (LOST / STALLED / ERROR for a sample that could not be read)
+            state = states.get(s.index, "")
+            rows.append((a.node, s.index, lab[2], messages.telemetry_state(s, state, s.index in safe_mode) if state
+                         else state))
             for key, value in (("cap", s.cap_w), ("enf", s.enforced_w), ("pw", s.power_w)):
                 if not math.isnan(value):
                     fams[key].add_metric(lab, value)
@@ -104,6 +109,9 @@ class _AgentCollector:
         for action, n in sorted(failed.items()):
             writes.add_metric([action], n)
         yield writes
+        yield CounterMetricFamily("capctl_agent_nvml_stalls", "NVML calls that did not return within the "
+                                  "per-GPU timeout (nodeagent/callguard.py).",
+                                  value=getattr(a.backend, "stalls", 0))
         connects = getattr(link, "connects", 0) if link is not None else 0
         yield CounterMetricFamily("capctl_agent_reconnects", "Coordinator streams lost after a welcome.",
                                   value=max(0, connects - 1))

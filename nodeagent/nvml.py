@@ -284,7 +284,9 @@ class NvmlBackend:
         self._handles: list = []
         self._devices: list[DeviceInfo] = []
         self._open = False
-        self._set_lock = threading.Lock()
+        # one lock per GPU (set + read-backs are atomic per GPU): a stalled write on one GPU never
+        # holds back another GPU's write (nodeagent.callguard)
+        self._set_locks: dict[int, threading.Lock] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -378,6 +380,7 @@ class NvmlBackend:
         self.library_path = loaded
         self._open = True
         self._handles = [None] * count
+        self._set_locks = {i: threading.Lock() for i in range(count)}
         self._devices = [self._read_device(i) for i in range(count)]
         LOG.info(
             "NVML loaded from %s (driver %s%s), %d GPU(s)",
@@ -675,7 +678,7 @@ class NvmlBackend:
         """
         value_mw = self.clamp_cap_mw(index, cap_w)
         handle = self._handle(index)
-        with self._set_lock:
+        with self._set_locks[index]:
             try:
                 pynvml.nvmlDeviceSetPowerManagementLimit(handle, value_mw)
             except pynvml.NVMLError as err:

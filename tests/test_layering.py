@@ -13,7 +13,8 @@ Layers (one way only):
 - no import cycle anywhere: neither between modules (also of one package) nor between packages;
 - high availability: only ``coordinator/etcdconn.py`` imports the etcd client (``etcd3gw``); the
   election and the etcd store sit below the reconcile loop and the servers (never import them);
-  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours);
+  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours); the per-GPU
+  NVML call guard (``nodeagent/callguard.py``) imports only the backend contract;
 - the allocator's interior-point start (``capctl/allocator/interior.py``) is pure numerics
   (imports nothing of ours: the fast path hands it arrays).
 
@@ -155,6 +156,9 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the agent's term fence is pure logic (imports nothing of ours)"
             elif mod == "capctl.allocator.interior":
                 rule = "the allocator's interior-point start is pure numerics (imports nothing of ours)"
+            elif mod == "nodeagent.callguard" and dep != "nodeagent.backend":
+                rule = ("the per-GPU NVML call guard wraps any backend: it imports only the backend "
+                        "contract (nodeagent.backend)")
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -241,6 +245,8 @@ def test_the_ha_rules_catch_a_wrong_import():
     graph = import_graph()
     graph["coordinator.election"].add("coordinator.loop")
     graph["nodeagent.fencing"].add("nodeagent.caps")
+    graph["nodeagent.callguard"].add("nodeagent.nvml")
     bad = violations(graph)
+    assert any(b.startswith("nodeagent.callguard -> nodeagent.nvml") for b in bad)
     assert any(b.startswith("coordinator.election -> coordinator.loop") for b in bad)
     assert any(b.startswith("nodeagent.fencing -> nodeagent.caps") for b in bad)

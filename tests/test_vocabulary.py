@@ -11,7 +11,8 @@ def test_every_cap_state_is_a_protocol_enum_value_and_round_trips():
     names = [n for n in pb.CapState.keys() if n != "CAP_STATE_UNSPECIFIED"]
     assert set(names) == {capstates.OK, capstates.OOB_LIMITED, capstates.FOREIGN_WRITER, capstates.RESTORE_FAILED,
                           capstates.SAFE_CAP, capstates.LOST, capstates.SET_FAILED, capstates.ERROR,
-                          capstates.UNCONFIRMED, capstates.NO_READING, capstates.UNSUPPORTED_CONSTRAINTS}
+                          capstates.UNCONFIRMED, capstates.NO_READING, capstates.UNSUPPORTED_CONSTRAINTS,
+                          capstates.STALLED}
     for n in names:
         assert capstates.from_wire(capstates.to_wire(n)) == n
     assert capstates.to_wire("") == 0 and capstates.from_wire(0) == "" and capstates.from_wire(999) == "UNKNOWN_999"

@@ -150,12 +150,14 @@ def validate_hello(hello) -> str:
             return f"AgentHello.gpus: index {g.index}, at most {MAX_GPUS_PER_NODE - 1}"
         seen.add(g.index)
         vals = (g.min_cap_w, g.max_cap_w, g.default_cap_w, g.slowdown_temp_c, g.pre_job_cap_w)
-        # min > max, (0, 0) ... are bad device data, not a bad message: that GPU is held
-        # (UNSUPPORTED_CONSTRAINTS, capctl.devicedata) and the node's other GPUs are controlled
-        if not all(math.isfinite(v) for v in vals) or min(g.min_cap_w, g.max_cap_w) < 0 \
-                or max(g.min_cap_w, g.max_cap_w) > MAX_CAP_W:
-            return (f"AgentHello.gpus[{g.index}]: limit constraints min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w}: "
-                    f"need finite watts in 0..{MAX_CAP_W:g}")
+        # min > max, (0, 0), below 0 or above any board (a 1e12 W maximum) ... are bad device data,
+        # not a bad message: that GPU is held (UNSUPPORTED_CONSTRAINTS, capctl.devicedata) and the
+        # node's other GPUs are controlled. Only what no agent sends is refused: a non-finite number
+        # (the agent sends an unreadable value as 0, nodeagent/messages.py).
+        if not all(math.isfinite(v) for v in vals):
+            return (f"AgentHello.gpus[{g.index}]: limit constraints min_cap_w={g.min_cap_w} max_cap_w={g.max_cap_w}, "
+                    f"default_cap_w={g.default_cap_w} slowdown_temp_c={g.slowdown_temp_c} "
+                    f"pre_job_cap_w={g.pre_job_cap_w}: need finite numbers")
         p = _first(check_label(g.uuid, f"AgentHello.gpus[{g.index}].uuid"),
                    check_label(g.name, f"AgentHello.gpus[{g.index}].name"),
                    check_label(g.pci_bus_id, f"AgentHello.gpus[{g.index}].pci_bus_id"))

@@ -16,7 +16,7 @@ import numpy as np
 from capctl.errors import CapctlError, HardwareError, UserInputError
 from capctl.simgpu.build import library_path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 """Layout version this module was written for (``CAPSIM_ABI_VERSION`` in csrc/simnvml/simgpu.h)."""
 
 # nvmlReturn_t values (nvml.h) used by the control API.
@@ -105,6 +105,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "capsim_last_error": (ctypes.c_char_p, []),
         "capsim_create": (c_node, [ctypes.c_char_p, u, ctypes.c_char_p, i, ctypes.c_uint64, d]),
+        "capsim_create_profile": (c_node, [ctypes.c_char_p, u, ctypes.c_void_p, i, ctypes.c_uint64, d]),
+        "capsim_node_profile": (ctypes.c_void_p, [c_node]),
         "capsim_open": (c_node, [ctypes.c_char_p]),
         "capsim_close": (None, [c_node]),
         "capsim_gpu_count": (u, [c_node]),

@@ -2,7 +2,8 @@
 
 Commands::
 
-    capctl-simgpu init DIR --gpus N --model NAME [--inlet-c X | X,Y,...] [--manual-clock] [--seed S]
+    capctl-simgpu init DIR --gpus N [--model NAME] [--profile K=V,...] [--profile-file F]
+                       [--inlet-c X | X,Y,...] [--manual-clock] [--seed S]
     capctl-simgpu load DIR --gpu I|all --demand-w W [--util PCT] [--memory-bound-fraction M]
     capctl-simgpu show DIR [--json]
     capctl-simgpu fault DIR KIND [--gpu I|all] [--value W] [--period-s S] [--clear]
@@ -88,14 +89,29 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0")
     inlets = _parse_inlets(args.inlet_c)
+    profile = _init_profile(args)
     directory.mkdir(parents=True, exist_ok=True)
     with SimNode.create(
         state_path(directory), gpus=args.gpus, model=args.model, inlet_c=inlets,
-        seed=args.seed, manual_clock=args.manual_clock,
+        seed=args.seed, manual_clock=args.manual_clock, profile=profile,
     ) as node:
         for key, value in node.env().items():
             print(f"export {key}={shlex.quote(value)}")
     return 0
+
+
+def _init_profile(args: argparse.Namespace):
+    """The device profile of ``init``: None for a plain ``--model``; else ``--model`` (the base,
+    unless the file or ``--profile`` names ``base``) with the file's fields and ``--profile``'s
+    on top (ProfileError naming the option or file:line for a bad value)."""
+    from capctl.simgpu import profiles
+
+    if not args.profile and not args.profile_file:
+        return None
+    values, where = profiles.parse_pairs(args.profile or [], "--profile")
+    if args.profile_file:
+        return profiles.load_file(args.profile_file, base=args.model, overrides=values, override_where=where)
+    return profiles.custom(values, where, base=args.model)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -188,7 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init", help="create a simulated node in DIR and print export lines")
     s.add_argument("dir")
     s.add_argument("--gpus", type=int, required=True)
-    s.add_argument("--model", default="H100-SXM")
+    s.add_argument("--model", default="H100-SXM",
+                   help="built-in device profile (the base of --profile / --profile-file)")
+    s.add_argument("--profile", action="append", metavar="KEY=VALUE[,KEY=VALUE...]",
+                   help="custom device: fields over the base profile, e.g. name=B200,min_limit_w=200,"
+                        "max_limit_w=1000,default_limit_w=1000 (docs/simulated-gpus.md)")
+    s.add_argument("--profile-file", metavar="FILE", help="custom device from a YAML/JSON mapping of fields")
     s.add_argument("--inlet-c", default="25")
     s.add_argument("--manual-clock", action="store_true")
     s.add_argument("--seed", type=int, default=0)

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -119,6 +120,16 @@ def _per_gpu(name: str, value: Any, n: int) -> list[float]:
     return out
 
 
+def _node_profile(lib: ctypes.CDLL, handle: int):
+    """The device profile stored in the header of the node ``handle`` (a DeviceProfile)."""
+    from capctl.simgpu import profiles
+
+    dt = _lib.dtype(lib, 1)
+    raw = bytes((ctypes.c_char * dt.itemsize).from_address(lib.capsim_node_profile(handle)))
+    prof = profiles.from_record(np.frombuffer(raw, dtype=dt)[0], -1)
+    return dataclasses.replace(prof, index=profiles.builtin_index(prof))
+
+
 class SimNode:
     """One simulated node: ``gpu_count`` GPUs in a shared state file (or anonymous memory).
 
@@ -135,11 +146,9 @@ class SimNode:
         self.path: Path | None = path
         self.gpu_count: int = int(lib.capsim_gpu_count(handle))
         self._dtype = _lib.dtype(lib, 0)
-        first = self._read_record(0)
-        from capctl.simgpu.profiles import all_profiles
-
-        self._profiles = all_profiles()
-        self.model: str = self._profiles[int(first["profile"])].name
+        self.profile = _node_profile(lib, handle)
+        """The node's device profile (:class:`capctl.simgpu.profiles.DeviceProfile`; built-in or custom)."""
+        self.model: str = self.profile.name
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -152,6 +161,7 @@ class SimNode:
         inlet_c: float | Sequence[float] = 25.0,
         seed: int = 0,
         manual_clock: bool = False,
+        profile=None,
         **overrides: float | Sequence[float],
     ) -> SimNode:
         """Create a node (replacing any file at ``path`` atomically); ``path=None``: in memory.
@@ -159,6 +169,9 @@ class SimNode:
         Args:
             gpus: number of GPUs (>= 1).
             model: a profile name (:func:`capctl.simgpu.profiles.names`).
+            profile: a :class:`capctl.simgpu.profiles.DeviceProfile` (built-in or from
+                :func:`capctl.simgpu.profiles.custom` / ``parse_option`` / ``load_file``); replaces
+                ``model``. The node stores it in its state file, every process sees that device.
             inlet_c: inlet air temperature, one value or one per GPU (degrees C).
             seed: seeds the per-GPU variation (speed, thermal resistance, time constant).
             manual_clock: True = time moves only through :meth:`advance` (deterministic tests).
@@ -181,9 +194,13 @@ class SimNode:
             raise SimInputError(f"gpus {gpus!r} is invalid; allowed: an integer >= 1")
         if not isinstance(seed, int) or seed < 0:
             raise SimInputError(f"seed {seed!r} is invalid; allowed: an integer >= 0")
+        from capctl.simgpu.profiles import DeviceProfile
         from capctl.simgpu.profiles import get as get_profile
 
-        get_profile(model)  # clear error with the allowed names
+        if profile is None:
+            profile = get_profile(model)  # clear error with the allowed names
+        elif not isinstance(profile, DeviceProfile):
+            raise SimInputError(f"profile {profile!r} is invalid; allowed: a capctl.simgpu.profiles.DeviceProfile")
         inlets = _per_gpu("inlet_c", inlet_c, n)
         unknown = set(overrides) - set(_ORDERED_OVERRIDES) - set(_ALIASES)
         if unknown:
@@ -197,8 +214,9 @@ class SimNode:
         p = Path(path).absolute() if path is not None else None
         if p is not None and not p.parent.is_dir():
             raise SimInputError(f"path {str(p)!r} is invalid: directory {str(p.parent)!r} does not exist")
-        handle = lib.capsim_create(
-            str(p).encode() if p else None, n, model.encode(), int(bool(manual_clock)),
+        prec = profile.to_record()
+        handle = lib.capsim_create_profile(
+            str(p).encode() if p else None, n, prec.ctypes.data, int(bool(manual_clock)),
             seed & 0xFFFFFFFFFFFFFFFF, inlets[0],
         )
         if not handle:
@@ -216,7 +234,7 @@ class SimNode:
                 "thermal_resistance_c_per_w" in norm or any(x != inlets[0] for x in inlets)
             ):
                 # start each GPU at its own idle steady state: T = inlet + R * P_idle
-                idle_w = node._profiles[int(node._read_record(0)["profile"])].idle_w
+                idle_w = node.profile.idle_w
                 for i in range(n):
                     rec = node._read_record(i)
                     node._set_param(
@@ -513,10 +531,8 @@ class SimNode:
         for name in self._dtype.names:
             v = rec[name]
             out[name] = int(v) if np.issubdtype(type(v), np.integer) else float(v)
-        prof = self._profiles[out["profile"]]
         flags = out["flags"]
-        out["model"] = prof.name
-        out["max_sm_clock_mhz"] = prof.max_sm_clock_mhz
+        out["model"] = self.profile.name
         out["reason_names"] = reason_names(out["reasons"])
         out["oob_limit_w"] = out["oob_limit_w"] or None
         out["lost"] = bool(flags & FLAG_LOST)
@@ -597,6 +613,7 @@ def steady_state(
     """
     lib = _lib.load()
     from capctl.simgpu.profiles import get as get_profile
+    from capctl.simgpu.profiles import names
 
     if isinstance(params, str):
         prof = get_profile(params)
@@ -604,8 +621,11 @@ def steady_state(
         if demand_w is None:
             demand_w = prof.max_limit_w
     elif isinstance(params, dict):
-        prof = get_profile(params["model"]) if "model" in params else None
-        idx = prof.index if prof else int(params["profile"])
+        # a dict from SimNode.read carries every field of the record, the device constants
+        # included (ABI 5), so a GPU of a custom profile starts from any built-in default
+        idx = int(params.get("profile", -1))
+        if idx < 0:
+            idx = get_profile(params["model"]).index if params.get("model") in names() else 0
         rec = _lib.default_record(lib, idx)
         for name in rec.dtype.names:
             if name in params and params[name] is not None and not isinstance(params[name], list):

@@ -209,10 +209,11 @@ static void done(void) { capsim_unlock(&g_node); }
             return enter_rc_;                             \
     } while (0)
 
+/* The node's device profile (stored in its header: a built-in one or a custom one). */
 static const capsim_profile *profile_of(const capsim_gpu *g)
 {
-    int i = g->profile;
-    return &capsim_profile_table[(i >= 0 && (unsigned)i < capsim_profile_table_len) ? i : 0];
+    (void)g; /* one device profile per node */
+    return &g_node.hdr->profile;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)

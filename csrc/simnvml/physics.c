@@ -84,14 +84,6 @@ const unsigned capsim_profile_table_len =
 #define R_SW_THERMAL nvmlClocksEventReasonSwThermalSlowdown
 #define R_HW_THERMAL nvmlClocksThrottleReasonHwThermalSlowdown
 
-static const capsim_profile *prof(const capsim_gpu *g)
-{
-    int i = g->profile;
-    if (i < 0 || (unsigned)i >= capsim_profile_table_len)
-        i = 0;
-    return &capsim_profile_table[i];
-}
-
 double capsim_gpu_enforced_w(const capsim_gpu *g)
 {
     double e = g->limit_w;
@@ -114,13 +106,12 @@ static double quantize_down(double f_mhz)
 static op_t operating_point(const capsim_gpu *g, double enforced_w, int throttled, int lost,
                             int quantized)
 {
-    const capsim_profile *p = prof(g);
     op_t o = {0.0, 0.0, 0.0, 0};
     if (lost)
         return o;
-    double fmax = p->max_sm_clock_mhz, fmin = p->min_sm_clock_mhz, ps = p->idle_w;
+    double fmax = g->max_sm_clock_mhz, fmin = g->min_sm_clock_mhz, ps = g->idle_w;
     if (g->demand_w <= 0.0) {
-        o.clock_mhz = p->idle_sm_clock_mhz;
+        o.clock_mhz = g->idle_sm_clock_mhz;
         o.power_w = ps;
         o.reasons = R_IDLE;
         if (throttled)
@@ -335,17 +326,21 @@ void capsim_gpu_refresh(capsim_gpu *g, double now_s)
     if (now_s < g->t_s) /* a clock that went backwards (reboot with a real clock): re-base */
         g->t_s = now_s;
     capsim_gpu_advance(g, now_s);
-    g->power_avg_w = prof(g)->averaged_power ? capsim_power_average_w(g, now_s) : g->power_w;
+    g->power_avg_w = g->averaged_power ? capsim_power_average_w(g, now_s) : g->power_w;
 }
 
-void capsim_gpu_init(capsim_gpu *g, int profile, double now_s, double inlet_c, double speed,
-                     double thermal_resistance_c_per_w, double tau_s)
+/* Initialise *g as a GPU of profile *p (`profile`: its index in the built-in table, -1 for a custom
+ * profile; informational only, the physics reads the constants copied here). */
+void capsim_gpu_init(capsim_gpu *g, const capsim_profile *p, int profile, double now_s, double inlet_c,
+                     double speed, double thermal_resistance_c_per_w, double tau_s)
 {
     memset(g, 0, sizeof *g);
-    if (profile < 0 || (unsigned)profile >= capsim_profile_table_len)
-        profile = 0;
-    const capsim_profile *p = &capsim_profile_table[profile];
     g->profile = profile;
+    g->idle_w = p->idle_w;
+    g->max_sm_clock_mhz = p->max_sm_clock_mhz;
+    g->min_sm_clock_mhz = p->min_sm_clock_mhz;
+    g->idle_sm_clock_mhz = p->idle_sm_clock_mhz;
+    g->averaged_power = p->averaged_power ? 1u : 0u;
     g->t_s = now_s;
     g->min_limit_w = p->min_limit_w;
     g->max_limit_w = p->max_limit_w;
@@ -422,8 +417,52 @@ int capsim_default_gpu(int profile, capsim_gpu *out)
 {
     if (!out || profile < 0 || (unsigned)profile >= capsim_profile_table_len)
         return -1;
-    capsim_gpu_init(out, profile, 0.0, 25.0, 1.0, 0.0, 0.0);
+    capsim_gpu_init(out, &capsim_profile_table[profile], profile, 0.0, 25.0, 1.0, 0.0, 0.0);
     return 0;
+}
+
+/* What is wrong with profile *p ("" when a node may be built from it).  The Python front end
+ * (capctl/simgpu/profiles.py) checks the same ranges first and names the file:line or option;
+ * this is the driver's own guard.  Ranges: see docs/simulated-gpus.md, "Custom profiles". */
+const char *capsim_profile_problem(const capsim_profile *p)
+{
+    if (!p)
+        return "profile is NULL";
+    if (!memchr(p->name, 0, sizeof p->name) || !p->name[0])
+        return "name must be 1..31 characters";
+    if (!memchr(p->nvml_name, 0, sizeof p->nvml_name) || !p->nvml_name[0])
+        return "nvml_name must be 1..63 characters";
+    const double v[] = {p->min_limit_w, p->max_limit_w, p->default_limit_w, p->idle_w,
+                        p->max_sm_clock_mhz, p->min_sm_clock_mhz, p->idle_sm_clock_mhz,
+                        p->mem_clock_mhz, p->max_video_clock_mhz, p->slowdown_temp_c,
+                        p->shutdown_temp_c, p->max_operating_temp_c, p->mem_max_temp_c,
+                        p->thermal_resistance_c_per_w, p->tau_s, p->memory_bound_fraction};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (!isfinite(v[i]))
+            return "every number must be finite";
+    if (p->min_limit_w < 1.0 || p->max_limit_w > 5000.0 || p->min_limit_w > p->max_limit_w)
+        return "limit constraints need 1 <= min_limit_w <= max_limit_w <= 5000 W";
+    if (p->default_limit_w < p->min_limit_w || p->default_limit_w > p->max_limit_w)
+        return "default_limit_w must lie within the limit constraints";
+    if (p->idle_w <= 0.0 || p->idle_w >= p->min_limit_w)
+        return "idle_w must be > 0 and below min_limit_w";
+    if (p->max_sm_clock_mhz < 100.0 || p->max_sm_clock_mhz > 5000.0 || p->min_sm_clock_mhz < 15.0 ||
+        p->min_sm_clock_mhz > p->max_sm_clock_mhz || p->idle_sm_clock_mhz < 0.0 ||
+        p->idle_sm_clock_mhz > p->max_sm_clock_mhz)
+        return "clocks need 15 <= min_sm_clock_mhz <= max_sm_clock_mhz <= 5000 (max >= 100), "
+               "0 <= idle_sm_clock_mhz <= max_sm_clock_mhz";
+    if (p->slowdown_temp_c < 30.0 || p->shutdown_temp_c > 150.0 ||
+        p->slowdown_temp_c > p->shutdown_temp_c - 0.5 || p->max_operating_temp_c < 20.0 ||
+        p->max_operating_temp_c > 150.0 || p->mem_max_temp_c < 20.0 || p->mem_max_temp_c > 150.0)
+        return "thresholds need 30 <= slowdown_temp_c <= shutdown_temp_c - 0.5, shutdown_temp_c <= 150, "
+               "max_operating_temp_c and mem_max_temp_c in 20..150 C";
+    if (p->thermal_resistance_c_per_w < 0.001 || p->thermal_resistance_c_per_w > 1.0 || p->tau_s < 0.01 ||
+        p->tau_s > 3600.0 || p->memory_bound_fraction < 0.0 || p->memory_bound_fraction > 0.99)
+        return "thermal_resistance_c_per_w 0.001..1, tau_s 0.01..3600, memory_bound_fraction 0..0.99";
+    if (p->mem_clock_mhz < 0.0 || p->mem_clock_mhz > 50000.0 || p->max_video_clock_mhz < 0.0 ||
+        p->max_video_clock_mhz > 5000.0)
+        return "mem_clock_mhz 0..50000, max_video_clock_mhz 0..5000";
+    return "";
 }
 
 /* Advance an array of GPU records to time to_s (cluster simulator; no locking). */

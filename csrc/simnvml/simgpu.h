@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #define CAPSIM_MAGIC "CAPSIMv1"      /* 8 bytes, no terminator stored */
-#define CAPSIM_ABI_VERSION 4u         /* bump on any layout change of the header or capsim_gpu */
+#define CAPSIM_ABI_VERSION 5u         /* bump on any layout change of the header or capsim_gpu */
 #define CAPSIM_HEADER_BYTES 512u      /* the GPU array starts at this offset */
 #define CAPSIM_POWER_WINDOW_S 1.0     /* NVML power reading window on Ampere+ (nvml.h, GetPowerUsage) */
 #define CAPSIM_SEGMENTS 8             /* power history segments kept for the moving average */
@@ -105,6 +105,12 @@ typedef struct capsim_gpu {
     double bad_min_limit_w, bad_max_limit_w; /* reported constraints under CAPSIM_F_BAD_CONSTRAINTS */
     double stuck_clock_fraction;             /* > 0: SM clock held at this fraction of max (HW slowdown) */
     double stall_s;                          /* > 0: every NVML call on this GPU sleeps this long */
+    /* ABI 5: the device constants the physics uses, copied from the node's profile at creation
+     * (so the physics never looks a profile up and a node may hold a device from a custom one) */
+    double idle_w;                           /* static / idle board power */
+    double max_sm_clock_mhz, min_sm_clock_mhz, idle_sm_clock_mhz;
+    uint32_t averaged_power;                 /* 1: GetPowerUsage is a 1 s average */
+    uint32_t pad5;
 } capsim_gpu;
 
 /* The node header at offset 0 of the mapping. */
@@ -123,6 +129,8 @@ typedef struct capsim_header {
     uint8_t node_id[16];         /* random; the GPU UUIDs derive from it */
     uint64_t journal_errors;     /* enforced-limit changes that could not be journaled (see state.c) */
     pthread_mutex_t lock;        /* robust, PTHREAD_PROCESS_SHARED */
+    capsim_profile profile;      /* ABI 5: the node's device profile (built-in or custom): NVML name,
+                                    PCI id, architecture, memory/video clocks come from here */
 } capsim_header;
 
 typedef struct capsim_node {
@@ -176,8 +184,9 @@ typedef struct capsim_field {
 /* physics.c */
 CAPSIM_INTERNAL extern const capsim_profile capsim_profile_table[];
 CAPSIM_INTERNAL extern const unsigned capsim_profile_table_len;
-CAPSIM_INTERNAL void capsim_gpu_init(capsim_gpu *g, int profile, double now_s, double inlet_c, double speed,
-                     double thermal_resistance_c_per_w, double tau_s);
+CAPSIM_INTERNAL void capsim_gpu_init(capsim_gpu *g, const capsim_profile *p, int profile, double now_s,
+                     double inlet_c, double speed, double thermal_resistance_c_per_w, double tau_s);
+CAPSIM_INTERNAL const char *capsim_profile_problem(const capsim_profile *p);
 CAPSIM_INTERNAL void capsim_gpu_advance(capsim_gpu *g, double to_s);
 CAPSIM_INTERNAL void capsim_gpu_refresh(capsim_gpu *g, double now_s);
 CAPSIM_INTERNAL double capsim_gpu_enforced_w(const capsim_gpu *g);

@@ -324,6 +324,9 @@ static int create_files(capsim_node *n, const char *path, const char *tmp)
  * 1 - min(0.22, |N(0, 0.1)|) (mean ~0.08: Sinha et al. SC'22), thermal resistance x exp(N(0,0.1))
  * and time constant x exp(N(0,0.2)) around the profile's nominal values.
  */
+EXPORT capsim_node *capsim_create_profile(const char *path, unsigned gpu_count, const capsim_profile *pr,
+                                          int manual_clock, uint64_t seed, double inlet_c);
+
 EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const char *model,
                                   int manual_clock, uint64_t seed, double inlet_c)
 {
@@ -339,6 +342,32 @@ EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const ch
              model ? model : "(null)", names);
         return NULL;
     }
+    return capsim_create_profile(path, gpu_count, &capsim_profile_table[prof], manual_clock, seed, inlet_c);
+}
+
+/* Index of the built-in profile equal to *p in every field, -1 for a custom profile. */
+static int builtin_index(const capsim_profile *p)
+{
+    for (unsigned i = 0; i < capsim_profile_table_len; i++)
+        if (memcmp(p, &capsim_profile_table[i], sizeof *p) == 0)
+            return (int)i;
+    return -1;
+}
+
+/*
+ * As capsim_create, with the device described by *pr (a built-in profile or a custom one, e.g. a
+ * model the table does not hold); the profile is validated (capsim_profile_problem) and stored in
+ * the node header, so every process that maps the node sees the same device.
+ */
+EXPORT capsim_node *capsim_create_profile(const char *path, unsigned gpu_count, const capsim_profile *pr,
+                                          int manual_clock, uint64_t seed, double inlet_c)
+{
+    const char *problem = capsim_profile_problem(pr);
+    if (*problem) {
+        fail(NVML_ERROR_INVALID_ARGUMENT, "device profile is invalid: %s", problem);
+        return NULL;
+    }
+    int prof = builtin_index(pr);
     if (gpu_count < 1 || gpu_count > 10000000u) {
         fail(NVML_ERROR_INVALID_ARGUMENT, "gpus %u is out of range; allowed: 1..10000000", gpu_count);
         return NULL;
@@ -407,7 +436,7 @@ EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const ch
     init_mutex(&h->lock);
     double now = capsim_clock_now(n);
     h->created_s = now;
-    const capsim_profile *pr = &capsim_profile_table[prof];
+    h->profile = *pr;
     for (unsigned i = 0; i < gpu_count; i++) {
         uint64_t s = seed * 0x100000001B3ull + i;
         double z1 = gauss(&s), z2 = gauss(&s), z3 = gauss(&s);
@@ -415,7 +444,7 @@ EXPORT capsim_node *capsim_create(const char *path, unsigned gpu_count, const ch
         double speed = 1.0 - (slow > 0.22 ? 0.22 : slow);
         double r = pr->thermal_resistance_c_per_w * exp(0.1 * z2);
         double tau = pr->tau_s * exp(0.2 * z3);
-        capsim_gpu_init(&n->gpus[i], prof, now, inlet_c, speed, r, tau);
+        capsim_gpu_init(&n->gpus[i], pr, prof, now, inlet_c, speed, r, tau);
         n->gpus[i].journal_w = NAN; /* the first flush writes every GPU's initial value */
     }
     memcpy(h->magic, CAPSIM_MAGIC, 8); /* written last: a valid magic means a complete node */
@@ -455,6 +484,7 @@ EXPORT void capsim_close(capsim_node *n)
 }
 
 EXPORT unsigned capsim_gpu_count(capsim_node *n) { return n ? n->hdr->gpu_count : 0; }
+EXPORT const capsim_profile *capsim_node_profile(capsim_node *n) { return n ? &n->hdr->profile : NULL; }
 EXPORT capsim_gpu *capsim_gpus(capsim_node *n) { return n ? n->gpus : NULL; }
 EXPORT int capsim_manual_clock(capsim_node *n) { return n ? (int)n->hdr->manual_clock : 0; }
 EXPORT unsigned capsim_driver_generation(capsim_node *n) { return n ? n->hdr->driver_generation : 0; }
@@ -880,7 +910,8 @@ static const capsim_field gpu_fields[] = {
     GF(power_avg_w, "<f8"), GF(sm_clock_mhz, "<f8"), GF(enforced_w, "<f8"), GF(rate, "<f8"),
     GF(energy_j, "<f8"), GF(progress, "<f8"), GF(reasons, "<u8"), GF(set_count, "<u4"),
     GF(bad_min_limit_w, "<f8"), GF(bad_max_limit_w, "<f8"), GF(stuck_clock_fraction, "<f8"),
-    GF(stall_s, "<f8"),
+    GF(stall_s, "<f8"), GF(idle_w, "<f8"), GF(max_sm_clock_mhz, "<f8"), GF(min_sm_clock_mhz, "<f8"),
+    GF(idle_sm_clock_mhz, "<f8"), GF(averaged_power, "<u4"),
 };
 #undef GF
 #define PF(name, type) {#name, offsetof(capsim_profile, name), type}

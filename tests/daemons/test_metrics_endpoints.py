@@ -71,6 +71,7 @@ def test_both_daemons_export_build_process_error_and_cap_state_metrics(tmp_path)
         fams = scrape(agent_port)
         assert fams["capctl_agent_coordinator_connected"].samples[0].value == 1.0
         assert fams["capctl_agent_reconnects"].samples[0].value == 0.0
+        assert fams["capctl_agent_nvml_stalls"].samples[0].value == 0.0  # no NVML call timed out
         caps = {s.labels["gpu"]: s.value for s in fams["capctl_gpu_enforced_cap_watts"].samples}
         assert set(caps) == {"0", "1"} and all(100.0 <= c <= 700.0 for c in caps.values())
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from capctl.errors import UserInputError
 from nodeagent.backend import DeviceInfo, GpuLostError, GpuSample, NvmlError, SetResult
 
-OPERATIONS = ("clamp", "get_cap", "get_enforced", "set", "telemetry")
+OPERATIONS = ("clamp", "get_cap", "get_enforced", "set", "telemetry", "device")
 """Operations :meth:`PureDevice.fail` can make fail."""
 
 
@@ -97,6 +97,14 @@ class PureDevice:
                 slowdown_temp_c=87.0, shutdown_temp_c=92.0, max_sm_clock_mhz=1980))
         return out
 
+    def device(self, index: int) -> DeviceInfo:
+        """Static facts of GPU ``index`` (a call on the GPU, as NvmlBackend.device re-reads a failed one)."""
+        try:
+            self._gpu(index, "device")
+        except NvmlError:
+            pass  # a lost GPU: its facts carry the error
+        return self.devices()[index]
+
     def telemetry_all(self) -> list[GpuSample]:
         samples = []
         for i in range(len(self.gpus)):
@@ -105,6 +113,9 @@ class PureDevice:
             except NvmlError as err:
                 samples.append(GpuSample.failed(i, err, time.time()))
         return samples
+
+    def telemetry(self, index: int) -> GpuSample:
+        return self._sample(index)
 
     def clamp_cap_mw(self, index: int, cap_w: float) -> int:
         g = self._gpu(index, "clamp")

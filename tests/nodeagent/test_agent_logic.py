@@ -70,8 +70,8 @@ def cap_states(message) -> dict[int, str]:
 
 def test_nvml_backend_and_the_pure_device_implement_gpu_backend():
     members = {n for n in vars(GpuBackend) if not n.startswith("_")} | set(GpuBackend.__annotations__)
-    assert members == {"driver_version", "simulated", "devices", "telemetry_all", "clamp_cap_mw", "get_cap_w",
-                       "get_enforced_w", "set_cap_w"}
+    assert members == {"driver_version", "simulated", "devices", "telemetry_all", "telemetry", "clamp_cap_mw",
+                       "get_cap_w", "get_enforced_w", "set_cap_w"}
     assert isinstance(NvmlBackend("simulated"), GpuBackend)  # not opened: the C library is not loaded
     assert isinstance(PureDevice(), GpuBackend)
     assert not isinstance(object(), GpuBackend)
