@@ -98,8 +98,12 @@ def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
             assert all(sim.read(i)["sm_clock_mhz"] < mate_clock for i in (1, 2, 3))
             job = next(j for j in st.jobs if j.job_id == "J")
             assert 0.0 < job.measured_step_rate <= 1.0 and 0.0 < job.predicted_step_rate <= 1.0
-            slowest = min(sim.read(i)["sm_clock_mhz"] for i in range(4)) / sim.read(0)["max_sm_clock_mhz"]
-            assert job.measured_step_rate == pytest.approx(slowest, abs=0.02)
+
+            def measured_is_the_devices_pace():  # status is one report behind the devices: settle first
+                rate = next(j for j in c.status().jobs if j.job_id == "J").measured_step_rate
+                slowest = min(sim.read(i)["sm_clock_mhz"] for i in range(4)) / sim.read(0)["max_sm_clock_mhz"]
+                return abs(rate - slowest) <= 0.02 or None
+            wait_for(measured_is_the_devices_pace, 10, "the measured step rate is the slowest GPU's clock fraction")
             text = c.explain("J").text
             assert "Measured step rate" in text and "cap 59" not in text
 
@@ -135,10 +139,14 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
             stuck = n1.read(0)["sm_clock_mhz"]
             wait_for(lambda: all(n2.read(i)["limit_w"] > k_before[i] + 100 for i in range(2)), 20,
                      "the freed watts went to job K")
-            st = c.status()
+            # held near its draw (1 s-averaged: it takes a few reports to come down), not at its 490 W
+            def held():
+                s = c.status()
+                cap_w = next(x.cap_w for n in s.nodes for x in n.gpus if (n.name, x.index) == ("n1", 0))
+                return s if cap_w < 0.5 * 700 else None
+            st = wait_for(held, 10, "the straggler held near its draw")
             g = {(n.name, x.index): x for n in st.nodes for x in n.gpus}
             assert "HW slowdown" in g[("n1", 0)].detail
-            assert g[("n1", 0)].cap_w < 0.5 * 700  # held near its draw, not at its 490 W
             # job-mates at its pace: within the loop's deadband (two 15 MHz clock steps) and a step
             clocks = [n1.read(i)["sm_clock_mhz"] for i in (1, 2, 3)]
             assert all(c_ <= stuck + 45 for c_ in clocks), (stuck, clocks, [n1.read(i)["limit_w"] for i in range(4)])
