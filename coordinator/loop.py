@@ -45,7 +45,7 @@ import uuid
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, decide, observe, observed, planner
+from coordinator import allocation, decide, observe, observed, planner, tickphase
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -120,6 +120,8 @@ class Coordinator:
         self.view: View = empty_view(self.coordinator_id, self.policy, policy_path, self.dry_run)
         self._wake: asyncio.Event | None = None
         self._last_tick_mono = -math.inf
+        self._next_tick_mono = math.nan  # the next regular tick (monotonic s; tickphase), once the loop runs
+        self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
         self.rtt_s: collections.deque = collections.deque(maxlen=4096)  # plan sent -> ack
         self.control_s: collections.deque = collections.deque(maxlen=4096)  # telemetry -> ack
         self.solve_s: collections.deque = collections.deque(maxlen=4096)
@@ -279,7 +281,7 @@ class Coordinator:
         now = self.registry.clock()
         plan = pb.CapPlan(
             seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
-            dry_run=dry_run, term=self.term,
+            dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s,
             caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(caps.items())],
             safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(safe.items())],
         )
@@ -327,10 +329,14 @@ class Coordinator:
             gc.set_threshold(*old_gc)
 
     async def _run(self, stop: asyncio.Event) -> None:
+        """Regular ticks on a fixed grid (:mod:`coordinator.tickphase`: the agents time their reports
+        to land just before them); an early :meth:`wake` ticks in between without moving the grid."""
         self._wake = asyncio.Event()
-        next_t = time.monotonic()
+        self._next_tick_mono = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
+            if now >= self._next_tick_mono - 1e-3:  # a regular tick: the grid moves on one interval
+                self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, now, self.interval_s)
             self._last_tick_mono = now
             self._wake.clear()  # before the tick: a wake-up during it (a node's first report) is not lost
             try:
@@ -340,25 +346,37 @@ class Coordinator:
                 self.persistent_alerts["tick"] = f"reconcile interval failed: {type(exc).__name__}: {exc}"
             else:
                 self.persistent_alerts.pop("tick", None)
+            await self._wait_tick(stop)
+
+    async def _wait_tick(self, stop: asyncio.Event) -> None:
+        """Wait for the next grid tick, an early :meth:`wake` (at least :data:`MIN_TICK_SPACING` of an
+        interval after the last tick; none when the grid tick comes first) or ``stop``."""
+        while not stop.is_set():
             interval = self.interval_s
-            next_t = max(next_t + interval, time.monotonic())
-            if next_t - time.monotonic() > interval:  # clock/policy change: never wait longer than one interval
-                next_t = time.monotonic() + interval
-            while not stop.is_set():
-                remaining = next_t - time.monotonic()
-                if remaining <= 0:
-                    break
-                waiter = asyncio.ensure_future(self._wake.wait())
-                stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({waiter, stopper}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                stopper.cancel()
-                if self._wake.is_set():
-                    early = self._last_tick_mono + MIN_TICK_SPACING * interval
-                    if time.monotonic() < early:
-                        await asyncio.sleep(early - time.monotonic())
-                    next_t = time.monotonic()
-                    break
+            remaining = self._next_tick_mono - time.monotonic()
+            if remaining > interval:  # the policy shortened the interval: never wait longer than one
+                self._next_tick_mono = time.monotonic() + interval
+                continue
+            if remaining <= 0:
+                return
+            waiter = asyncio.ensure_future(self._wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waiter, stopper}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if self._wake.is_set():
+                early = self._last_tick_mono + MIN_TICK_SPACING * interval
+                if max(early, time.monotonic()) >= self._next_tick_mono - MIN_TICK_SPACING * interval:
+                    self._wake.clear()  # the grid tick comes soon enough: it serves the wake-up
+                    continue
+                if time.monotonic() < early:
+                    await asyncio.sleep(early - time.monotonic())
+                return
+
+    def report_in_s(self, node: str) -> float:
+        """``CapPlan.report_in_s`` for ``node`` now (s; 0.0 before the loop runs): when its next
+        report should be sent to land before the next grid tick (:func:`coordinator.tickphase.report_in_s`)."""
+        return tickphase.report_in_s(self._next_tick_mono, time.monotonic(), node, self.interval_s)
 
     # -- one interval: snapshot -> decide -> send ----------------------------------------------
     async def tick(self) -> None:
@@ -370,6 +388,7 @@ class Coordinator:
         if not self.may_send():
             return  # an HA standby: the leader decides (coordinator/election.py)
         t0 = time.monotonic()
+        self._snapshot_time_s = self.lease_clock_s()
         problem = self._observe_problem()
         solution = await asyncio.to_thread(decide.solve, problem)
         self._record_solution(solution)

@@ -336,8 +336,11 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 coord.attach(msg.hello, session)
 
     async def _write(self, context, session: AgentSession) -> None:
+        coord = self.coord
         while True:
             msg = await session.outq.get()
+            if msg.WhichOneof("body") == "plan":  # advised now, not when queued: the wait in the queue is left out
+                msg.plan.report_in_s = coord.report_in_s(session.node)
             try:
                 await context.write(msg)
             except (grpc.aio.AioRpcError, grpc.RpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:

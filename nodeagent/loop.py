@@ -6,11 +6,14 @@
   ``on_plan`` (renew the lease, apply the caps decreases first, answer ``CapAck``).
 - Tick (every ``interval_s`` seconds, :meth:`AgentLoop.tick`): retry pending restores, apply the
   failsafe once when the lease has run out (caps only ever go down: min(current, safe cap)),
-  reconcile drift, send telemetry.
+  reconcile drift, send telemetry. The coordinator's ``CapPlan.report_in_s`` moves the next tick so
+  that the report lands just before its reconcile (:mod:`nodeagent.reportclock`, docs/protocol.md
+  "Report timing"); without advice the agent keeps its own period.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -21,6 +24,7 @@ from nodeagent import messages
 from nodeagent.core import AgentCore
 from nodeagent.lease import failsafe_caps
 from nodeagent.link import LeaveCoordinator
+from nodeagent.reportclock import ReportClock
 
 log = logging.getLogger("capctl.agent")
 
@@ -31,10 +35,18 @@ PHASE_DECREASE = "decrease"
 """A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 WAKE_CHECK_S = 0.5
 """The loop wakes at least this often (s) so that a lease expiry is acted on promptly."""
+WELCOME_REPORT_DELAY_S = 0.05
+"""After a Welcome the next report goes out this many seconds later (s): the link finishes its
+handshake first; the coordinator needs the enforced caps before it plans."""
 
 
 class AgentLoop(AgentCore):
     """Boot, link callbacks and the periodic work of the agent (see the module doc)."""
+
+    @functools.cached_property
+    def report_clock(self) -> ReportClock:
+        """When the next report is due (:mod:`nodeagent.reportclock`)."""
+        return ReportClock()
 
     # ------------------------------------------------------------------------------------------
     # boot
@@ -103,18 +115,23 @@ class AgentLoop(AgentCore):
             self.fence.see(welcome.term)
             self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
             self.save_state()
-        self.wake.set()  # telemetry right away: the coordinator needs our enforced caps before planning
+        # telemetry right away: the coordinator needs our enforced caps before planning
+        self.report_clock.report_now(time.monotonic(), WELCOME_REPORT_DELAY_S)
+        self.wake.set()
 
     def on_plan(self, plan):
         """Apply a ``CapPlan`` (renew the lease, update safe caps, set caps clamped to the limit
         constraints unless ``dry_run``) and return its ``CapAck`` with the read-back of the GPUs it
         named (all GPUs for a plan without caps). Unknown GPUs or non-finite caps make ``ok`` false.
         Never raises for a bad cap or a failed write: they are reported in the ack."""
+        received_mono = time.monotonic()
         with self.lock:
             refused = self.fence.admit(plan.term)
             if refused:  # an older leader's plan: no cap changed, no lease renewed (nodeagent/fencing.py)
                 log.warning("%s; leaving that coordinator", refused)
                 raise LeaveCoordinator(refused)
+            if self.report_clock.advise(plan.report_in_s, received_mono, self.interval_s):
+                self.wake.set()  # the loop re-reads when its next report is due
             self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
             before = dict(self.lease.safe_caps_w)
@@ -260,12 +277,15 @@ class AgentLoop(AgentCore):
                 self.tick()
             except Exception:  # noqa: BLE001 — the daemon keeps running on its last good state
                 log.exception("agent tick failed")
-            self._wait_next(started + self.interval_s)
+            self.report_clock.reported(started, self.interval_s)
+            self._wait_next()
 
-    def _wait_next(self, deadline: float) -> None:
-        """Sleep until ``deadline`` (monotonic s), a lease expiry to act on, a wake-up or stop."""
+    def _wait_next(self) -> None:
+        """Sleep until the next report is due (:attr:`report_clock`, re-read whenever a plan or a
+        Welcome moves it), a lease expiry to act on, or stop."""
         while not self.stop_event.is_set():
             now = time.monotonic()
+            deadline = self.report_clock.due_mono(now)
             if now >= deadline:
                 break
             rem = self.lease.remaining_s(now)
@@ -273,5 +293,3 @@ class AgentLoop(AgentCore):
                 break
             if self.wake.wait(min(WAKE_CHECK_S, deadline - now)):
                 self.wake.clear()
-                time.sleep(0.05)  # let the link finish its handshake before the telemetry goes out
-                break

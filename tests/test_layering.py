@@ -17,6 +17,8 @@ Layers (one way only):
   NVML call guard (``nodeagent/callguard.py``) imports only the backend contract;
 - the allocator's interior-point start (``capctl/allocator/interior.py``) is pure numerics
   (imports nothing of ours: the fast path hands it arrays).
+- report timing: the agent's report clock (``nodeagent/reportclock.py``) and the coordinator's tick
+  grid (``coordinator/tickphase.py``) are pure (import nothing of ours).
 
 The simulators (``capctl.sim``, ``capctl.demo``) may import the coordinator's modules (the what-if
 simulator runs the coordinator's own models and planner): they sit above the daemons, and no
@@ -159,6 +161,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             elif mod == "nodeagent.callguard" and dep != "nodeagent.backend":
                 rule = ("the per-GPU NVML call guard wraps any backend: it imports only the backend "
                         "contract (nodeagent.backend)")
+            elif mod in ("nodeagent.reportclock", "coordinator.tickphase"):
+                rule = "report timing (the agent's report clock, the coordinator's tick grid) is pure logic (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -246,7 +250,11 @@ def test_the_ha_rules_catch_a_wrong_import():
     graph["coordinator.election"].add("coordinator.loop")
     graph["nodeagent.fencing"].add("nodeagent.caps")
     graph["nodeagent.callguard"].add("nodeagent.nvml")
+    graph["nodeagent.reportclock"].add("nodeagent.link")
+    graph["coordinator.tickphase"].add("capctl.v1")
     bad = violations(graph)
     assert any(b.startswith("nodeagent.callguard -> nodeagent.nvml") for b in bad)
+    assert any(b.startswith("nodeagent.reportclock -> nodeagent.link") for b in bad)
+    assert any(b.startswith("coordinator.tickphase -> capctl.v1") for b in bad)
     assert any(b.startswith("coordinator.election -> coordinator.loop") for b in bad)
     assert any(b.startswith("nodeagent.fencing -> nodeagent.caps") for b in bad)
