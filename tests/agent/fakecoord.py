@@ -31,6 +31,7 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
         self.lock = threading.Lock()
         self.hellos: list[pb.AgentHello] = []
         self.telemetry: list[pb.NodeTelemetry] = []
+        self.telemetry_mono: list[float] = []  # receipt time (monotonic s) of each telemetry message
         self.acks: list[pb.CapAck] = []
         self.events: list[pb.AgentMessage] = []
         self.outboxes: dict[str, queue.Queue] = {}
@@ -55,6 +56,7 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
                     with self.lock:
                         if kind == "telemetry":
                             self.telemetry.append(msg.telemetry)
+                            self.telemetry_mono.append(time.monotonic())
                         elif kind == "ack":
                             self.acks.append(msg.ack)
                         else:
@@ -76,7 +78,8 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
             yield item
 
     def push_plan(self, node: str, caps: dict[int, float], *, phase: str = "decrease", lease_s: float | None = None,
-                  safe_caps: dict[int, float] | None = None, dry_run: bool = False) -> int:
+                  safe_caps: dict[int, float] | None = None, dry_run: bool = False, term: int = 0,
+                  report_in_s: float = 0.0) -> int:
         """Send a plan to ``node``'s stream; returns its seq."""
         lease = self.lease_s if lease_s is None else lease_s
         with self.lock:
@@ -87,7 +90,7 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
             seq=seq, phase=phase, caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in caps.items()],
             lease_expiry_s=time.time() + lease, lease_s=lease,
             safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in (safe_caps or self.safe_caps).items()],
-            dry_run=dry_run)))
+            dry_run=dry_run, term=term, report_in_s=report_in_s)))
         return seq
 
     def ack_for(self, seq: int) -> pb.CapAck | None:

@@ -139,7 +139,7 @@ class FakeAgent:
     """One fake node agent (threads: stream reader, telemetry sender). Reconnects until stopped."""
 
     def __init__(self, node: str, address: str, gpus: list[FakeGpu], ledger: Ledger, *, interval_s: float = 0.25,
-                 ack_lag_s: float = 0.0, protocol_version: str = "capctl.v1") -> None:
+                 ack_lag_s: float = 0.0, protocol_version: str = "capctl.v1", follow_advice: bool = False) -> None:
         self.node = node
         self.address = address
         self.gpus = {g.index: g for g in gpus}
@@ -159,6 +159,11 @@ class FakeAgent:
         self.connects = 0
         self.last_plan_seq = 0
         self.silent = threading.Event()  # set: like SIGSTOP, no telemetry, plans neither applied nor acked
+        # report timing (docs/protocol.md): with follow_advice, reports go out when the latest
+        # CapPlan.report_in_s says, then every interval, as the real agent's (nodeagent/reportclock.py)
+        self.follow_advice = follow_advice
+        self.report_due_mono = time.monotonic() + interval_s
+        self.reports: list[tuple[float, float]] = []  # (Unix s, monotonic s) of every report sent
         for g in gpus:
             ledger.set((node, g.index), g.enforced_w)
 
@@ -221,6 +226,8 @@ class FakeAgent:
 
     def _apply(self, plan: pb.CapPlan) -> None:
         self.plans.append((time.monotonic(), plan))
+        if self.follow_advice and 0 < plan.report_in_s <= 2 * self.interval_s:
+            self.report_due_mono = self.plans[-1][0] + plan.report_in_s
         if self.silent.is_set():
             return
         if self.ack_lag_s and plan.caps:
@@ -254,11 +261,22 @@ class FakeAgent:
         with self.lock:
             msg = pb.NodeTelemetry(node=self.node, timestamp_s=time.time(), seq=int(time.monotonic() * 1000),
                                    gpus=[g.telemetry(self._job_of(i)) for i, g in sorted(self.gpus.items())])
+            self.reports.append((msg.timestamp_s, time.monotonic()))
         q.put(pb.AgentMessage(telemetry=msg))
+
+    def _wait_report(self) -> bool:
+        """Wait until the next report is due; False once stopped."""
+        if not self.follow_advice:
+            return not self._stop.wait(self.interval_s)
+        while not self._stop.wait(0.005):
+            if time.monotonic() >= self.report_due_mono:
+                self.report_due_mono = time.monotonic() + self.interval_s  # until an advice moves it
+                return True
+        return False
 
     def _telemetry_loop(self) -> None:
         last = time.monotonic()
-        while not self._stop.wait(self.interval_s):
+        while self._wait_report():
             now = time.monotonic()
             with self.lock:
                 for g in self.gpus.values():
