@@ -154,62 +154,56 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                 return
             yield msg
 
-    advised = [0.0]  # monotonic time the coordinator's latest CapPlan.report_in_s points to (0: none)
-    moved = asyncio.Event()
+    timer = {"handle": None, "due": 0.0}  # the scheduled report (loop.call_at handle) and when (monotonic s)
 
-    async def telemetry():
-        await asyncio.sleep(rng.uniform(0, INTERVAL_S))
-        # fixed rate, as the real agent (nodeagent/loop.py: next report one interval after the last,
-        # or when the coordinator's latest advice says), so that this process's own event-loop lag
-        # does not stretch the reporting period
-        next_t = time.monotonic()
-        while time.monotonic() < t_end:
-            for i in range(GPUS):
-                temp[i] = min(86.0, max(35.0, temp[i] + rng.uniform(-1.5, 1.5)))
-            heavy = int((time.monotonic() + load_offset_s) / LOAD_PERIOD_S) % 2 == 0
-            step = demand[0] != (HEAVY_W if heavy else LIGHT_W)
-            demand[:] = [HEAVY_W if heavy else LIGHT_W] * GPUS
-            seq[0] += 1
-            last_tele[0] = time.monotonic()
-            reports.append(last_tele[0])
-            if step:
-                if steps and steps[0] >= t_measure:
-                    stepped.append(None)  # the previous step saw no cap change before this one
-                steps[:] = [last_tele[0]]
-            await queue.put(pb.AgentMessage(telemetry=pb.NodeTelemetry(
-                node=node, timestamp_s=time.time(), seq=seq[0], gpus=[gpu_tele(i) for i in range(GPUS)])))
-            next_t = max(next_t + INTERVAL_S, time.monotonic() - INTERVAL_S)
-            while True:  # until the next report is due; an advice arriving meanwhile moves it
-                if advised[0] > last_tele[0]:
-                    next_t = advised[0]
-                wait_s = next_t - time.monotonic()
-                if wait_s <= 0:
-                    break
-                moved.clear()
-                try:
-                    await asyncio.wait_for(moved.wait(), wait_s)
-                except asyncio.TimeoutError:
-                    pass
-        await queue.put(None)
+    def report() -> None:
+        """Send one report, then schedule the next at a fixed rate, as the real agent
+        (nodeagent/loop.py: one interval after the last, or when the coordinator's latest advice
+        says), so that this process's own event-loop lag does not stretch the reporting period."""
+        if time.monotonic() >= t_end:
+            queue.put_nowait(None)
+            return
+        for i in range(GPUS):
+            temp[i] = min(86.0, max(35.0, temp[i] + rng.uniform(-1.5, 1.5)))
+        heavy = int((time.monotonic() + load_offset_s) / LOAD_PERIOD_S) % 2 == 0
+        step = demand[0] != (HEAVY_W if heavy else LIGHT_W)
+        demand[:] = [HEAVY_W if heavy else LIGHT_W] * GPUS
+        seq[0] += 1
+        last_tele[0] = time.monotonic()
+        reports.append(last_tele[0])
+        if step:
+            if steps and steps[0] >= t_measure:
+                stepped.append(None)  # the previous step saw no cap change before this one
+            steps[:] = [last_tele[0]]
+        queue.put_nowait(pb.AgentMessage(telemetry=pb.NodeTelemetry(
+            node=node, timestamp_s=time.time(), seq=seq[0], gpus=[gpu_tele(i) for i in range(GPUS)])))
+        schedule(max(timer["due"] + INTERVAL_S, time.monotonic() - INTERVAL_S))
+
+    def schedule(due_mono: float) -> None:
+        """(Re)schedule the next report at ``due_mono`` (monotonic s): no task, one timer handle."""
+        if timer["handle"] is not None:
+            timer["handle"].cancel()
+        timer["due"] = due_mono
+        loop = asyncio.get_running_loop()
+        timer["handle"] = loop.call_at(loop.time() + max(0.0, due_mono - time.monotonic()), report)
 
     await asyncio.sleep(rng.uniform(0, 3.0))  # agents of a real cluster do not connect in one instant
     try:
         async with grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             stub = capctl_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(requests())
-            tele_task = None
             async for msg in call:
                 now = time.monotonic()
                 if msg.HasField("welcome"):
                     stats["welcomed"] += 1
-                    tele_task = asyncio.create_task(telemetry())
+                    if timer["handle"] is None:  # first report at a random phase, as agents started at any time
+                        schedule(now + rng.uniform(0, INTERVAL_S))
                     continue
                 if not msg.HasField("plan"):
                     continue
                 plan = msg.plan
                 if follow_advice and 0 < plan.report_in_s <= 2 * INTERVAL_S:  # nodeagent/reportclock.py
-                    advised[0] = now + plan.report_in_s
-                    moved.set()
+                    schedule(now + plan.report_in_s)
                 for c in plan.caps:
                     enforced[c.index] = c.cap_w
                 await queue.put(pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True,
@@ -234,8 +228,8 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                 if now >= t_end:
                     break
             call.cancel()
-            if tele_task:
-                tele_task.cancel()
+            if timer["handle"] is not None:
+                timer["handle"].cancel()
     except Exception as exc:  # noqa: BLE001 (a benchmark agent reports, it does not crash the run)
         stats["errors"] += 1
         stats["last_error"] = f"{type(exc).__name__}: {exc}"[:200]

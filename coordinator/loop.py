@@ -70,6 +70,11 @@ GC_THRESHOLDS = (20000, 10, 10)
 MIN_TICK_SPACING = 0.2
 """An early tick (job event, budget change) comes at least this fraction of an interval after the
 previous one."""
+REPORT_GRACE = 0.1
+"""At a grid tick the snapshot waits at most this fraction of an interval (s/s) for the live
+streams that have not reported since the last snapshot: reports timed to land before the tick
+(coordinator.tickphase) but not yet read by a busy event loop are then in the decision rather than
+one interval late. The grid itself does not move."""
 
 
 class Coordinator:
@@ -123,6 +128,9 @@ class Coordinator:
         self._last_tick_mono = -math.inf
         self._next_tick_mono = math.nan  # the next regular tick (monotonic s; tickphase), once the loop runs
         self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
+        self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
+        self._expected_reports = 0  # how many the grid tick now due waits for (live streams)
+        self._reports_in: asyncio.Event | None = None  # set when they are all in
         self.rtt_s: collections.deque = collections.deque(maxlen=4096)  # plan sent -> ack
         self.control_s: collections.deque = collections.deque(maxlen=4096)  # telemetry -> ack
         self.solve_s: collections.deque = collections.deque(maxlen=4096)
@@ -338,8 +346,10 @@ class Coordinator:
             now = time.monotonic()
             if now >= self._next_tick_mono - 1e-3:  # a regular tick: the grid moves on one interval
                 self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, now, self.interval_s)
-            self._last_tick_mono = now
+                await self._await_reports(now + REPORT_GRACE * self.interval_s)
+            self._last_tick_mono = time.monotonic()
             self._wake.clear()  # before the tick: a wake-up during it (a node's first report) is not lost
+            self._reported.clear()  # reports from now on count for the next snapshot
             try:
                 await self.tick()
             except Exception as exc:  # noqa: BLE001 (the loop must survive any one interval)
@@ -373,6 +383,27 @@ class Coordinator:
                 if time.monotonic() < early:
                     await asyncio.sleep(early - time.monotonic())
                 return
+
+    async def _await_reports(self, deadline_mono: float) -> None:
+        """Wait (until ``deadline_mono``, monotonic s, at the latest) for a report from every live
+        stream since the last snapshot (see :data:`REPORT_GRACE`)."""
+        expected = sum(1 for n in self.registry.nodes.values() if n.session is not None)
+        if len(self._reported) >= expected or time.monotonic() >= deadline_mono:
+            return
+        self._expected_reports = expected
+        self._reports_in = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._reports_in.wait(), deadline_mono - time.monotonic())
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._reports_in = None
+
+    def note_report(self, node: str) -> None:
+        """A valid ``NodeTelemetry`` of ``node`` arrived (server.py): counted for the next snapshot."""
+        self._reported.add(node)
+        if self._reports_in is not None and len(self._reported) >= self._expected_reports:
+            self._reports_in.set()
 
     def report_in_s(self, node: str) -> float:
         """``CapPlan.report_in_s`` for ``node`` now (s; 0.0 before the loop runs): when its next

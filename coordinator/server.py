@@ -311,6 +311,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 if limits.validate_telemetry(tele, session.node):
                     continue
                 coord.on_energy(session.node, tele)
+                coord.note_report(session.node)
                 if coord.registry.on_telemetry(session.node, tele) | coord.first_report(session.node):
                     coord.wake()  # a node's first readings (or its first report on a new HA stream): allocate it now
             elif kind == "ack":
