@@ -279,8 +279,10 @@ class Coordinator:
 
     def send_plan(self, node_name: str, phase: str, caps: dict[int, float], safe: dict[int, float],
                   dry_run: bool = False):
-        """Queue one ``CapPlan`` to a node; returns a future resolved with its ``CapAck`` (or None
-        if the stream closes), or None when the node has no stream."""
+        """Queue one ``CapPlan`` to a node. Returns None when the node has no stream; else, for a
+        "decrease" (phase 1 waits for it), a future resolved with its ``CapAck`` (or None if the
+        stream closes), and True for the other phases (nothing waits on them: no future made, one
+        less object per agent per interval)."""
         node = self.registry.nodes.get(node_name)
         if node is None or node.session is None or not self.may_send():
             return None
@@ -307,8 +309,10 @@ class Coordinator:
         for i, s in safe.items():
             if i in node.gpus:
                 node.gpus[i].safe_cap_w = s
-        fut = asyncio.get_running_loop().create_future()
-        session.waiters[seq] = fut
+        fut = True
+        if phase == "decrease":
+            fut = asyncio.get_running_loop().create_future()
+            session.waiters[seq] = fut
         session.sent[seq] = (now, dict(caps), phase, node.last_telemetry_mono)
         for old in [s for s, v in session.sent.items() if now - v[0] > SENT_MEMORY_S]:
             session.sent.pop(old, None)
@@ -361,7 +365,8 @@ class Coordinator:
 
     async def _wait_tick(self, stop: asyncio.Event) -> None:
         """Wait for the next grid tick, an early :meth:`wake` (at least :data:`MIN_TICK_SPACING` of an
-        interval after the last tick; none when the grid tick comes first) or ``stop``."""
+        interval after the last tick; none when the grid tick comes first) or ``stop``. A grid point
+        that the last tick overran (by more than :data:`REPORT_GRACE`) is skipped, not run late."""
         while not stop.is_set():
             interval = self.interval_s
             remaining = self._next_tick_mono - time.monotonic()
@@ -369,6 +374,9 @@ class Coordinator:
                 self._next_tick_mono = time.monotonic() + interval
                 continue
             if remaining <= 0:
+                if -remaining > REPORT_GRACE * interval:  # the tick overran this grid point: skip it
+                    self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, time.monotonic(), interval)
+                    continue  # (the reports were advised for the grid: a tick off it would just miss them)
                 return
             waiter = asyncio.ensure_future(self._wake.wait())
             stopper = asyncio.ensure_future(stop.wait())
