@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
 """Control-loop benchmark: a real ``capctl-coordinator`` and N lightweight agents over real gRPC.
 
-    .venv/bin/python bench/control_loop.py [--agents 100,1000] [--measure-s 20] [--procs 4]
+    .venv/bin/python bench/control_loop.py [--agents 100,1000] [--measure-s 20] [--procs 4] [--advice both]
 
 For each N: writes a policy (N nodes x 8 H100-class GPUs, racks of 32 nodes, budget 0.8 x TDP,
 interval 1 s), starts the coordinator on 127.0.0.1 (loopback only; port chosen by the OS), and
 runs N agents as asyncio gRPC clients spread over a few processes. Each agent speaks the real
 protocol (docs/protocol.md): AgentHello with its GPUs and one job binding, NodeTelemetry every
-second, and a CapAck with the read-back for every CapPlan. Loads move so that caps change every
+second, and a CapAck with the read-back for every CapPlan. Report timing (docs/protocol.md):
+with ``--advice follow`` (default) the agents send their reports when the coordinator's latest
+``CapPlan.report_in_s`` says, as the real agent does; with ``ignore`` on their own phase (uniform
+in the interval, as before the advice existed); ``both`` runs each N twice, ignoring then
+following, so the two compare on the same host load. Loads move so that caps change every
 few intervals: each job's GPUs alternate between a heavy phase (650 W demand, power at the cap) and
 a light one (320 W, below any cap) every :data:`LOAD_PERIOD_S`, at a per-job offset; temperatures
 drift.
 
 Measured over the window after a warm-up:
 * report -> ack (``report_to_ack_*``): for every telemetry report, the time until the agent acks
-  the first plan the coordinator made after the report was sent (the plan's ``lease_expiry_s -
-  lease_s`` is the coordinator's clock when it made the plan: same host, same wall clock). This
-  is the wait for the next reconcile interval (uniform in [0, interval) for agents whose clocks
-  are not aligned with the coordinator's: the real agent reports every interval from its own
-  start) plus the interval's work and the plan's delivery. Reported: p50, p99, max and the
-  fraction of reports acted on within one interval. (A report sent while the coordinator was
-  solving counts as acted on by that interval's plans although the solve began before it: this
-  flatters the figure by at most the solve time for those reports.)
+  the first plan decided from a snapshot taken after the report was sent (the plan's
+  ``snapshot_time_s``, the coordinator's lease clock: same host, same wall clock;
+  ``report_to_ack_basis: snapshot``). From a coordinator without that field, the plan's
+  ``lease_expiry_s - lease_s`` (when it made the plan, ``plan made``: a report sent while the
+  coordinator was solving then counts as acted on by that interval's plans although the solve
+  began before it, flattering the figure by up to the solve time). This is the wait for the next
+  reconcile's snapshot (uniform in [0, interval) for agents ignoring the advice; the lead,
+  0.08-0.30 interval, for agents following it) plus the interval's work and the plan's delivery.
+  Reported: p50, p99, max and the fraction of reports acted on within one interval.
 * telemetry -> enforced (``telemetry_to_enforced_*``): for every load step, the time from the
   first report showing the new load to the agent's enforcement (its ack with the read-back) of the
   first plan after it that changes this node's caps; ``load_steps`` / ``load_steps_acted`` count
@@ -32,7 +37,10 @@ Measured over the window after a warm-up:
   kept for comparison with earlier runs only;
 * tick spread: receipt of a plan minus the first receipt of its interval's burst (the
   coordinator's solve-to-last-plan fan-out, two phases included, as the agents see it);
-* coordinator CPU (cores = CPU seconds / wall seconds, psutil) and peak RSS (MiB);
+* coordinator CPU (cores = CPU seconds / wall seconds, psutil), per thread name
+  (``coordinator_thread_cores``: the event loop, the solver's worker, gRPC's threads), peak RSS
+  (MiB), and the host's 1-minute load average at the end (other work on the host inflates CPU and
+  latency figures);
 * plans per agent per second (the coordinator sends at least one per interval).
 Last line: one JSON object with these figures per N. Everything started is stopped (bounded waits).
 """
