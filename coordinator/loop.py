@@ -128,6 +128,7 @@ class Coordinator:
         self._last_tick_mono = -math.inf
         self._next_tick_mono = math.nan  # the next regular tick (monotonic s; tickphase), once the loop runs
         self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
+        self._busy_s = 0.0  # how long the last regular tick took (s): stretches the grid when > interval
         self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
         self._expected_reports = 0  # how many the grid tick now due waits for (live streams)
         self._reports_in: asyncio.Event | None = None  # set when they are all in
@@ -348,8 +349,10 @@ class Coordinator:
         self._next_tick_mono = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
-            if now >= self._next_tick_mono - 1e-3:  # a regular tick: the grid moves on one interval
-                self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, now, self.interval_s)
+            regular = now >= self._next_tick_mono - 1e-3
+            if regular:  # the grid moves on one interval (more when the last one took longer)
+                self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, now, self.interval_s,
+                                                                self._busy_s)
                 await self._await_reports(now + REPORT_GRACE * self.interval_s)
             self._last_tick_mono = time.monotonic()
             self._wake.clear()  # before the tick: a wake-up during it (a node's first report) is not lost
@@ -361,22 +364,20 @@ class Coordinator:
                 self.persistent_alerts["tick"] = f"reconcile interval failed: {type(exc).__name__}: {exc}"
             else:
                 self.persistent_alerts.pop("tick", None)
+            if regular:
+                self._busy_s = time.monotonic() - self._last_tick_mono
             await self._wait_tick(stop)
 
     async def _wait_tick(self, stop: asyncio.Event) -> None:
         """Wait for the next grid tick, an early :meth:`wake` (at least :data:`MIN_TICK_SPACING` of an
-        interval after the last tick; none when the grid tick comes first) or ``stop``. A grid point
-        that the last tick overran (by more than :data:`REPORT_GRACE`) is skipped, not run late."""
+        interval after the last tick; none when the grid tick comes first) or ``stop``."""
         while not stop.is_set():
             interval = self.interval_s
             remaining = self._next_tick_mono - time.monotonic()
             if remaining > interval:  # the policy shortened the interval: never wait longer than one
                 self._next_tick_mono = time.monotonic() + interval
                 continue
-            if remaining <= 0:
-                if -remaining > REPORT_GRACE * interval:  # the tick overran this grid point: skip it
-                    self._next_tick_mono = tickphase.next_grid_tick(self._next_tick_mono, time.monotonic(), interval)
-                    continue  # (the reports were advised for the grid: a tick off it would just miss them)
+            if remaining <= 0:  # (after an overrun: at once; the reports advised for this point are in)
                 return
             waiter = asyncio.ensure_future(self._wake.wait())
             stopper = asyncio.ensure_future(stop.wait())

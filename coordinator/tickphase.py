@@ -60,15 +60,25 @@ def report_in_s(next_tick_mono: float, now_mono: float, node: str, interval_s: f
     return min(due, 2.0 * interval_s)
 
 
-def next_grid_tick(grid_mono: float, now_mono: float, interval_s: float) -> float:
-    """The next regular tick (monotonic s) after the one of the grid at ``grid_mono`` that runs at
-    ``now_mono``: one interval later; after an overrun (the tick began more than an interval late)
-    the grid skips the missed ticks, keeping its phase, rather than firing them back to back; after
-    an interval change that put ``grid_mono`` more than an interval ahead, it restarts at
+BUSY_MARGIN = 0.05
+"""When reconciles take longer than the interval, the grid stretches to the last one's duration
+plus this fraction (s/s), so that the next grid point comes when the coordinator can start it."""
+
+
+def next_grid_tick(grid_mono: float, now_mono: float, interval_s: float, busy_s: float = 0.0) -> float:
+    """The next regular tick (monotonic s) after the one of the grid at ``grid_mono`` that starts at
+    ``now_mono``: one interval later. ``busy_s``: how long the last regular reconcile took (s); when
+    it exceeds the interval (an overloaded coordinator) the grid stretches to ``busy_s`` x (1 +
+    :data:`BUSY_MARGIN`) from now, so that the next tick, and the reports advised for it, come when
+    it can run rather than one interval late. After a pause (the tick began more than an interval
+    late) the grid skips the missed ticks, keeping its phase, rather than firing them back to back;
+    after an interval change that put ``grid_mono`` more than an interval ahead, it restarts at
     ``now_mono + interval_s``."""
     nxt = grid_mono + interval_s
     if nxt <= now_mono:
         nxt += math.ceil((now_mono - nxt) / interval_s + 1e-9) * interval_s
     if nxt - now_mono > interval_s + 1e-9:
         nxt = now_mono + interval_s
+    if busy_s > interval_s and math.isfinite(busy_s):
+        nxt = max(nxt, now_mono + min(busy_s * (1.0 + BUSY_MARGIN), 10.0 * interval_s))
     return nxt

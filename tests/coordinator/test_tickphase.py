@@ -43,6 +43,9 @@ def test_grid_keeps_its_phase_after_an_overrun_and_restarts_after_an_interval_ch
     assert tickphase.next_grid_tick(10.0, 12.5, 1.0) == pytest.approx(13.0)
     # the grid point is more than one (new, shorter) interval ahead: restart one interval from now
     assert tickphase.next_grid_tick(20.0, 10.0, 0.5) == pytest.approx(10.5)
+    # reconciles taking 1.6 s at a 1 s interval: the grid stretches to 1.6 s + 5 % from this start
+    assert tickphase.next_grid_tick(10.0, 10.6, 1.0, busy_s=1.6) == pytest.approx(10.6 + 1.68)
+    assert tickphase.next_grid_tick(10.0, 10.0, 1.0, busy_s=0.4) == pytest.approx(11.0)  # not busy: one interval
 
 
 def test_report_clock_follows_advice_and_ignores_advice_out_of_bounds():
