@@ -97,8 +97,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
         else:
             used = solve_w
-        if avail > 0 and extra_w:
-            extra_w(members, returned_w=avail - min(avail, max(0.0, used - solve_w)))
+        if extra_w and solve_w + avail - used > 0:  # unused watts (headroom and the solve's) go
+            extra_w(members, returned_w=solve_w + avail - used)  # to the jobs after this one
     return out
 
 
