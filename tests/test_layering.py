@@ -13,7 +13,8 @@ Layers (one way only):
 - no import cycle anywhere: neither between modules (also of one package) nor between packages;
 - high availability: only ``coordinator/etcdconn.py`` imports the etcd client (``etcd3gw``); the
   election and the etcd store sit below the reconcile loop and the servers (never import them);
-  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours).
+  the agent's term fence (``nodeagent/fencing.py``) and the pace loop's clock-step alignment
+  (``coordinator/pacealign.py``) are pure (import nothing of ours).
 
 The simulators (``capctl.sim``, ``capctl.demo``) may import the coordinator's modules (the what-if
 simulator runs the coordinator's own models and planner): they sit above the daemons, and no
@@ -151,6 +152,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the election and the etcd store sit below the loop, the servers and the daemon"
             elif mod == "nodeagent.fencing":
                 rule = "the agent's term fence is pure logic (imports nothing of ours)"
+            elif mod == "coordinator.pacealign":
+                rule = "the clock-step alignment is pure logic on arrays (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -238,3 +241,10 @@ def test_the_ha_rules_catch_a_wrong_import():
     bad = violations(graph)
     assert any(b.startswith("coordinator.election -> coordinator.loop") for b in bad)
     assert any(b.startswith("nodeagent.fencing -> nodeagent.caps") for b in bad)
+
+
+def test_the_clock_step_alignment_stays_pure():
+    graph = import_graph()
+    assert graph["coordinator.pacealign"] == set()
+    graph["coordinator.pacealign"].add("coordinator.paceloop")
+    assert any(b.startswith("coordinator.pacealign -> coordinator.paceloop") for b in violations(graph))
