@@ -12,7 +12,9 @@ and whether it is met) and ``cpu``.
 
 ``--matrix`` (issue 12, item 8): every scenario of :data:`MATRIX` x three seeds (the file's own,
 11 and 12), one after the other: per run capctl/oracle, gain capture against the best baseline
-(``capctl.sim.report.gain_capture``), capctl/uniform, thermal slowdown time and energy per step;
+(``capctl.sim.report.gain_capture``), capctl/uniform, thermal slowdown time and energy per step,
+and capctl against the oracle blind to a workload's memory-bound share (``OracleNvml``: what NVML
+cannot show);
 then the goals (capctl/oracle >= 0.99, gain capture >= 0.95 in every run) and, as the last line,
 one JSON object with every row. Needs the simulated driver (``make build``) and the Zeus traces in
 ../shared/data/zeus-power-traces (read at run time).
@@ -69,8 +71,10 @@ def matrix_row(name: str, seed, duration_s) -> dict:
     t0 = time.perf_counter()
     scn = build_scenario(spec, load_policy(ROOT / "examples" / policy))
     runs = {n: run_policy(scn, n) for n in POLICY_NAMES}
+    nvml = run_policy(scn, "oracle-nvml")  # the oracle blind to what NVML cannot show
     rt = ratios(runs)
     gc = gain_capture(runs) or {}
+    gc_nvml = gain_capture({**runs, "oracle": nvml}) or {}
     per = {n: {"throughput": round(r.throughput, 4),
                "thermal_slowdown_pct": round(100 * r.thermal_slowdown_fraction, 4),
                "energy_per_step_j": round(r.energy_per_step_j, 2), "max_overshoot_w": round(r.max_overshoot_w, 1)}
@@ -78,6 +82,9 @@ def matrix_row(name: str, seed, duration_s) -> dict:
     return {"scenario": name, "seed": spec.seed, "duration_s": spec.duration_s, "gpus": scn.topo.n_gpus,
             "jobs": len(scn.jobs), "capctl/oracle": rt.get("capctl/oracle"), "capctl/uniform": rt.get("capctl/uniform"),
             "gain_capture": gc.get("gain_capture"), "best_baseline": gc.get("best_baseline"),
+            "capctl/oracle-nvml": round(runs["capctl"].throughput / nvml.throughput, 4),
+            "gain_capture_vs_oracle_nvml": gc_nvml.get("gain_capture"),
+            "oracle-nvml_throughput": round(nvml.throughput, 4),
             "policies": per, "capctl_extra": runs["capctl"].extra, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -88,7 +95,8 @@ def _fmt_row(r: dict) -> str:
             f"{gc:>6} {str(r['best_baseline']):<11} {r['capctl/uniform']:>7.4f} "
             f"{p['capctl']['thermal_slowdown_pct']:>6.3f} {p['uniform']['thermal_slowdown_pct']:>6.3f} "
             f"{p['oracle']['thermal_slowdown_pct']:>6.3f} {p['capctl']['energy_per_step_j']:>7.1f} "
-            f"{p['uniform']['energy_per_step_j']:>7.1f} {p['oracle']['energy_per_step_j']:>7.1f} {r['wall_s']:>6.0f}")
+            f"{p['uniform']['energy_per_step_j']:>7.1f} {p['oracle']['energy_per_step_j']:>7.1f} "
+            f"{r['capctl/oracle-nvml']:>7.4f} {r['wall_s']:>6.0f}")
 
 
 def run_matrix(args) -> int:
@@ -100,7 +108,8 @@ def run_matrix(args) -> int:
         return 2
     seeds = [None if s == "file" else int(s) for s in args.seeds.split(",")] if args.seeds else list(MATRIX_SEEDS)
     print(f"{'scenario':<22} {'seed':>9} {'GPUs':>5} {'jobs':>4} {'c/orac':>7} {'gain%':>6} {'best base':<11} "
-          f"{'c/unif':>7} {'thr%c':>6} {'thr%u':>6} {'thr%o':>6} {'J/st c':>7} {'J/st u':>7} {'J/st o':>7} {'wall':>6}",
+          f"{'c/unif':>7} {'thr%c':>6} {'thr%u':>6} {'thr%o':>6} {'J/st c':>7} {'J/st u':>7} {'J/st o':>7} {'c/o-nv':>7} "
+          f"{'wall':>6}",
           flush=True)
     rows = []
     for name in names:
@@ -108,7 +117,8 @@ def run_matrix(args) -> int:
             rows.append(matrix_row(name, seed, args.duration))
             print(_fmt_row(rows[-1]), flush=True)
     print("\n(c = capctl, u = uniform, o = oracle; thr% = thermal slowdown, share of busy GPU-time; "
-          "J/st = energy per GPU-step)")
+          "J/st = energy per GPU-step; c/o-nv = capctl / the oracle with NVML's view of the rate, "
+          "capctl.sim.policies.OracleNvml)")
     goals = {}
     print("goals (measured, not asserted; every run):")
     for key, target in MATRIX_GOALS.items():

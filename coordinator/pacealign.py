@@ -52,9 +52,11 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     (static power estimate, W). ``total_w``: the job's watts; ``max_pace``: a bound on the target
     (a straggler's pace, 1.0 otherwise).
 
-    The target is the highest pace ``x`` on the fastest GPU's step grid, within :data:`MAX_STEPS`
-    of the job's paces, such that every GPU reaches it within ``hi_w`` and the caps sum to at most
-    ``total_w``. A GPU already at or above ``x`` keeps at most its current cap (it runs there now);
+    The target is the highest pace ``x`` on the fastest GPU's step grid, less than
+    :data:`MAX_STEPS` above the fastest and at most :data:`MAX_STEPS` below the slowest, such that
+    every GPU reaches it within ``hi_w`` and the caps sum to at most ``total_w``; None when the
+    job's watts reach :data:`MAX_STEPS` above (a large move: the caller's split scales to them) or
+    when every GPU runs at its max clock. A GPU already at or above ``x`` keeps at most its current cap (it runs there now);
     one at its max clock keeps its cap when ``x`` is its pace (its draw is not what it needs at its
     peaks). Returns None when no target fits (the caller keeps its own split), or for empty or
     malformed input (non-positive draws or steps). Raises nothing.
@@ -75,6 +77,13 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     k_low = int(np.ceil((top - float(f.min())) / grid - 1e-9)) + MAX_STEPS
     uncapped = f >= 0.99
     for k in range(MAX_STEPS, -k_low - 1, -1):
+        if k == MAX_STEPS:  # the job's watts reach further than a few steps: not an alignment
+            x = top + k * grid  # (the caller scales its split to them; this aligns next interval)
+            need = ps + (draw - ps) * ((x + 0.5 * step) / f) ** 3
+            if x <= min(max_pace, 1.0) + 1e-9 and np.all(need <= hi + 1e-9) and float(
+                    np.minimum(np.maximum(need, lo), hi).sum()) <= total_w + 1e-6:
+                return None
+            continue
         x = top + k * grid
         if x > max_pace + 1e-9 or x > 1.0 + 1e-9 or x <= 0:
             continue
@@ -88,5 +97,7 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
             continue  # some GPU cannot get there within its range
         caps = np.minimum(caps, hi)
         if float(caps.sum()) <= total_w + 1e-6:
-            return caps
+            # every GPU at its max clock: nothing to align (the caller's split keeps their headroom
+            # for a rising demand)
+            return None if x >= 1.0 - 1e-9 and np.all(uncapped) else caps
     return None

@@ -82,15 +82,14 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
         avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         caps = None
+        # more watts help only if the pace-setter can take them (not held at its ceiling)
+        total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
-            # more watts help only if the pace-setter can take them (not held at its ceiling)
-            total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
             caps = _split(members, total)
-        elif current:  # within the deadband: every GPU on one clock step (coordinator.pacealign)
-            total = solve_w + avail
-            caps = _align(members, total)
+        elif current:  # within the deadband: every GPU on one clock step (coordinator.pacealign),
+            caps = _align(members, solve_w + avail)  # with the watts it needs at most
+            total = solve_w + avail if caps is not None else total
         if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
-            total = solve_w
             caps = _hold(members, total)
         used = sum(caps.values())
         if len(caps) == len(members) and used <= total + 1e-6:
