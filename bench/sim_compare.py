@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""The shared what-if scenario: five power policies, one cluster, one workload, one seed.
+"""The what-if scenarios: five power policies, one cluster, one workload, one seed (or a matrix).
 
     .venv/bin/python bench/sim_compare.py [--cluster FILE] [--policy FILE] [--seed N] [--plot DIR]
+    .venv/bin/python bench/sim_compare.py --matrix [--scenarios A,B] [--seeds S,S] [--duration S]
 
-Runs examples/clusters/shared-64x8.yaml under examples/policies/shared-64x8.yaml with
-``capctl sim``'s engine, pinned to one CPU core (the issue's "under 60 s on one core"), prints the
+Default: runs examples/clusters/shared-64x8.yaml under examples/policies/shared-64x8.yaml with
+``capctl sim``'s engine, pinned to one CPU core (issue 6's "under 60 s on one core"), prints the
 comparison table, then the goals (measured, never asserted) and, as the last line, one JSON
 object: the ``capctl sim --json`` object plus ``goals`` (each with its target, the measured value
-and whether it is met) and ``cpu``. Needs the simulated driver (``make build``) and the Zeus traces
-in ../shared/data/zeus-power-traces (read at run time).
+and whether it is met) and ``cpu``.
+
+``--matrix`` (issue 12, item 8): every scenario of :data:`MATRIX` x three seeds (the file's own,
+11 and 12), one after the other: per run capctl/oracle, gain capture against the best baseline
+(``capctl.sim.report.gain_capture``), capctl/uniform, thermal slowdown time and energy per step,
+and capctl against the oracle blind to a workload's memory-bound share (``OracleNvml``: what NVML
+cannot show);
+then the goals (capctl/oracle >= 0.99, gain capture >= 0.95 in every run) and, as the last line,
+one JSON object with every row. Needs the simulated driver (``make build``) and the Zeus traces in
+../shared/data/zeus-power-traces (read at run time).
 """
 
 from __future__ import annotations
@@ -35,8 +44,99 @@ GOALS = {  # issue 6 "Goals": key -> (description, comparison, target)
 }
 
 
+MATRIX = {  # scenario -> (cluster file, policy file), under examples/
+    "shared-64x8": ("clusters/shared-64x8.yaml", "policies/shared-64x8.yaml"),
+    "one-big-job-128x8": ("clusters/one-big-job-128x8.yaml", "policies/one-big-job-128x8.yaml"),
+    "hard-budget-a100-32x8": ("clusters/hard-budget-a100-32x8.yaml", "policies/hard-budget-a100-32x8.yaml"),
+    "mix-one-large-64x8": ("clusters/mix-one-large-64x8.yaml", "policies/shared-64x8.yaml"),
+}
+MATRIX_SEEDS = (None, 11, 12)  # None: the cluster file's own seed
+MATRIX_GOALS = {"capctl/oracle": 0.99, "gain_capture": 0.95}  # issue 12 item 8, every run
+
+
+def matrix_row(name: str, seed, duration_s) -> dict:
+    """Run one scenario of :data:`MATRIX` with all five policies; its row of the matrix."""
+    from capctl.policy import load_policy
+    from capctl.sim.cluster import load_cluster
+    from capctl.sim.engine import build_scenario, run_policy
+    from capctl.sim.policies import POLICY_NAMES
+    from capctl.sim.report import gain_capture, ratios
+
+    cluster, policy = MATRIX[name]
+    spec = load_cluster(ROOT / "examples" / cluster)
+    if seed is not None:
+        spec = replace(spec, seed=seed)
+    if duration_s is not None:
+        spec = replace(spec, duration_s=duration_s)
+    t0 = time.perf_counter()
+    scn = build_scenario(spec, load_policy(ROOT / "examples" / policy))
+    runs = {n: run_policy(scn, n) for n in POLICY_NAMES}
+    nvml = run_policy(scn, "oracle-nvml")  # the oracle blind to what NVML cannot show
+    rt = ratios(runs)
+    gc = gain_capture(runs) or {}
+    gc_nvml = gain_capture({**runs, "oracle": nvml}) or {}
+    per = {n: {"throughput": round(r.throughput, 4),
+               "thermal_slowdown_pct": round(100 * r.thermal_slowdown_fraction, 4),
+               "energy_per_step_j": round(r.energy_per_step_j, 2), "max_overshoot_w": round(r.max_overshoot_w, 1)}
+           for n, r in runs.items()}
+    return {"scenario": name, "seed": spec.seed, "duration_s": spec.duration_s, "gpus": scn.topo.n_gpus,
+            "jobs": len(scn.jobs), "capctl/oracle": rt.get("capctl/oracle"), "capctl/uniform": rt.get("capctl/uniform"),
+            "gain_capture": gc.get("gain_capture"), "best_baseline": gc.get("best_baseline"),
+            "capctl/oracle-nvml": round(runs["capctl"].throughput / nvml.throughput, 4),
+            "gain_capture_vs_oracle_nvml": gc_nvml.get("gain_capture"),
+            "oracle-nvml_throughput": round(nvml.throughput, 4),
+            "policies": per, "capctl_extra": runs["capctl"].extra, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _fmt_row(r: dict) -> str:
+    p = r["policies"]
+    gc = "-" if r["gain_capture"] is None else f"{100 * r['gain_capture']:.1f}"
+    return (f"{r['scenario']:<22} {r['seed']:>9} {r['gpus']:>5} {r['jobs']:>4} {r['capctl/oracle']:>7.4f} "
+            f"{gc:>6} {str(r['best_baseline']):<11} {r['capctl/uniform']:>7.4f} "
+            f"{p['capctl']['thermal_slowdown_pct']:>6.3f} {p['uniform']['thermal_slowdown_pct']:>6.3f} "
+            f"{p['oracle']['thermal_slowdown_pct']:>6.3f} {p['capctl']['energy_per_step_j']:>7.1f} "
+            f"{p['uniform']['energy_per_step_j']:>7.1f} {p['oracle']['energy_per_step_j']:>7.1f} "
+            f"{r['capctl/oracle-nvml']:>7.4f} {r['wall_s']:>6.0f}")
+
+
+def run_matrix(args) -> int:
+    """``--matrix``: the issue-12 table, its goals and one JSON line (see the module docstring)."""
+    names = args.scenarios.split(",") if args.scenarios else list(MATRIX)
+    unknown = [n for n in names if n not in MATRIX]
+    if unknown:
+        print(f"--scenarios: {unknown[0]!r} is unknown; allowed: {', '.join(MATRIX)}", file=sys.stderr)
+        return 2
+    seeds = [None if s == "file" else int(s) for s in args.seeds.split(",")] if args.seeds else list(MATRIX_SEEDS)
+    print(f"{'scenario':<22} {'seed':>9} {'GPUs':>5} {'jobs':>4} {'c/orac':>7} {'gain%':>6} {'best base':<11} "
+          f"{'c/unif':>7} {'thr%c':>6} {'thr%u':>6} {'thr%o':>6} {'J/st c':>7} {'J/st u':>7} {'J/st o':>7} {'c/o-nv':>7} "
+          f"{'wall':>6}",
+          flush=True)
+    rows = []
+    for name in names:
+        for seed in seeds:
+            rows.append(matrix_row(name, seed, args.duration))
+            print(_fmt_row(rows[-1]), flush=True)
+    print("\n(c = capctl, u = uniform, o = oracle; thr% = thermal slowdown, share of busy GPU-time; "
+          "J/st = energy per GPU-step; c/o-nv = capctl / the oracle with NVML's view of the rate, "
+          "capctl.sim.policies.OracleNvml)")
+    goals = {}
+    print("goals (measured, not asserted; every run):")
+    for key, target in MATRIX_GOALS.items():
+        vals = [r[key] for r in rows]
+        worst = min((v for v in vals if v is not None), default=None)
+        met = all(v is not None and v >= target for v in vals)
+        goals[key] = {"target": f">= {target:g}", "worst": worst, "met": met,
+                      "missed_in": [f"{r['scenario']}/{r['seed']}" for r in rows if r[key] is None or r[key] < target]}
+        print(f"  {key:<16} >= {target:<5g} worst {worst}  {'met' if met else 'MISSED in ' + ', '.join(goals[key]['missed_in'])}")
+    print(json.dumps({"matrix": rows, "goals": goals, "cpu": args.cpu}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--matrix", action="store_true", help="the issue-12 table: four scenarios x three seeds")
+    ap.add_argument("--scenarios", help=f"with --matrix: a subset of {','.join(MATRIX)}")
+    ap.add_argument("--seeds", help="with --matrix: seeds, e.g. file,11,12 (file = the cluster file's)")
     ap.add_argument("--cluster", default=str(ROOT / "examples/clusters/shared-64x8.yaml"))
     ap.add_argument("--policy", default=str(ROOT / "examples/policies/shared-64x8.yaml"))
     ap.add_argument("--seed", type=int)
@@ -48,6 +148,9 @@ def main(argv=None) -> int:
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         cpu = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpu})
+    if args.matrix:
+        args.cpu = {"pinned_core": cpu, "host_cpus": os.cpu_count()}
+        return run_matrix(args)
     from capctl.policy import load_policy
     from capctl.sim.cluster import load_cluster
     from capctl.sim.engine import build_scenario, run_policy

@@ -50,6 +50,15 @@ class JobMix:
 
 
 @dataclass(frozen=True)
+class FixedJob:
+    """A job on named nodes, running from t = 0 for ``duration_s`` (a hero run, a reservation);
+    the synthetic mix fills the other nodes. Its workload is drawn like the mix's (seeded)."""
+
+    nodes: tuple[str, ...]
+    duration_s: float
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A scenario (see docs/sim.md for every field; units in the names).
 
@@ -89,6 +98,7 @@ class ClusterSpec:
     curves: str = "zeus"
     demand_w: tuple[float, float] | None = None
     jobs: JobMix = field(default_factory=JobMix)
+    fixed_jobs: tuple[FixedJob, ...] = ()
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -106,7 +116,8 @@ _RACK_KEYS = ["name", "nodes", "inlet_c"]
 _SWING_KEYS = ["amplitude_c", "period_s", "phase_s"]
 _GPUS_KEYS = ["speed", "efficiency", "hot_fraction", "hot_resistance_c_per_w"]
 _SPEED_KEYS = ["mean_loss", "max_loss"]
-_WORK_KEYS = ["curves", "demand_w", "jobs"]
+_WORK_KEYS = ["curves", "demand_w", "jobs", "fixed_jobs"]
+_FIXED_KEYS = ["nodes", "duration_s"]
 _JOBS_KEYS = ["sizes_gpus", "size_weights", "duration_s", "occupancy"]
 
 
@@ -317,6 +328,7 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         weights = [1.0] * len(sizes)
     dur = r.pair(jd, jp, "duration_s", mix.duration_s, lo=1.0, hi=365 * 86400.0, unit="seconds")
     occ = r.number(jd, jp, "occupancy", mix.occupancy, lo=0, hi=1, lo_open=True)
+    fixed = _fixed_jobs(r, work.get("fixed_jobs", []), seen_nodes)
     if r.errors:
         raise ClusterError("\n".join(r.errors))
     return ClusterSpec(
@@ -325,7 +337,48 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         swing_phase_s=phase, inlet_update_s=inlet_update_s, speed=speed, driver_speed=driver_speed, efficiency=efficiency,
         hot_gpu_fraction=hot_fraction, hot_resistance_c_per_w=hot_r, curves=curves, demand_w=demand,
         jobs=JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ),
+        fixed_jobs=fixed,
     )
+
+
+def _fixed_jobs(r: _Reader, raw, rack_of_node: dict[str, str]) -> tuple[FixedJob, ...]:
+    """``workload.fixed_jobs``: a list of ``{nodes: HOSTLIST, duration_s: S}``; every node must be
+    a node of the racks, in at most one fixed job."""
+    p = ("workload", "fixed_jobs")
+    if not isinstance(raw, list):
+        r.err(p, f"workload.fixed_jobs: {_show(raw)} is invalid; allowed: a list of {{nodes: HOSTLIST, duration_s: S}}")
+        return ()
+    out = []
+    taken: set[str] = set()
+    for i, fd in enumerate(raw):
+        what = f"workload.fixed_jobs[{i}]"
+        fd = r.mapping(fd, p + (i,), _FIXED_KEYS, what)
+        if not fd:
+            continue
+        nodes_raw = fd.get("nodes")
+        nodes: list[str] = []
+        try:
+            nodes = list(hostlist.expand_hostlist(nodes_raw)) if isinstance(nodes_raw, str) and nodes_raw else []
+        except hostlist.BadHostlist as exc:
+            r.err(p + (i, "nodes"), f"{what}.nodes: {nodes_raw!r} is not a valid Slurm hostlist ({exc})")
+            continue
+        if not nodes:
+            r.err(p + (i, "nodes") if "nodes" in fd else p + (i,),
+                  f"{what}.nodes: {_show(nodes_raw)} is invalid; allowed: a Slurm hostlist of the racks' nodes")
+            continue
+        bad = [n for n in nodes if n not in rack_of_node or n in taken]
+        if bad:
+            why = "is in no rack" if bad[0] not in rack_of_node else "is already in another fixed job"
+            r.err(p + (i, "nodes"), f"{what}.nodes: node {bad[0]!r} {why}; allowed: nodes of the racks, each in one fixed job")
+            continue
+        taken.update(nodes)
+        dur = r.number(fd, p + (i,), "duration_s", None, lo=1.0, hi=365 * 86400.0, unit="seconds")
+        if dur is None:
+            if "duration_s" not in fd:
+                r.err(p + (i,), f"{what}: missing key 'duration_s'")
+            continue
+        out.append(FixedJob(tuple(nodes), dur))
+    return tuple(out)
 
 
 def load_cluster(path) -> ClusterSpec:

@@ -478,7 +478,23 @@ class Oracle(_AllocatorPolicy):
         return self._solve(problem).cap_w.copy()
 
 
+class OracleNvml(Oracle):
+    """The oracle with NVML's view of the rate: every job's curve is fitted as if its workload were
+    compute-bound (memory-bound fraction 0: the step rate taken as the SM clock's, which is what
+    NVML shows and what the coordinator learns from); all else as :class:`Oracle`. Not one of the
+    five compared policies: bench/sim_compare.py --matrix runs it to split capctl's gap to the
+    oracle into what NVML cannot show (a workload's memory-bound share) and the rest."""
+
+    name = "oracle-nvml"
+
+    def _true_curve(self, job, power_factor):
+        from dataclasses import replace
+
+        return super()._true_curve(replace(job, profile=replace(job.profile, memory_bound_fraction=0.0)),
+                                   power_factor)
+
+
 def make_policy(name: str):
-    """A fresh policy object by name (:data:`POLICY_NAMES`)."""
+    """A fresh policy object by name (:data:`POLICY_NAMES`, or ``oracle-nvml``: :class:`OracleNvml`)."""
     return {"uniform": Uniform, "utilization": Utilization, "balancer": Balancer,
-            "capctl": Capctl, "oracle": Oracle}[name]()
+            "capctl": Capctl, "oracle": Oracle, "oracle-nvml": OracleNvml}[name]()

@@ -27,6 +27,29 @@ def ratios(runs: dict) -> dict:
     return out
 
 
+BASELINES = ("uniform", "utilization", "balancer")
+"""The policies that need no model of the GPUs: the "best baseline" of :func:`gain_capture`."""
+
+
+def gain_capture(runs: dict) -> dict | None:
+    """Share of the achievable gain capctl captures, on throughput (issue 12, item 8).
+
+    ``(capctl - best) / (oracle - best)`` where ``best`` is the highest throughput among the
+    :data:`BASELINES` present. Returns ``{"gain_capture", "best_baseline", "best_baseline_throughput"}``,
+    or None without capctl, the oracle or a baseline, or when the oracle does not beat the best
+    baseline (no gain to capture: the ratio is undefined).
+    """
+    base = [b for b in BASELINES if b in runs]
+    if "capctl" not in runs or "oracle" not in runs or not base:
+        return None
+    best = max(base, key=lambda b: runs[b].throughput)
+    room = runs["oracle"].throughput - runs[best].throughput
+    if room <= 1e-12:
+        return None
+    return {"gain_capture": round((runs["capctl"].throughput - runs[best].throughput) / room, 4),
+            "best_baseline": best, "best_baseline_throughput": round(runs[best].throughput, 4)}
+
+
 def job_mean_ratios(runs: dict) -> dict:
     """``capctl/<policy>`` ratios of the mean job step rate (every job counts once)."""
     if "capctl" not in runs:
@@ -68,6 +91,7 @@ def to_json(scn, runs: dict, wall_s: float) -> dict:
         "policies": pol,
         "ratios": ratios(runs),
         "ratios_job_mean": job_mean_ratios(runs),
+        "gain_capture": gain_capture(runs),
         "wall_s": round(wall_s, 3),
     }
 
@@ -102,6 +126,10 @@ def table(scn, runs: dict, wall_s: float) -> str:
         lines.append("")
         lines.append("ratios (throughput): " + ", ".join(f"{k} = {v:.3f}" for k, v in rt.items()))
         lines.append("ratios (mean job rate): " + ", ".join(f"{k} = {v:.3f}" for k, v in job_mean_ratios(runs).items()))
+        gc = gain_capture(runs)
+        if gc:
+            lines.append(f"gain capture (capctl - {gc['best_baseline']}) / (oracle - {gc['best_baseline']}) = "
+                         f"{100 * gc['gain_capture']:.1f} %")
     lines.append(f"wall time {wall_s:.2f} s")
     return "\n".join(lines)
 

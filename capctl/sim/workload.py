@@ -165,6 +165,8 @@ def make_jobs(spec, profiles, rng: np.random.Generator) -> list[Job]:
     running, so their remaining time is a uniform fraction of their duration. Whenever a job ends,
     queued jobs that fit start (FIFO with backfill) while occupancy allows. Placement prefers
     contiguous free nodes (lowest index), else the lowest free nodes (a job may span racks).
+    ``spec.fixed_jobs`` run first, on their named nodes from t = 0 for their full duration (they
+    count toward the occupancy); the mix fills the other nodes.
     """
     mix = spec.jobs
     gpn = spec.gpus_per_node
@@ -177,16 +179,19 @@ def make_jobs(spec, profiles, rng: np.random.Generator) -> list[Job]:
     queue = []
     counter = [0]
 
+    def draw_profile():
+        prof = profiles[int(rng.integers(len(profiles)))]
+        if spec.demand_w is not None:  # the trace keeps the shape (m); the demand is the file's
+            prof = replace(prof, demand_w=float(rng.uniform(*spec.demand_w)))
+        return prof
+
     def new_job():
         counter[0] += 1
         k = counter[0] - 1
         size = int(sizes[rng.choice(sizes.size, p=p)])
         size = min(size, cap_nodes)
         dur = float(rng.uniform(*mix.duration_s))
-        prof = profiles[int(rng.integers(len(profiles)))]
-        if spec.demand_w is not None:  # the trace keeps the shape (m); the demand is the file's
-            prof = replace(prof, demand_w=float(rng.uniform(*spec.demand_w)))
-        queue.append([f"job{k + 1:04d}", size, dur, prof])
+        queue.append([f"job{k + 1:04d}", size, dur, draw_profile()])
 
     free = np.ones(n_nodes, bool)
     used = 0
@@ -226,6 +231,16 @@ def make_jobs(spec, profiles, rng: np.random.Generator) -> list[Job]:
             if used >= cap_nodes:
                 break
 
+    index_of = {n: k for k, n in enumerate(node_names)}
+    for fx in getattr(spec, "fixed_jobs", ()):  # on their own nodes from t = 0, for their full duration
+        counter[0] += 1
+        where = np.array([index_of[n] for n in fx.nodes], dtype=np.int64)
+        free[where] = False
+        used += where.size
+        gidx = (where[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
+        job = Job(f"job{counter[0]:04d}", tuple(fx.nodes), gidx, 0.0, fx.duration_s, draw_profile())
+        jobs.append(job)
+        running.append((fx.duration_s, where, job))
     start_jobs(0.0, True)
     guard = 0
     while running and guard < 100_000:
