@@ -14,6 +14,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.samples import Sample
 
 from capctl import capstates
 
@@ -94,24 +95,28 @@ def _gpu_families(view):
     energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
                                  labels=GPU_LABELS)
     extra = {(e.node, e.index): e for e in view.gpus}
+    # samples appended directly, one label dict per GPU shared by its 11 series: add_metric builds a
+    # dict per series (4.4 us each, 87,000 calls per scrape at 8,000 GPUs); same exposition
+    add = [f.samples.append for f in (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)]
+    names = [f.name for f in (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf)] + [energy.name + "_total"]
     for n in view.status.nodes:
         for gs in n.gpus:
-            lab = [n.name, str(gs.index), gs.uuid]
-            cap.add_metric(lab, gs.cap_w)
-            ecap.add_metric(lab, gs.enforced_w)
-            pw.add_metric(lab, gs.power_w)
-            tmp.add_metric(lab, gs.temp_c)
-            clk.add_metric(lab, gs.sm_clock_mhz * 1e6)
+            lab = {"node": n.name, "gpu": str(gs.index), "uuid": gs.uuid}
+            add[0](Sample(names[0], lab, gs.cap_w))
+            add[1](Sample(names[1], lab, gs.enforced_w))
+            add[2](Sample(names[2], lab, gs.power_w))
+            add[3](Sample(names[3], lab, gs.temp_c))
+            add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
             if gs.thermal_ceiling_w > 0:
-                ceil.add_metric(lab, gs.thermal_ceiling_w)
+                add[5](Sample(names[5], lab, gs.thermal_ceiling_w))
             e = extra.get((n.name, gs.index))
             if e is not None:
                 if not math.isnan(e.hotspot_margin_c):
-                    margin.add_metric(lab, e.hotspot_margin_c)
-                inten.add_metric(lab, e.throttle_intensity)
-                thf.add_metric(lab, e.thermal_fraction)
-                pwf.add_metric(lab, e.power_fraction)
-                energy.add_metric(lab, e.energy_j)
+                    add[6](Sample(names[6], lab, e.hotspot_margin_c))
+                add[7](Sample(names[7], lab, e.throttle_intensity))
+                add[8](Sample(names[8], lab, e.thermal_fraction))
+                add[9](Sample(names[9], lab, e.power_fraction))
+                add[10](Sample(names[10], lab, e.energy_j))
     return (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
 
 
