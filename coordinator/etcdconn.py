@@ -98,11 +98,12 @@ def check_tls(endpoints: list[tuple[str, str, int]], tls: EtcdTls, *, insecure: 
                     pass
             except OSError as exc:
                 raise UserInputError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
+    _check_pem(tls)
     schemes = {s for s, _, _ in endpoints}
     if schemes == {"http"} and any((tls.ca_file, tls.cert_file)):
         raise UserInputError("--etcd-ca/--etcd-cert given but every etcd endpoint is http://: "
                              "write the members as https://HOST:PORT")
-    plain = [f"{s}://{h}:{p}" for s, h, p in endpoints if s == "http" and not is_local(f"{h}:{p}")]
+    plain = [_url(s, h, p) for s, h, p in endpoints if s == "http" and not is_local(f"{h}:{p}")]
     if plain and not insecure:
         raise UserInputError(f"--etcd-endpoints {','.join(plain)}: clear text to etcd over the network (anyone on "
                              "the path can read the admin state and forge a leader); use https:// members with "
@@ -126,6 +127,32 @@ def _session(tls: EtcdTls):
     return session
 
 
+def _check_pem(tls: EtcdTls) -> None:
+    """Load the TLS files once at start, so that a junk CA or a key that does not match its
+    certificate is one clear error, not a failed election every second.
+
+    Raises:
+        UserInputError: not PEM, or the key does not belong to the certificate (names the flags).
+    """
+    import ssl
+
+    try:
+        ctx = ssl.create_default_context(cafile=tls.ca_file) if tls.ca_file else ssl.create_default_context()
+    except (ssl.SSLError, ValueError) as exc:
+        raise UserInputError(f"--etcd-ca {tls.ca_file}: not PEM CA certificates ({exc})") from None
+    if tls.cert_file and tls.key_file:
+        try:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        except (ssl.SSLError, ValueError) as exc:
+            raise UserInputError(f"--etcd-cert {tls.cert_file} --etcd-key {tls.key_file}: not a PEM certificate and "
+                                 f"its key ({exc})") from None
+
+
+def _url(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port`` with an IPv6 host in brackets."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
 class EtcdConn:
     """Requests to one etcd cluster, tried member after member (thread-safe).
 
@@ -140,7 +167,7 @@ class EtcdConn:
                  tls: EtcdTls | None = None) -> None:
         import etcd3gw
 
-        self.endpoints = [f"{s}://{h}:{p}" for s, h, p in endpoints]
+        self.endpoints = [_url(s, h, p) for s, h, p in endpoints]
         self._clients = [etcd3gw.client(host=h, port=p, protocol=s, timeout=timeout_s, api_path="/v3/",
                                         session=_session(tls or EtcdTls()))
                          for s, h, p in endpoints]

@@ -73,7 +73,14 @@ class HaSetup:
             UserInputError: a malformed endpoint, prefix or TTL.
         """
         etcd_policy = policy.coordinator.etcd
-        return cls(args, etcd_policy) if (args.etcd_endpoints or etcd_policy is not None) else None
+        if args.etcd_endpoints or etcd_policy is not None:
+            return cls(args, etcd_policy)
+        given = [f for f, v in (("--etcd-ca", getattr(args, "etcd_ca", None)), ("--etcd-cert", getattr(args, "etcd_cert", None)),
+                                ("--etcd-key", getattr(args, "etcd_key", None))) if v]
+        if given:
+            raise UserInputError(f"{'/'.join(given)} given without --etcd-endpoints (or the policy's coordinator.etcd): "
+                                 "high availability is off, so they would be ignored")
+        return None
 
     def store(self):
         """(the etcd store, "") — fenced by the election made in :meth:`start`."""

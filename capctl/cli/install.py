@@ -59,7 +59,8 @@ def bin_dir() -> Path:
     return Path(sys.executable).parent
 
 
-def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, keep_edited: bool = False) -> None:
+def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, keep_edited: bool = False,
+           config: bool = False) -> None:
     if no_clobber and dest.exists():
         print(f"kept {dest}")
         return
@@ -70,6 +71,10 @@ def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, keep_edited: bo
         return
     _replace(dest, data, mode)
     print(f"wrote {dest}")
+    stale = dest.with_name(dest.name + ".new")
+    if config and stale.exists():  # the file now is the shipped one: its waiting copy is stale
+        stale.unlink()
+        print(f"removed {stale}")
 
 
 def _replace(dest: Path, data: bytes, mode: int) -> None:
@@ -147,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         for rel, data, mode in files(args.what):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            _write(target, data, mode, args.no_clobber, keep_edited=args.what in CONFIG_KINDS and not args.force)
+            config = args.what in CONFIG_KINDS
+            _write(target, data, mode, args.no_clobber, keep_edited=config and not args.force, config=config)
     except OSError as exc:
         raise UserInputError(f"install {args.what} {dest}: {exc.strerror or exc} ({exc.filename or dest})") from None
     return 0

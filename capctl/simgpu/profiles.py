@@ -175,10 +175,16 @@ def _allowed(field: str) -> str:
     if kind == "text":
         return f"text of {lo}..{hi} printable ASCII characters ({what})"
     if kind == "bool":
-        return f"true or false ({what})"
+        return f"true or false, also 1/0 or yes/no ({what})"
     if kind == "arch":
         return what
     return f"{lo:g}..{hi:g} ({what})"
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a megabyte of name stays out of the message)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _convert(field: str, value: object, where: str) -> object:
@@ -186,7 +192,7 @@ def _convert(field: str, value: object, where: str) -> object:
     kind, lo, hi, _what = FIELDS[field]
 
     def bad() -> ProfileError:
-        return ProfileError(f"{where}: {field} {value!r} is invalid; allowed: {_allowed(field)}")
+        return ProfileError(f"{where}: {field} {_shown(value)} is invalid; allowed: {_allowed(field)}")
 
     if kind == "text":
         text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
@@ -196,6 +202,8 @@ def _convert(field: str, value: object, where: str) -> object:
     if kind == "bool":
         if isinstance(value, bool):
             return value
+        if isinstance(value, int) and value in (0, 1):  # the same spellings in a file as on the command line
+            return bool(value)
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise bad()
@@ -237,8 +245,9 @@ def _check_relations(p: DeviceProfile, where: dict[str, str]) -> None:
             other = {"min_limit_w": "max_limit_w", "default_limit_w": "min_limit_w", "idle_w": "min_limit_w",
                      "min_sm_clock_mhz": "max_sm_clock_mhz", "idle_sm_clock_mhz": "max_sm_clock_mhz",
                      "slowdown_temp_c": "shutdown_temp_c"}[field]
-            origin = where.get(field) or where.get(other) or "profile"
-            raise ProfileError(f"{origin}: {field} {getattr(p, field)!r} is invalid; allowed: {allowed}")
+            # both fields' origins when they differ (a --profile override against a file's line)
+            origins = list(dict.fromkeys(o for o in (where.get(field), where.get(other)) if o)) or ["profile"]
+            raise ProfileError(f"{' and '.join(origins)}: {field} {getattr(p, field)!r} is invalid; allowed: {allowed}")
 
 
 def custom(values: dict[str, object], where: dict[str, str] | None = None, base: str | None = None) -> DeviceProfile:
@@ -320,16 +329,23 @@ def load_file(path: str | Path, base: str | None = None, overrides: dict[str, ob
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProfileError(f"--profile-file {str(p)!r}: cannot read: {err}") from None
+        raw = p.read_bytes()
+    except OSError as err:
+        raise ProfileError(f"--profile-file {str(p)!r}: cannot read: {err.strerror or err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ProfileError(f"{p}:{line}:{col}: not UTF-8 text (byte 0x{raw[err.start]:02x})") from None
     try:
         data, pos = load_with_positions(text)
     except YamlInputError as err:
         raise ProfileError(f"{p}:{err.line}:{err.col}: {err.message}") from None
     if not isinstance(data, dict):
+        got = {type(None): "an empty file", list: "a list", str: "text"}.get(type(data), "a single value")
         raise ProfileError(f"{p}:1: a device profile must be a mapping of fields (base, {', '.join(FIELDS)}); "
-                           f"got {type(data).__name__}")
+                           f"got {got}")
     where = {k: f"{p}:{pos.key((k,))[0]}" for k in data}
     values = {k: v for k, v in data.items()}
     values.update(overrides or {})

@@ -28,6 +28,7 @@ def test_an_edited_env_file_is_kept_and_the_shipped_one_written_beside_it(tmp_pa
     assert not (tmp_path / "coordinator.env.new").exists()
     _run("env", tmp_path, force=True)
     assert edited.read_bytes() == shipped["agent.env"]
+    assert not (tmp_path / "agent.env.new").exists()  # replaced: its waiting copy is gone
 
 
 def test_other_kinds_replace_their_files(tmp_path):

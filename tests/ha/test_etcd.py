@@ -148,3 +148,13 @@ def test_etcd_over_mutual_tls_and_clear_text_refused_on_the_network(tmp_path):
         check_tls(parse_endpoints("http://127.0.0.1:2379"), tls, insecure=False)
     with pytest.raises(UserInputError, match=r"--etcd-ca /nonexistent/ca.pem: cannot read it"):
         check_tls(parse_endpoints(etcd.endpoints), EtcdTls("/nonexistent/ca.pem"), insecure=False)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(UserInputError, match=r"--etcd-ca .*junk.pem: not PEM CA certificates"):
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls(str(junk)), insecure=False)
+    with pytest.raises(UserInputError, match="not a PEM certificate and its key"):  # swapped
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls(tls.ca_file, tls.key_file, tls.cert_file), insecure=False)
+    assert EtcdConn(parse_endpoints("http://[::1]:2379")).endpoints == ["http://[::1]:2379"]
+    no_ha = SimpleNamespace(etcd_endpoints=None, etcd_ca=tls.ca_file, etcd_cert=None, etcd_key=None)
+    with pytest.raises(UserInputError, match="--etcd-ca given without --etcd-endpoints"):
+        HaSetup.from_args(no_ha, SimpleNamespace(coordinator=SimpleNamespace(etcd=None)))

@@ -92,12 +92,27 @@ def test_profile_option_and_json_file_and_builtin_base(tmp_path):
     ([], "base: Z100\n", "p.yaml:1: base 'Z100' is unknown"),
     ([], "- 1\n- 2\n", "p.yaml:1: a device profile must be a mapping"),
     ([], "name: [\n", "p.yaml:2:1: malformed YAML"),
+    ([], "", "p.yaml:1: a device profile must be a mapping of fields"),
+    ([], "# only a comment\n", "got an empty file"),
+    ([], "name: " + "a" * 100_000 + "\n", "p.yaml:1: name 'aaaa"),  # cut: see the length check below
+    ([], "base: H100-SXM\nmin_limit_w: 200\n", None),  # with --profile max_limit_w=150 (below)
+    ([], "averaged_power: 2\n", "averaged_power 2 is invalid; allowed: true or false, also 1/0 or yes/no"),
 ])
 def test_bad_profile_is_one_line_naming_where(tmp_path, capsys, args, file_text, expected):
     if file_text is not None:
         (tmp_path / "p.yaml").write_text(file_text)
         args = args + ["--profile-file", str(tmp_path / "p.yaml")]
+    if expected is None:  # a cross-field rule broken by an override: both origins named
+        args, expected = args + ["--profile", "max_limit_w=150"], "p.yaml:2 and --profile max_limit_w: min_limit_w"
     assert main(["init", str(tmp_path / "n"), "--gpus", "1", *args]) == 1
     err = capsys.readouterr().err
-    assert expected in err and err.count("\n") == 1 and "Traceback" not in err
+    assert expected in err and err.count("\n") == 1 and "Traceback" not in err and len(err) < 1000, err[:300]
     assert not (tmp_path / "n" / "node.state").exists()
+
+
+def test_profile_file_not_utf8_names_the_place_and_1_0_mean_true_false(tmp_path, capsys):
+    (tmp_path / "p.yaml").write_bytes(b"name: B200\nidle_w: \xff\n")
+    assert main(["init", str(tmp_path / "n"), "--gpus", "1", "--profile-file", str(tmp_path / "p.yaml")]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"{tmp_path / 'p.yaml'}:2:9: not UTF-8 text (byte 0xff)")
+    assert profiles.custom({"averaged_power": 0}).averaged_power is False  # as on the command line
+    assert profiles.parse_option("averaged_power=1").averaged_power is True
