@@ -78,58 +78,17 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
             continue
         paces = [g.pace for g in members]
         slowest = min(members, key=lambda g: g.pace)
-        solve_w = sum(desired[g.key] for g in members)
-        avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
-        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
-        caps = None
         # more watts help only if the pace-setter can take them (not held at its ceiling)
-        total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
+        more = extra_w(members) if extra_w and _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0
+        total = sum(desired[g.key] for g in members) + more
+        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total)
-        elif current:  # within the deadband: every GPU on one clock step (coordinator.pacealign),
-            caps = _align(members, solve_w + avail)  # with the watts it needs at most
-            total = solve_w + avail if caps is not None else total
-        if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
+        else:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
             caps = _hold(members, total)
-        used = sum(caps.values())
-        if len(caps) == len(members) and used <= total + 1e-6:
+        if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
-        else:
-            used = solve_w
-        if extra_w and solve_w + avail - used > 0:  # unused watts (headroom and the solve's) go
-            extra_w(members, returned_w=solve_w + avail - used)  # to the jobs after this one
     return out
-
-
-def _align(members, total_w: float):
-    """:func:`coordinator.pacealign.align_caps` on the job's GPUs (stragglers held at their
-    ceiling, bounding the target to their pace); None when a GPU lacks a draw or a clock step (its
-    sample cannot tell its step) or no step fits."""
-    from coordinator import pacealign
-
-    strag = [g for g in members if g.straggler]
-    rest = [g for g in members if not g.straggler]
-    if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
-        return None
-    held = {g.key: _hi(g) for g in strag}
-    caps = pacealign.align_caps(
-        [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
-        [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
-        [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest], total_w - sum(held.values()),
-        min([1.0] + [g.pace for g in strag]))
-    if caps is None:
-        return None
-    held.update({g.key: float(c) for g, c in zip(rest, caps)})
-    return held
-
-
-def _op_w(g) -> float:
-    """The power (W) at which ``g``'s pace was measured: its enforced limit when the cap sets its
-    clock, its draw when it runs at its maximum clock below the cap (the cap is not its operating
-    point then: stepping from it would hand the GPU watts it does not use)."""
-    if g.pace >= 0.99 and 0.0 < g.draw_w < g.pace_at_w:
-        return g.draw_w
-    return g.pace_at_w
 
 
 def _hold(members, total_w: float) -> dict:
@@ -150,18 +109,15 @@ def _hold(members, total_w: float) -> dict:
 def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s = {g.key: GAIN * slope_w(_op_w(g), g.pace) for g in members}
-    reaches = {g.key: g.pace + (_hi(g) - _op_w(g)) / s[g.key] for g in at_hi if s[g.key] > 0}
-    reach = min(reaches.values(), default=math.inf)
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
+    reach = min((g.pace + (_hi(g) - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0), default=math.inf)
     reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
     if not math.isfinite(reach):
         return caps
-    # held: the GPUs that set the reach (and the stragglers); a GPU at its ceiling that would be
-    # faster there is bounded like the others (it would wait at the barrier)
-    held = {k for k, r in reaches.items() if r <= reach + 1e-9} | {g.key for g in members if g.straggler}
+    held = {g.key for g in at_hi} | {g.key for g in members if g.straggler}
     for g in members:
         if g.key not in held:
-            caps[g.key] = min(caps[g.key], max(g.min_cap_w, _op_w(g) + s[g.key] * (reach - g.pace)))
+            caps[g.key] = min(caps[g.key], max(g.min_cap_w, g.pace_at_w + s[g.key] * (reach - g.pace)))
     return caps
 
 
@@ -176,7 +132,7 @@ def _split(members, total_w: float) -> dict:
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s = {g.key: GAIN * slope_w(_op_w(g), g.pace) for g in members}
+    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
@@ -188,10 +144,10 @@ def _split(members, total_w: float) -> dict:
         den = sum(s[g.key] for g in free)
         if den <= 0 or not free:
             break
-        target = (budget - sum(_op_w(g) - s[g.key] * g.pace for g in free)) / den
+        target = (budget - sum(g.pace_at_w - s[g.key] * g.pace for g in free)) / den
         clipped = []
         for g in free:
-            c = _op_w(g) + s[g.key] * (target - g.pace)
+            c = g.pace_at_w + s[g.key] * (target - g.pace)
             if c > hi[g.key] or c < lo[g.key]:
                 caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
                 clipped.append(g)

@@ -101,13 +101,9 @@ def _reference_paced_split(inputs, desired):
     load = {n: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(n, ())) for n, _ in limited}
     head = {n: lim - load[n] - allocation.LIMIT_SLACK_W for n, lim in limited}
 
-    def extra_w(members, returned_w=0.0):
+    def extra_w(members):
         keys = {g.key for g in members}
         mine = [n for n, _ in limited if keys & inputs.domain_members.get(n, frozenset())]
-        if returned_w > 0:  # a job's unused watts back to its domains (issue 12 item 8)
-            for n in mine:
-                head[n] += returned_w
-            return 0.0
         grant = max(0.0, min((head[n] for n in mine), default=0.0))
         for n in mine:
             head[n] -= grant
