@@ -41,12 +41,19 @@ def add_ha_arguments(p) -> None:
                    help="address agents and the CLI use for this coordinator (default: the bound --listen address)")
 
 
+def _tls_of(args):
+    """The ``--etcd-ca/--etcd-cert/--etcd-key`` files of ``args`` (absent flags: None)."""
+    from coordinator.etcdconn import EtcdTls
+
+    return EtcdTls(getattr(args, "etcd_ca", None), getattr(args, "etcd_cert", None), getattr(args, "etcd_key", None))
+
+
 class HaSetup:
     """The etcd connection, store and election of one coordinator daemon."""
 
     def __init__(self, args, etcd_policy=None) -> None:
         from coordinator.election import DEFAULT_TTL_S
-        from coordinator.etcdconn import EtcdConn, EtcdTls, check_tls, parse_endpoints
+        from coordinator.etcdconn import EtcdConn, check_tls, parse_endpoints
 
         if args.etcd_prefix is None:
             args.etcd_prefix = etcd_policy.prefix if etcd_policy is not None else "/capctl"
@@ -60,7 +67,7 @@ class HaSetup:
             raise UserInputError(f"--etcd-prefix {args.etcd_prefix!r}: expected a key prefix starting with '/'")
         self.args = args
         endpoints = parse_endpoints(args.etcd_endpoints)
-        tls = EtcdTls(getattr(args, "etcd_ca", None), getattr(args, "etcd_cert", None), getattr(args, "etcd_key", None))
+        tls = _tls_of(args)
         check_tls(endpoints, tls, insecure=bool(getattr(args, "insecure", False)), log_=log)
         self.conn = EtcdConn(endpoints, tls=tls)
         self.leadership = None
@@ -75,8 +82,8 @@ class HaSetup:
         etcd_policy = policy.coordinator.etcd
         if args.etcd_endpoints or etcd_policy is not None:
             return cls(args, etcd_policy)
-        given = [f for f, v in (("--etcd-ca", getattr(args, "etcd_ca", None)), ("--etcd-cert", getattr(args, "etcd_cert", None)),
-                                ("--etcd-key", getattr(args, "etcd_key", None))) if v]
+        tls = _tls_of(args)
+        given = [f for f, v in (("--etcd-ca", tls.ca_file), ("--etcd-cert", tls.cert_file), ("--etcd-key", tls.key_file)) if v]
         if given:
             raise UserInputError(f"{'/'.join(given)} given without --etcd-endpoints (or the policy's coordinator.etcd): "
                                  "high availability is off, so they would be ignored")

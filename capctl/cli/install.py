@@ -59,22 +59,22 @@ def bin_dir() -> Path:
     return Path(sys.executable).parent
 
 
-def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, keep_edited: bool = False,
-           config: bool = False) -> None:
+def _write(dest: Path, data: bytes, mode: int, no_clobber: bool, config: bool = False, force: bool = False) -> None:
+    """Write ``dest``; a configuration file (``config``) that was edited is kept unless ``force``
+    and the shipped version goes to ``NAME.new``, which a later plain write removes."""
     if no_clobber and dest.exists():
         print(f"kept {dest}")
         return
-    if keep_edited and dest.exists() and dest.read_bytes() != data:
-        new = dest.with_name(dest.name + ".new")
+    new = dest.with_name(dest.name + ".new")
+    if config and not force and dest.exists() and dest.read_bytes() != data:
         _replace(new, data, mode)
         print(f"kept {dest} (edited); the shipped version is in {new} (--force replaces)")
         return
     _replace(dest, data, mode)
     print(f"wrote {dest}")
-    stale = dest.with_name(dest.name + ".new")
-    if config and stale.exists():  # the file now is the shipped one: its waiting copy is stale
-        stale.unlink()
-        print(f"removed {stale}")
+    if config and new.exists():  # the file now is the shipped one: its waiting copy is stale
+        new.unlink()
+        print(f"removed {new}")
 
 
 def _replace(dest: Path, data: bytes, mode: int) -> None:
@@ -152,8 +152,7 @@ def run(args: argparse.Namespace) -> int:
         for rel, data, mode in files(args.what):
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            config = args.what in CONFIG_KINDS
-            _write(target, data, mode, args.no_clobber, keep_edited=config and not args.force, config=config)
+            _write(target, data, mode, args.no_clobber, config=args.what in CONFIG_KINDS, force=args.force)
     except OSError as exc:
         raise UserInputError(f"install {args.what} {dest}: {exc.strerror or exc} ({exc.filename or dest})") from None
     return 0
