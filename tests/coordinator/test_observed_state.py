@@ -137,7 +137,8 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
                 return "STRAGGLER" in g[("n1", 0)].flags and all(n1.read(i)["limit_w"] < 400 for i in (1, 2, 3))
             wait_for(flagged, 20, "straggler flagged and its job-mates brought down")
             stuck = n1.read(0)["sm_clock_mhz"]
-            wait_for(lambda: all(n2.read(i)["limit_w"] > k_before[i] + 100 for i in range(2)), 20,
+            # K's caps may already be near 600 W: +100 W, or up to 680 W of its 700 W maximum
+            wait_for(lambda: all(n2.read(i)["limit_w"] > min(k_before[i] + 100, 680.0) for i in range(2)), 20,
                      "the freed watts went to job K")
             # held near its draw (1 s-averaged: it takes a few reports to come down), not at its 490 W
             def held():
