@@ -47,12 +47,12 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Fault-injection tests kill, stop and restart real processes against wall-clock deadlines; on
-    a loaded 2-core host one may miss a deadline by a hair. Each gets one rerun (a real failure fails
-    twice and is reported); the rerun is visible in pytest's summary ("R")."""
+    """Tests with real processes (fault injection, HA, the Slurm cluster, integration) run against
+    wall-clock deadlines; on a loaded 2-core host one may miss a deadline by a hair. Each gets one
+    rerun (a real failure fails twice and is reported); the rerun is visible in pytest's summary ("R")."""
     if not config.pluginmanager.hasplugin("rerunfailures"):
         return
     for item in items:
-        real = item.get_closest_marker("faults") is not None or item.get_closest_marker("ha") is not None
+        real = any(item.get_closest_marker(m) is not None for m in ("faults", "ha", "slurm", "integration"))
         if real and item.get_closest_marker("flaky") is None:
             item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))
