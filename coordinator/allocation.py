@@ -25,6 +25,7 @@ Problem construction (issue 4, "Control loop"):
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import time
@@ -71,8 +72,117 @@ class GpuInput:
 
 
 @dataclasses.dataclass
+class InputColumns:
+    """The GPUs of a :class:`SolveInputs` as arrays [G] (the fields of :class:`GpuInput`, W, °C;
+    ``job`` a position in ``job_names``, -1: idle; ``domain`` a position in ``domain_names``;
+    ``straggler``: position -> reason, only stragglers; ``curves``:
+    :class:`coordinator.models.CurveColumns` or a list of curve objects)."""
+
+    keys: tuple
+    domain: np.ndarray
+    domain_names: list
+    job: np.ndarray
+    job_names: list
+    min_cap_w: np.ndarray
+    max_cap_w: np.ndarray
+    fixed: np.ndarray
+    accounted_w: np.ndarray
+    observed_w: np.ndarray
+    thermal_ceiling_w: np.ndarray
+    idle_cap_w: np.ndarray
+    idle_target_w: np.ndarray
+    pace: np.ndarray
+    pace_at_w: np.ndarray
+    paced: np.ndarray
+    speed: np.ndarray
+    straggler: dict
+    curve_a: np.ndarray
+    curve_k_w: np.ndarray
+    curve_sat_w: np.ndarray
+    curve_min_w: np.ndarray
+    curves: object
+
+    def curve(self, i: int):
+        c = self.curves
+        return c[i] if isinstance(c, list) else c.curve(i)
+
+    def row(self, i: int) -> GpuInput:
+        """GPU ``i`` as a :class:`GpuInput`."""
+        j = int(self.job[i])
+        return GpuInput(self.keys[i], self.domain_names[int(self.domain[i])], float(self.min_cap_w[i]),
+                        float(self.max_cap_w[i]), bool(self.fixed[i]), float(self.accounted_w[i]),
+                        float(self.observed_w[i]), self.job_names[j] if j >= 0 else None, self.curve(i),
+                        float(self.thermal_ceiling_w[i]), float(self.idle_cap_w[i]), float(self.idle_target_w[i]),
+                        float(self.pace[i]), float(self.pace_at_w[i]), bool(self.paced[i]),
+                        self.straggler.get(i, ""), float(self.speed[i]))
+
+    def rows(self) -> list[GpuInput]:
+        """Every GPU as a :class:`GpuInput` (cold paths: explain, tests)."""
+        return [self.row(i) for i in range(len(self.keys))]
+
+
+class GpuRows(collections.abc.Sequence):
+    """``SolveInputs.gpus`` of inputs built as columns: a read-only sequence of :class:`GpuInput`
+    made from the columns on first use (the hot paths read ``columns`` instead)."""
+
+    def __init__(self, columns: InputColumns) -> None:
+        self.columns = columns
+        self._rows: list | None = None
+
+    def _all(self) -> list:
+        if self._rows is None:
+            self._rows = self.columns.rows()
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.columns.keys)
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+
+def columns_of(inputs: "SolveInputs") -> InputColumns:
+    """The :class:`InputColumns` of ``inputs`` (built once from a list of :class:`GpuInput`)."""
+    gpus = inputs.gpus
+    if isinstance(gpus, GpuRows):
+        return gpus.columns
+    if inputs._columns is None or inputs._columns[0] is not gpus or inputs._columns[1] != len(gpus):
+        inputs._columns = (gpus, len(gpus), _columns_from_rows(list(gpus)))
+    return inputs._columns[2]
+
+
+def _columns_from_rows(gpus: list[GpuInput]) -> InputColumns:
+    G = len(gpus)
+    f = np.float64
+    job_names = list(dict.fromkeys(g.job for g in gpus if g.job is not None))
+    jpos = {n: i for i, n in enumerate(job_names)}
+    domain_names = list(dict.fromkeys(g.domain for g in gpus))
+    dpos = {n: i for i, n in enumerate(domain_names)}
+    curves = _curves(gpus)
+
+    def col(name, dt=f):
+        return np.fromiter((getattr(g, name) for g in gpus), dt, G)
+
+    return InputColumns(
+        keys=tuple(g.key for g in gpus), domain=np.fromiter((dpos[g.domain] for g in gpus), np.int64, G),
+        domain_names=domain_names, job=np.fromiter((jpos[g.job] if g.job is not None else -1 for g in gpus), np.int64, G),
+        job_names=job_names, min_cap_w=col("min_cap_w"), max_cap_w=col("max_cap_w"), fixed=col("fixed", bool),
+        accounted_w=col("accounted_w"), observed_w=col("observed_w"), thermal_ceiling_w=col("thermal_ceiling_w"),
+        idle_cap_w=col("idle_cap_w"), idle_target_w=col("idle_target_w"), pace=col("pace"), pace_at_w=col("pace_at_w"),
+        paced=col("paced", bool), speed=col("speed"), straggler={i: g.straggler for i, g in enumerate(gpus) if g.straggler},
+        curve_a=np.fromiter((c.a for c in curves), f, G), curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
+        curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
+        curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G), curves=[g.curve for g in gpus])
+
+
+@dataclasses.dataclass
 class SolveInputs:
-    """Everything one solve needs (plain data; safe to hand to a worker thread)."""
+    """Everything one solve needs (plain data; safe to hand to a worker thread). ``gpus``: a list
+    of :class:`GpuInput`, or the :class:`GpuRows` of columns (:func:`build_inputs`); the hot paths
+    read :func:`columns_of`."""
 
     gpus: list[GpuInput]
     jobs: dict[str, float]
@@ -83,6 +193,7 @@ class SolveInputs:
     domain_members: dict[str, set]  # domain name -> GPU keys below it (all levels)
     limited: tuple | None = None  # (limited domains, levels): see domain_levels (None: not computed yet)
     limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
+    _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
 def limited_positions(inputs: SolveInputs) -> list[tuple[float, np.ndarray]]:
@@ -123,7 +234,7 @@ def domain_levels(inputs: SolveInputs) -> tuple[list[tuple[str, float]], np.ndar
     if inputs.limited is None:
         limited = _limited_domains(inputs.domains)
         inputs.limited = (limited, _levels(limited, inputs.domain_members,
-                                           {g.key: i for i, g in enumerate(inputs.gpus)}))
+                                           {k: i for i, k in enumerate(columns_of(inputs).keys)}))
     return inputs.limited
 
 
@@ -236,31 +347,154 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     """Snapshot the registry and models into :class:`SolveInputs` (see module docstring).
 
     ``now_mono``: the registry clock (s); ``lease_s``: a node without a report for longer is stale
-    (s); ``ack_memory_s``: how long an acknowledged read-back counts (s). The thermal ceilings of
-    all GPUs come from one vectorized :func:`~capctl.allocator.thermal.thermal_ceiling_w` call (same
-    values as :func:`ceiling_w` per GPU); the domain tree and its members are cached per policy and
-    topology.
+    (s); ``ack_memory_s``: how long an acknowledged read-back counts (s). Built as columns: the
+    registry's fields of every GPU in one gather (:mod:`coordinator.gpucolumns`), the rules on
+    arrays (:func:`_input_columns`), the curves and thermal parameters of all GPUs as arrays from
+    ``models``, every thermal ceiling from one vectorized
+    :func:`~capctl.allocator.thermal.thermal_ceiling_w` call (same values as :func:`ceiling_w`
+    per GPU); the domain tree and its members are cached per policy and topology.
     """
-    nodes = registry.nodes
-    topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in sorted(nodes))
+    from coordinator import gpucolumns
+
+    table = registry.gpu_table()
+    topology = table.topology
     domains, node_domain, members, limited, positions = _structure(policy, topology)
     jobs: dict[str, float] = {}
     weights: dict[tuple, float] = {}
-    rows = _GpuRows(policy, models, now_mono, ack_memory_s)
-    for name, indices in topology:
-        node = nodes[name]
-        stale = node.stale(now_mono, lease_s)
+    job_names: list[str] = []
+    job_pos: dict[str, int] = {}
+    job = np.full(len(table.keys), -1, np.int64)
+    stale = np.zeros(len(topology), bool)
+    start = 0
+    for j, ((name, indices), node) in enumerate(zip(topology, table.nodes)):
+        stale[j] = node.stale(now_mono, lease_s)
         job_of = _node_jobs(node, policy, jobs, weights)
-        rows.add_node(name, node, indices, node_domain[name], job_of, stale, models.thermal(name) if not stale else {})
-    gpus = rows.gpus
-    if rows.c_pos:
-        for pos, value in zip(rows.c_pos, ceilings_w(rows.c_vals, policy.interval_s, policy.thermal.margin_c)):
-            gpus[pos].thermal_ceiling_w = value
+        if job_of:
+            for p, idx in enumerate(indices):
+                jid = job_of.get(idx)
+                if jid is not None:
+                    q = job_pos.get(jid)
+                    if q is None:
+                        q = job_pos[jid] = len(job_names)
+                        job_names.append(jid)
+                    job[start + p] = q
+        start += len(indices)
+    c = gpucolumns.gather(table.keys, table.gpus)
+    cols = _input_columns(c, table, policy, models, now_mono, ack_memory_s, stale[table.node_of] if len(stale) else
+                          np.zeros(0, bool))
+    dom_names = [node_domain[name] for name, _ in topology]
+    cols.domain, cols.domain_names, cols.job, cols.job_names = table.node_of, dom_names, job, job_names
+    cols.idle_target_w = np.where(job >= 0, 0.0, cols.idle_target_w)
     # jobs whose GPUs are all unknown to the registry cannot be allocated
-    used = {g.job for g in gpus if g.job}
-    jobs = {j: w for j, w in jobs.items() if j in used}
-    return SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective=policy.objective, slew_w=policy.slew_w,
-                       node_domain=node_domain, domain_members=members, limited=limited, limited_pos=positions)
+    jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
+    return SolveInputs(gpus=GpuRows(cols), jobs=jobs, domains=domains, objective=policy.objective,
+                       slew_w=policy.slew_w, node_domain=node_domain, domain_members=members, limited=limited,
+                       limited_pos=positions)
+
+
+def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: float, stale: np.ndarray) -> InputColumns:
+    """The rules of :func:`build_inputs` on the gathered columns ``c`` (W, °C): GPUs fixed at
+    their accounted cap (stale node, no reading, no limits, uncontrollable or unusable
+    constraints), the policy's minimum, stragglers and out-of-band limits, the idle rule,
+    thermal ceilings and measured pace. ``stale`` [G]: the GPU's node is stale."""
+    from coordinator import gpucolumns
+    from coordinator.registry import _constraints_problem
+
+    G = len(table.keys)
+    have = c["have_reading"]
+    lo_c, hi_c = c["min_cap_w"], c["max_cap_w"]
+    problem = gpucolumns.constraints_problems(lo_c, hi_c, _constraints_problem)
+    acc = gpucolumns.accounted_w(c, now_mono, ack_memory_s, problem)
+    states = c["cap_state"]
+    unc = np.fromiter((s in UNCONTROLLABLE_STATES for s in states), bool, G)
+    fixed = stale | ~have | (hi_c <= 0) | unc | problem
+    policy_min = policy.min_cap_w
+    lo = lo_c if policy_min is None else np.maximum(lo_c, np.minimum(policy_min, hi_c))
+    lo = np.maximum(lo, FIXED_EPS_W)
+    hi = hi_c.copy()
+    fresh = (now_mono - c["sample_mono"]) <= PACE_FRESH_S
+    strag_pos = np.nonzero(~fixed & (c["slowdown_run"] >= STRAGGLER_SAMPLES) & fresh)[0].tolist()
+    if strag_pos:  # held where extra watts buy nothing (its draw, +5 % and 5 W for noise)
+        sp = np.asarray(strag_pos, np.int64)
+        hi[sp] = np.maximum(lo[sp], np.minimum(np.minimum(hi[sp], c["sample_enforced_w"][sp]),
+                                               STRAGGLER_MARGIN * c["power_w"][sp] + 5.0))
+    enforced = c["enforced_w"]
+    oob = np.fromiter((s == capstates.OOB_LIMITED for s in states), bool, G) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
+    # observed state first: another limit binds below the request (out-of-band): the GPU is
+    # planned (and its request brought down) within its enforced limit
+    hi = np.where(oob, np.maximum(lo, np.minimum(hi, enforced)), hi)
+    back = np.minimum(np.maximum(np.where(c["pre_job_cap_w"] > 0, c["pre_job_cap_w"], acc), lo), hi)
+    target = np.zeros(G)
+    if policy.idle_cap_w is not None:
+        idle = np.minimum(np.maximum(float(policy.idle_cap_w), lo), hi)
+    elif bool(getattr(policy, "reserve_pre_job_limits", False)):  # null, reserved: the pre-job limit now
+        idle = back
+    else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes back from the
+        idle, target = lo, back  # headroom left once every running job has its watts
+    v = np.maximum(acc, FIXED_EPS_W)
+    lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
+    target = np.where(fixed, 0.0, target)
+    ceiling = _ceilings(c, table, models, policy, fixed, stale)
+    curves = models.curve_arrays(table.keys)
+    # a straggler's pace (and so its speed and flag) needs its maximum clock
+    strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
+    straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
+    pace, pace_at, paced = _pace_columns(c, fixed, fresh, straggler)
+    speed = np.ones(G)
+    for i in strag_pos:
+        cv = curves.curve(i)
+        cv = cv if cv is not None and not isinstance(cv, dict) else _default_curve()
+        model = float(cv.rate(max(hi[i], lo[i])))  # at the cap it is held at
+        speed[i] = min(1.0, max(0.05, pace[i] / model)) if model > 0 else 1.0
+    return InputColumns(
+        keys=table.keys, domain=None, domain_names=[], job=None, job_names=[], min_cap_w=lo, max_cap_w=hi,
+        fixed=fixed, accounted_w=acc, observed_w=np.where(have, enforced, acc), thermal_ceiling_w=ceiling,
+        idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
+        straggler=straggler, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
+        curve_min_w=curves.valid_min_w, curves=curves)
+
+
+def _default_curve():
+    from capctl.allocator.curves import DEFAULT_CURVES
+
+    return DEFAULT_CURVES["H100"]
+
+
+def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) -> np.ndarray:
+    """[G] thermal ceilings (W; +inf where none: fixed GPU, stale node, no model, no slowdown
+    temperature or no finite temperature)."""
+    node_stale = np.zeros(len(table.topology), bool)
+    if len(stale):
+        node_stale[table.node_of] = stale
+    r, tau, inlet = models.thermal_arrays(table.topology, skip=node_stale)
+    temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
+    want = ~fixed & ~np.isnan(r) & (slowdown > 0) & np.isfinite(temp)
+    out = np.full(len(fixed), math.inf)
+    if want.any():
+        w = np.nonzero(want)[0]
+        out[w] = ceilings_w(np.stack([temp[w], r[w], tau[w], inlet[w], slowdown[w]], axis=1), policy.interval_s,
+                            policy.thermal.margin_c)
+    return out
+
+
+def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> tuple:
+    """``(pace, pace_at_w, paced)`` [G] of every GPU (see :class:`GpuInput` and :func:`_pace`):
+    measured from a fresh sample of a GPU not fixed with a known maximum clock (else NaN, 0, False)."""
+    G = len(fixed)
+    mx = c["max_sm_clock_mhz"]
+    has = ~fixed & (mx > 0) & fresh
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = np.where(has, np.clip(c["sm_clock_mhz"] / np.where(mx > 0, mx, 1.0), 0.0, 1.0), math.nan)
+    pace_at = np.where(has, c["sample_enforced_w"], 0.0)
+    flags = np.array([_pace_reasons(r if isinstance(r, tuple) else tuple(r)) for r in c["reasons"]],
+                     bool).reshape(G, 2)
+    strag = np.zeros(G, bool)
+    if straggler:
+        strag[np.fromiter(straggler, np.int64, len(straggler))] = True
+    # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
+    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~flags[:, 0] & (flags[:, 1] | (pace >= 0.99))
+             & (pace > 0) & (pace_at > 0))
+    return pace, pace_at, paced
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
@@ -431,9 +665,10 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     problem = build_problem(inputs)
     result = fast_solve(problem)
     solve_s = time.perf_counter() - t0
-    keys = [g.key for g in inputs.gpus]
-    caps = np.asarray(result.cap_w, dtype=float).tolist()
-    desired = {g.key: (g.accounted_w if g.fixed else caps[i]) for i, g in enumerate(inputs.gpus)}
+    c = columns_of(inputs)
+    keys = c.keys
+    caps = np.where(c.fixed, c.accounted_w, np.asarray(result.cap_w, dtype=float))
+    desired = dict(zip(keys, caps.tolist()))
     paced_split(inputs, desired)
     idle_from_headroom(inputs, desired)
     names = list(problem.job_names)
@@ -506,32 +741,34 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
     the smallest of its domains' ratios: one pass, so no domain ever exceeds its limit. With
     headroom enough (as at a job's end under a budget that allows it) every pre-job limit comes back
     fully. Domain sums on arrays (:func:`domain_levels`)."""
-    gpus = inputs.gpus
-    want = {i: g.idle_target_w - desired[g.key] for i, g in enumerate(gpus)
-            if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6}
-    if not want:
+    c = columns_of(inputs)
+    keys = c.keys
+    G = len(keys)
+    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, G)
+    t = c.idle_target_w
+    rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
+    if not rows.size:
         return
+    want_w = (t - d)[rows]
     limited, levels = domain_levels(inputs)
     n = len(limited)
     if n:
-        w = np.zeros(len(gpus))
-        w[np.fromiter(want, np.int64, len(want))] = np.fromiter(want.values(), float, len(want))
+        w = np.zeros(G)
+        w[rows] = want_w
         wanted = _domain_sums(levels, w, n)
-        head = np.array([lim for _, lim in limited]) - _domain_sums(
-            levels, np.fromiter((desired.get(g.key, 0.0) for g in gpus), float, len(gpus)), n)
+        head = np.array([lim for _, lim in limited]) - _domain_sums(levels, d, n)
         # all of it when it fits (a budget equal to the pre-job limits' sum restores them exactly),
         # else in proportion, LIMIT_SLACK_W below the limit (float rounding)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(head >= wanted - 1e-9, 1.0,
                              np.minimum(1.0, np.maximum(0.0, (head - LIMIT_SLACK_W) / wanted)))
         ratio = np.append(np.where(wanted > 0, ratio, 1.0), 1.0)  # index -1 (padding): no limit
-        rows = np.fromiter(want, np.int64, len(want))
         factor = ratio[levels[rows]].min(axis=1) if levels.shape[1] else np.ones(len(rows))
-        factor = np.minimum(factor, 1.0).tolist()
+        factor = np.minimum(factor, 1.0)
     else:
-        factor = [1.0] * len(want)
-    for (i, wv), f in zip(want.items(), factor):
-        desired[gpus[i].key] += wv * f
+        factor = np.ones(len(rows))
+    for i, wv, f in zip(rows.tolist(), want_w.tolist(), factor.tolist()):
+        desired[keys[i]] += wv * f
 
 
 LIMIT_SLACK_W = 0.01
@@ -539,41 +776,56 @@ LIMIT_SLACK_W = 0.01
 
 
 def build_problem(inputs: SolveInputs):
-    """The :class:`~capctl.allocator.problem.AllocationProblem` of ``inputs``, built column-wise
-    from the GPU list (the same arrays :meth:`AllocationProblem.build` would make from one spec
-    dict per GPU: curve None -> the H100 default, no ceiling -> +inf, fixed GPUs without a
+    """The :class:`~capctl.allocator.problem.AllocationProblem` of ``inputs``, built from its
+    columns (:func:`columns_of`; the same arrays :meth:`AllocationProblem.build` would make from
+    one spec dict per GPU: curve None -> the H100 default, no ceiling -> +inf, fixed GPUs without a
     previous cap). Raises ValueError for an unknown job or domain, or a malformed value."""
     from capctl.allocator.problem import AllocationProblem
 
-    gpus = inputs.gpus
-    G = len(gpus)
+    c = columns_of(inputs)
+    keys = c.keys
     job_items = [(str(k), float(v)) for k, v in inputs.jobs.items()]
     job_index = {n: i for i, (n, _) in enumerate(job_items)}
     dom_index, parent, limit = domain_tree(inputs.domains)
-    curves = _curves(gpus)
-    job_of, dom_of = _gpu_indices(gpus, job_index, dom_index)
-    f = np.float64
+    job_of, dom_of = _gpu_indices(c, job_index, dom_index)
+    ceiling = c.thermal_ceiling_w
     return AllocationProblem(
-        min_cap_w=np.fromiter((g.min_cap_w for g in gpus), f, G),
-        max_cap_w=np.fromiter((g.max_cap_w for g in gpus), f, G),
-        thermal_ceiling_w=np.fromiter((g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf
-                                       for g in gpus), f, G),
-        curve_a=np.fromiter((c.a for c in curves), f, G),
-        curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
-        curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
-        curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G),
-        speed=np.fromiter((g.speed for g in gpus), f, G),
-        job_of_gpu=job_of,
-        prev_cap_w=np.fromiter((math.nan if g.fixed else g.observed_w for g in gpus), f, G),
-        idle_cap_w=np.fromiter((g.idle_cap_w for g in gpus), f, G),
+        min_cap_w=c.min_cap_w.astype(float), max_cap_w=c.max_cap_w.astype(float),
+        thermal_ceiling_w=np.where(np.isfinite(ceiling), ceiling, math.inf),
+        curve_a=c.curve_a, curve_k_w=c.curve_k_w, curve_sat_w=c.curve_sat_w, curve_min_w=c.curve_min_w,
+        speed=c.speed.astype(float), job_of_gpu=job_of,
+        prev_cap_w=np.where(c.fixed, math.nan, c.observed_w), idle_cap_w=c.idle_cap_w.astype(float),
         domain_of_gpu=dom_of,
         job_weight=np.array([w for _, w in job_items], float),
         domain_parent=np.array(parent, dtype=np.int64), domain_limit_w=np.array(limit, float),
         objective=inputs.objective, slew_w=None if inputs.slew_w is None else float(inputs.slew_w),
-        gpu_names=tuple(f"{g.key[0]}/{g.key[1]}" for g in gpus), job_names=tuple(n for n, _ in job_items),
+        gpu_names=_GpuNames(keys), job_names=tuple(n for n, _ in job_items),
         domain_names=tuple(str(d["name"]) for d in inputs.domains),
         domain_kinds=tuple(str(d.get("kind", "")) for d in inputs.domains),
     ).validate()
+
+
+class _GpuNames(collections.abc.Sequence):
+    """``AllocationProblem.gpu_names`` of GPU keys: ``"node/index"``, made when read (alerts,
+    explain) instead of one string per GPU per interval."""
+
+    def __init__(self, keys: tuple) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(f"{n}/{x}" for n, x in self._keys[i])
+        n, x = self._keys[i]
+        return f"{n}/{x}"
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
 
 
 def _curves(gpus: list[GpuInput]) -> list:
@@ -594,24 +846,27 @@ def _curves(gpus: list[GpuInput]) -> list:
     return curves
 
 
-def _gpu_indices(gpus: list[GpuInput], job_index: dict, dom_index: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Job position (-1: idle) and domain position of every GPU. Raises ValueError naming the
-    first GPU with an unknown job or domain."""
-    G = len(gpus)
-    try:
-        job_of = np.fromiter((-1 if g.job is None else job_index[str(g.job)] for g in gpus), np.int64, G)
-    except KeyError as exc:
-        bad = next(g for g in gpus if g.job is not None and str(g.job) not in job_index)
-        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].job: unknown job {bad.job!r}") from exc
-    try:
-        dom_of = np.fromiter((dom_index[g.domain] for g in gpus), np.int64, G)
-    except KeyError as exc:
-        bad = next(g for g in gpus if g.domain not in dom_index)
-        raise ValueError(f"gpus[{bad.key[0]}/{bad.key[1]}].domain: unknown domain {bad.domain!r}") from exc
+def _gpu_indices(c: InputColumns, job_index: dict, dom_index: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Job position (-1: idle) and domain position of every GPU of the columns ``c``. Raises
+    ValueError naming the first GPU with an unknown job or domain."""
+    jmap = np.array([job_index.get(str(n), -2) for n in c.job_names] + [-1], np.int64)
+    job_of = jmap[c.job]  # -1 (idle) indexes the appended -1
+    if (job_of == -2).any():
+        i = int(np.nonzero(job_of == -2)[0][0])
+        raise ValueError(f"gpus[{c.keys[i][0]}/{c.keys[i][1]}].job: unknown job {c.job_names[int(c.job[i])]!r}")
+    dmap = np.array([dom_index.get(n, -1) for n in c.domain_names] or [0], np.int64)
+    dom_of = dmap[c.domain] if len(c.domain) else np.zeros(0, np.int64)
+    if (dom_of < 0).any():
+        i = int(np.nonzero(dom_of < 0)[0][0])
+        raise ValueError(f"gpus[{c.keys[i][0]}/{c.keys[i][1]}].domain: unknown domain "
+                         f"{c.domain_names[int(c.domain[i])]!r}")
     return job_of, dom_of
 
 
 def minimum_needed_w(inputs: SolveInputs) -> float:
     """Watts the cluster needs at least: live GPUs at their minimum cap, fixed ones at their
     accounted cap (what a budget below would leave in deficit)."""
-    return float(np.sum([g.min_cap_w if not g.fixed else g.accounted_w for g in inputs.gpus])) if inputs.gpus else 0.0
+    if not len(inputs.gpus):
+        return 0.0
+    c = columns_of(inputs)
+    return float(np.sum(np.where(c.fixed, c.accounted_w, c.min_cap_w)))

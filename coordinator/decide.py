@@ -214,12 +214,14 @@ def solve(problem: Problem) -> Solution:
         out = allocation.solve(inputs)
     except (ValueError, ArithmeticError) as exc:
         alerts.append(f"solve failed: {exc}; caps held")
-        desired = {gi.key: gi.accounted_w for gi in inputs.gpus}
+        c = allocation.columns_of(inputs)
+        desired = dict(zip(c.keys, c.accounted_w.tolist()))
         return Solution(desired, tuple(alerts), watch, error=str(exc), out=None,
-                        desired_at=np.fromiter(desired.values(), float, len(desired)))
+                        desired_at=np.asarray(c.accounted_w, float).copy())
     alerts.extend(out.alerts)
     desired = out.desired_w
-    at = np.fromiter((desired.get(gi.key, math.nan) for gi in inputs.gpus), float, len(inputs.gpus))
+    keys = allocation.columns_of(inputs).keys
+    at = np.fromiter((desired.get(k, math.nan) for k in keys), float, len(keys))
     return Solution(desired, tuple(alerts), watch, out=out, desired_at=at)
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import random
 import time
 
@@ -137,38 +138,103 @@ SCALE_RANGE = (0.5, 2.5)
 """Bounds of the power scale ``s`` (Sinha et al. SC'22 variation stays well inside)."""
 
 
-class GpuModel:
-    """Online curve of one GPU (W -> relative rate): prior-anchored scale, then the full fit."""
+class CurveBank:
+    """The per-GPU state of many :class:`GpuModel` as columns (one row per model), so that one
+    interval's samples of all GPUs update them on arrays (:meth:`Models.update`) and their curves
+    are read as arrays (:meth:`Models.curve_arrays`). Columns: the anchored scale's weighted sum
+    and weight, the scale at the last refit, new caps since it, the refit time (s), whether the
+    full fit is usable (``ready``) and the learned curve (``learned``; ``fit`` [rows, 6]: a, k_w W,
+    sat_w W, valid_min_w W, fit_rmse, fit_max_err)."""
 
-    def __init__(self, product_name: str, min_cap_w: float, max_cap_w: float) -> None:
+    FLOAT = ("scale_sum", "scale_wt", "scale_at_fit", "refit_mono")
+
+    def __init__(self, capacity: int = 16) -> None:
+        self.rows = 0
+        self.free: list[int] = []
+        self._alloc(capacity)
+
+    def _alloc(self, cap: int) -> None:
+        old = self.rows and (self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
+                             self.ready, self.learned, self.fit)
+        self.scale_sum = np.zeros(cap)
+        self.scale_wt = np.zeros(cap)
+        self.scale_at_fit = np.ones(cap)
+        self.refit_mono = np.full(cap, -math.inf)
+        self.new_caps = np.zeros(cap, np.int64)
+        self.ready = np.zeros(cap, bool)
+        self.learned = np.zeros(cap, bool)
+        self.fit = np.zeros((cap, 6))
+        if old:
+            for new, prev in zip((self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
+                                  self.ready, self.learned, self.fit), old):
+                new[:len(prev)] = prev
+
+    def new_row(self) -> int:
+        """A row at the initial state (no observation); returns its index."""
+        if self.free:
+            row = self.free.pop()
+        else:
+            if self.rows == len(self.scale_sum):
+                self._alloc(2 * self.rows)
+            row = self.rows
+            self.rows += 1
+        self.scale_sum[row] = self.scale_wt[row] = 0.0
+        self.scale_at_fit[row] = 1.0
+        self.refit_mono[row] = -math.inf
+        self.new_caps[row] = 0
+        self.ready[row] = self.learned[row] = False
+        return row
+
+    def release(self, row: int) -> None:
+        """Give a row back (its model was dropped)."""
+        self.free.append(row)
+
+
+def _bank_field(name: str, cast):
+    def get(self):
+        return cast(getattr(self.bank, name)[self.row])
+
+    def set_(self, value):
+        getattr(self.bank, name)[self.row] = value
+
+    return property(get, set_)
+
+
+class GpuModel:
+    """Online curve of one GPU (W -> relative rate): prior-anchored scale, then the full fit.
+    Its per-sample state lives in a row of a :class:`CurveBank` (its own unless ``bank`` is given:
+    :class:`Models` keeps all its GPUs in one)."""
+
+    def __init__(self, product_name: str, min_cap_w: float, max_cap_w: float, bank: CurveBank | None = None) -> None:
         self.prior = prior_curve(product_name, min_cap_w, max_cap_w)
         self.known = known_product(product_name)
         self.curve_fit = OnlineCurveFit(self.prior)
         self._failed = False
         self._cached = self.prior
-        self._refit_mono = -math.inf
+        self.bank = bank if bank is not None else CurveBank(1)
+        self.row = self.bank.new_row()
         self._caps: set[int] = set()
-        self._new_caps = 0  # distinct caps first seen since the last refit
-        self._scale_sum = 0.0
-        self._scale_wt = 0.0
+        self._cap_lo = math.inf  # lowest and highest cap bin seen (W)
+        self._cap_hi = -math.inf
         self._scaled: CurveParams | None = None
+        self._scaled_at: tuple | None = None
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
-        self._scale_at_fit = 1.0
-        self._ready = False  # _full_fit_ready() once true stays true (caps are only added)
         self.refits = 0
         self.job_id = ""  # the job whose samples this model holds ("" = none yet)
+
+    _scale_sum = _bank_field("scale_sum", float)
+    _scale_wt = _bank_field("scale_wt", float)
+    _scale_at_fit = _bank_field("scale_at_fit", float)
+    _refit_mono = _bank_field("refit_mono", float)
+    _new_caps = _bank_field("new_caps", int)  # distinct caps first seen since the last refit
+    _ready = _bank_field("ready", bool)  # _full_fit_ready() once true stays true (caps are only added)
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
         rho = rate_observation(sample, max_sm_clock_mhz)
         if rho is None or not (math.isfinite(sample.enforced_w) and sample.enforced_w > 0):
             return  # no reading (zeros) is no observation
-        self.curve_fit.add(sample.enforced_w, rho)
-        b = int(round(sample.enforced_w))
-        if b not in self._caps and sample.enforced_w >= self.prior.valid_min_w:
-            self._caps.add(b)
-            self._new_caps += 1
-            self._ready = False
+        self.observe_cap(sample.enforced_w, rho)
         p = self.prior
         if rho < 1.0:
             ref = p.sat_w - p.k_w * math.log1p((1.0 - rho) / p.a)  # cap_for_rate, scalar
@@ -180,6 +246,21 @@ class GpuModel:
             self._scale_sum = self._scale_sum * self._decay + s
             self._scale_wt = self._scale_wt * self._decay + 1.0
             self._scaled = None
+
+    def observe_cap(self, enforced_w: float, rho: float) -> None:
+        """The part of :meth:`add` kept per GPU: the observation into the curve fit's 1 W bins
+        and the set of caps seen (W; ``rho`` the observed relative rate)."""
+        self.curve_fit.add(enforced_w, rho)
+        b = int(round(enforced_w))
+        if b not in self._caps and enforced_w >= self.prior.valid_min_w:
+            caps = self._caps
+            caps.add(b)
+            self._cap_lo = min(self._cap_lo, b)
+            self._cap_hi = max(self._cap_hi, b)
+            bank, row = self.bank, self.row
+            bank.new_caps[row] += 1
+            # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
+            bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and self._cap_hi - self._cap_lo >= FULL_FIT_MIN_SPAN_W
 
     @property
     def kind(self) -> str:
@@ -193,18 +274,19 @@ class GpuModel:
     @property
     def scale(self) -> float:
         """Current power scale ``s`` of the prior-anchored curve (1.0 before any observation)."""
-        return self._scale_sum / self._scale_wt if self._scale_wt > 0 else 1.0
+        wt = self._scale_wt
+        return self._scale_sum / wt if wt > 0 else 1.0
 
     def _full_fit_ready(self) -> bool:
-        if not self._ready:
-            caps = self._caps
-            self._ready = len(caps) >= FULL_FIT_MIN_CAPS and max(caps) - min(caps) >= FULL_FIT_MIN_SPAN_W
-        return self._ready
+        """Observations at :data:`FULL_FIT_MIN_CAPS` caps over :data:`FULL_FIT_MIN_SPAN_W` (kept by
+        :meth:`observe_cap`)."""
+        return bool(self.bank.ready[self.row])
 
     def _anchored(self) -> CurveParams:
-        if self._scaled is None:
+        if self._scaled is None or self._scaled_at != (self._scale_sum, self._scale_wt):
             s = self.scale
             p = self.prior
+            self._scaled_at = (self._scale_sum, self._scale_wt)
             self._scaled = p if s == 1.0 else CurveParams(
                 p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse, p.fit_max_err,
                 f"prior scaled x{s:.3f} in power")
@@ -231,8 +313,11 @@ class GpuModel:
         # power would otherwise be pulled back to the nominal curve)
         self.curve_fit.prior = self._anchored()
         try:
-            self._cached = self.curve_fit.params()
+            self._cached = c = self.curve_fit.params()
             self.refits += 1
+            if c is not self.prior:
+                self.bank.learned[self.row] = True
+                self.bank.fit[self.row] = (c.a, c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse, c.fit_max_err)
         except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
             if not self._failed:
                 log.warning("rate curve refit failed (%s); keeping the last fit", exc)
@@ -394,6 +479,51 @@ def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]
     return [(t, [m[t].power_w for m in by_time], [m[t].temp_c for m in by_time]) for t in common]
 
 
+class CurveColumns:
+    """Rate curves of G GPUs as arrays [G] (``a``, ``k_w`` W, ``sat_w`` W, ``valid_min_w`` W, the
+    anchored ``scale``) and what rebuilds each one's ``CurveParams`` (:meth:`curve`): ``priors``
+    (None: an unknown GPU), ``learned`` [G] bool and ``fit`` [G, 6] (the bank's learned fits)."""
+
+    __slots__ = ("a", "k_w", "sat_w", "valid_min_w", "scale", "priors", "learned", "fit")
+
+    def __init__(self, *, a, k_w, sat_w, valid_min_w, scale, priors, learned, fit) -> None:
+        self.a, self.k_w, self.sat_w, self.valid_min_w = a, k_w, sat_w, valid_min_w
+        self.scale, self.priors, self.learned, self.fit = scale, priors, learned, fit
+
+    def curve(self, i: int) -> CurveParams | None:
+        """GPU ``i``'s curve, equal to what ``GpuModel.curve()`` returned (a scaled prior as
+        ``_anchored``, a learned fit as ``OnlineCurveFit.params``; None for an unknown GPU)."""
+        p = self.priors[i]
+        if p is None:
+            return None
+        if self.learned[i]:
+            f = self.fit[i]
+            return CurveParams(float(f[0]), float(f[1]), float(f[2]), float(f[3]), float(f[4]), float(f[5]),
+                               "online fit")
+        s = float(self.scale[i])
+        return p if s == 1.0 else CurveParams(p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse, p.fit_max_err,
+                                              f"prior scaled x{s:.3f} in power")
+
+
+def _params_of(priors: list, n: int) -> np.ndarray:
+    """[4, n]: (a, k_w, sat_w, valid_min_w) of each GPU's prior (None: the allocator's default
+    H100 curve), one lookup per distinct prior."""
+    default = DEFAULT_CURVES["H100"]
+    seen: dict[int, tuple] = {}
+    rows = []
+    for c in priors:
+        if c is None:
+            c = default
+        t = seen.get(id(c))
+        if t is None:
+            t = seen[id(c)] = (c.a, c.k_w, c.sat_w, c.valid_min_w)
+        rows.append(t)
+    return np.array(rows, float).reshape(n, 4).T.copy()
+
+
+_SAMPLE_FIELDS = operator.attrgetter("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "reasons")
+
+
 class Models:
     """All online models of the cluster, keyed by ``(node, index)`` / node name."""
 
@@ -403,9 +533,11 @@ class Models:
         ``random`` module). The daemon uses the defaults; the what-if simulator passes simulated
         clocks and a seeded ``random.Random`` (deterministic runs)."""
         self.gpus: dict[tuple[str, int], GpuModel] = {}
+        self.curve_bank = CurveBank()  # the per-sample state of every GpuModel of ``gpus``
         self.nodes: dict[str, NodeThermal] = {}
         self._banks: dict[int, ThermalBank] = {}  # GPUs per node -> the thermal rows of such nodes
         self._thermal_cache = None  # per interval: bank id -> (r, tau, inlet) of all its rows
+        self._thermal_arrays = None  # the same as arrays [3, rows, G] (thermal_arrays)
         self._refit_deadline = 0.0
         self._clock = clock
         self._budget_clock = budget_clock
@@ -419,8 +551,10 @@ class Models:
         into their :class:`ThermalBank` in one batched update per bank and round."""
         self._refit_deadline = self._budget_clock() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
         self._thermal_cache = None
+        self._thermal_arrays = None
         samples = registry.take_samples()
         thermal_work = []
+        batch = []  # (model, its one new sample, max SM clock MHz): fed on arrays (_add_batch)
         for node_name, node in registry.nodes.items():
             indices = tuple(sorted(node.gpus))
             nt = self.nodes.get(node_name)
@@ -439,16 +573,62 @@ class Models:
                 job = job_of.get(i, "")
                 if m is None or (job and job != m.job_id):
                     # a new job is a new workload: its curve starts again from the prior
-                    m = GpuModel(g.name, g.min_cap_w, g.max_cap_w)
+                    if m is not None:
+                        m.bank.release(m.row)
+                    m = GpuModel(g.name, g.min_cap_w, g.max_cap_w, bank=self.curve_bank)
                     m.job_id = job
                     self.gpus[key] = m
-                for smp in mine:
-                    m.add(smp, g.max_sm_clock_mhz)
+                if len(mine) == 1:
+                    batch.append((m, mine[0], g.max_sm_clock_mhz))
+                else:
+                    for smp in mine:
+                        m.add(smp, g.max_sm_clock_mhz)
             if per_gpu and all(per_gpu):
                 times = _common_times(per_gpu)
                 if times:
                     thermal_work.append((nt, times))
+        self._add_batch(batch)
         self._add_thermal(thermal_work)
+
+    def _add_batch(self, batch: list) -> None:
+        """:meth:`GpuModel.add` of one sample for each ``(model, sample, max SM clock MHz)`` of
+        ``batch`` (distinct models): the rate observations and the anchored scale on arrays, the
+        curve fit's bins per GPU (:meth:`GpuModel.observe_cap`). Same state as ``add`` per GPU."""
+        n = len(batch)
+        if not n:
+            return
+        get = _SAMPLE_FIELDS
+        rows = [get(b[1]) for b in batch]
+        util, enforced, power, clock, reasons = (list(x) for x in zip(*rows))
+        util, enforced, power, clock = (np.array(x, float) for x in (util, enforced, power, clock))
+        maxc = np.fromiter((b[2] for b in batch), float, n)
+        cls = np.fromiter((_rate_class(r if isinstance(r, tuple) else tuple(r)) for r in reasons), np.int64, n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            capped = (cls == _POWER) & (maxc > 0) & (clock > 0)
+            free = (cls == _FREE) & (enforced > 0) & (power < enforced)
+            rho = np.where(capped, np.minimum(1.0, clock / np.where(maxc > 0, maxc, 1.0)), 1.0)
+        ok = (util >= BUSY_UTILIZATION_PCT) & (capped | free) & np.isfinite(enforced) & (enforced > 0)
+        sel = np.nonzero(ok)[0]
+        if not sel.size:
+            return
+        models = [batch[i][0] for i in sel.tolist()]
+        for m, e, r in zip(models, enforced[sel].tolist(), rho[sel].tolist()):
+            m.observe_cap(e, r)
+        prior = np.array([(m.prior.a, m.prior.k_w, m.prior.sat_w) for m in models], float).reshape(-1, 3)
+        a, k, sat = prior.T
+        e, p, r = enforced[sel], power[sel], rho[sel]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ref = sat - k * np.log1p((1.0 - r) / a)  # cap_for_rate
+            s = np.where(r < 1.0, np.where(ref > 0, e / ref, np.nan),
+                         np.where((p > 0) & (sat > 0), p / sat, np.nan))
+        good = np.isfinite(s)
+        if not good.any():
+            return
+        bank = self.curve_bank
+        idx = np.fromiter((m.row for m in models), np.int64, len(models))[good]
+        decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
+        bank.scale_sum[idx] = bank.scale_sum[idx] * decay + np.clip(s[good], SCALE_RANGE[0], SCALE_RANGE[1])
+        bank.scale_wt[idx] = bank.scale_wt[idx] * decay + 1.0
 
     def _bank(self, n_gpus: int) -> ThermalBank:
         bank = self._banks.get(n_gpus)
@@ -486,6 +666,71 @@ class Models:
         self.refits += m.refits - n
         return c
 
+    def curve_arrays(self, keys) -> "CurveColumns":
+        """The current rate curve of every GPU of ``keys`` as arrays (:class:`CurveColumns`),
+        element-wise what :meth:`curve` returns: the prior-anchored curves and the learned fits
+        read from the :class:`CurveBank`; only GPUs due for a refit go through :meth:`curve`
+        (refit budget, throttle and jitter as there, in ``keys`` order); an unknown key: the
+        allocator's default H100 curve (what a None curve means to it)."""
+        gpus = self.gpus
+        n = len(keys)
+        ms = [gpus.get(k) for k in keys]
+        known = np.fromiter((m is not None for m in ms), bool, n)
+        bank = self.curve_bank
+        rows = np.fromiter((m.row if m is not None else 0 for m in ms), np.int64, n)
+        ready = bank.ready[rows] & known
+        wt = bank.scale_wt[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(wt > 0, bank.scale_sum[rows] / np.where(wt > 0, wt, 1.0), 1.0)
+            moved = np.abs(scale / bank.scale_at_fit[rows] - 1.0) > REFIT_SCALE_MOVE
+        learned = bank.learned[rows]
+        due = ready & (~learned | (bank.new_caps[rows] >= REFIT_NEW_CAPS) | moved)
+        due &= (self._clock() - bank.refit_mono[rows]) >= CURVE_REFIT_S if due.any() else due
+        for i in np.nonzero(due)[0].tolist():
+            self.curve(keys[i])  # refits within this interval's budget
+        learned = bank.learned[rows] & ready
+        priors = [m.prior if m is not None else None for m in ms]
+        params = _params_of(priors, n)
+        anchored = known & ~learned
+        params[1] = np.where(anchored, params[1] * scale, params[1])
+        params[2] = np.where(anchored, params[2] * scale, params[2])
+        if learned.any():
+            fit = bank.fit[rows[learned]]
+            for j in range(4):
+                params[j][learned] = fit[:, j]
+        return CurveColumns(a=params[0], k_w=params[1], sat_w=params[2], valid_min_w=params[3], scale=scale,
+                            priors=priors, learned=learned, fit=bank.fit[rows] if learned.any() else None)
+
+    def thermal_arrays(self, topology, skip=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(r_c_per_w, tau_s, inlet_c)`` [G] (°C/W, s, °C) of the GPU slots of ``topology``
+        (``(node, (indices...))`` in slot order; :meth:`thermal` per node, as arrays); NaN where a
+        node has no thermal model or ``skip[node position]`` is true."""
+        G = sum(len(ix) for _, ix in topology)
+        out = np.full((3, G), np.nan)
+        if self._thermal_arrays is None:
+            self._thermal_arrays = {id(b): np.stack(b.params(np.arange(b.rows))) for b in self._banks.values()}
+        per_bank: dict = {}
+        start = 0
+        for j, (name, indices) in enumerate(topology):
+            nt = self.nodes.get(name)
+            if nt is not None and not (skip is not None and skip[j]):
+                if nt.indices == indices and id(nt.bank) in self._thermal_arrays:
+                    per_bank.setdefault(id(nt.bank), ([], []))
+                    per_bank[id(nt.bank)][0].append(nt.row)
+                    per_bank[id(nt.bank)][1].append(start)
+                else:  # GPUs changed since the last update: by index, as thermal() does
+                    th = self.thermal(name)
+                    for p, idx in enumerate(indices):
+                        if idx in th:
+                            out[:, start + p] = th[idx]
+            start += len(indices)
+        for bid, (rows, starts) in per_bank.items():
+            arr = self._thermal_arrays[bid]  # [3, rows, n]
+            n = arr.shape[2]
+            slots = np.asarray(starts, np.int64)[:, None] + np.arange(n)
+            out[:, slots] = arr[:, np.asarray(rows, np.int64)]
+        return out[0], out[1], out[2]
+
     def curve_kind(self, key: tuple[str, int]) -> str:
         """:attr:`GpuModel.kind` of a GPU ("" if unknown)."""
         m = self.gpus.get(key)
@@ -519,8 +764,10 @@ class Models:
     def forget_missing(self, registry) -> None:
         """Drop models of GPUs no longer known to the registry."""
         for key in [k for k in self.gpus if k[0] not in registry.nodes or k[1] not in registry.nodes[k[0]].gpus]:
-            del self.gpus[key]
+            m = self.gpus.pop(key)
+            m.bank.release(m.row)
         for name in [n for n in self.nodes if n not in registry.nodes]:
             nt = self.nodes.pop(name)
             nt.bank.release(nt.row)
         self._thermal_cache = None
+        self._thermal_arrays = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator import allocation, decide, planner
+from coordinator import allocation, decide, gpucolumns, planner
 
 
 def node_gpus(registry) -> dict[str, int]:
@@ -42,7 +42,12 @@ def gpu_arrays(registry, inputs, now: float, lease_s: float, ack_memory_s: float
     observed (latest enforced read-back, W), accounted (W), limit constraints (W), live (node
     connected and reporting, GPU not fixed), last safe cap (W); ``desired_w`` is the accounted cap
     (a placeholder). GPUs that left the registry since ``inputs`` are left out. Returns the
-    read-only arrays and the position of each GPU in ``inputs.gpus``."""
+    read-only arrays and the position of each GPU in ``inputs.gpus``. When the registry still has
+    the topology of ``inputs`` (the usual case), read as columns (:mod:`coordinator.gpucolumns`)."""
+    table = registry.gpu_table()
+    keys = allocation.columns_of(inputs).keys
+    if table.keys is keys or table.keys == keys:
+        return _gpu_columns(table, allocation.columns_of(inputs).fixed, now, lease_s, ack_memory_s)
     nodes = registry.nodes
     rows = []
     keys = []
@@ -73,6 +78,26 @@ def gpu_arrays(registry, inputs, now: float, lease_s: float, ack_memory_s: float
                             max_cap_w=a[3], live=live, prev_safe_w=a[5])
     pos = np.arange(len(inputs.gpus), dtype=np.int64)
     return pa, (np.delete(pos, gone) if gone else pos)
+
+
+def _gpu_columns(table, fixed: np.ndarray, now: float, lease_s: float,
+                 ack_memory_s: float) -> tuple[planner.PlanArrays, np.ndarray]:
+    """:func:`gpu_arrays` of the registry's GPU slots ``table`` (the problem's GPUs, in order)."""
+    from coordinator.registry import _constraints_problem
+
+    c = gpucolumns.gather(table.keys, table.gpus, gpucolumns.ACCOUNTING)
+    problem = gpucolumns.constraints_problems(c["min_cap_w"], c["max_cap_w"], _constraints_problem)
+    acc = gpucolumns.accounted_w(c, now, ack_memory_s, problem)
+    node_live = np.fromiter((n.session is not None and not n.stale(now, lease_s) for n in table.nodes), bool,
+                            len(table.nodes))
+    live = (node_live[table.node_of] if len(node_live) else np.zeros(0, bool)) & ~fixed
+    observed = np.where(c["have_reading"], c["enforced_w"], acc)
+    arrays = (observed, acc, c["min_cap_w"], c["max_cap_w"], live, c["safe_cap_w"])
+    for arr in arrays:
+        arr.setflags(write=False)
+    pa = planner.PlanArrays(keys=table.keys, desired_w=acc, observed_w=observed, accounted_w=acc,
+                            min_cap_w=arrays[2], max_cap_w=arrays[3], live=live, prev_safe_w=arrays[5])
+    return pa, np.arange(len(table.keys), dtype=np.int64)
 
 
 def fleet_state(registry, inputs, now: float, lease_s: float, ack_memory_s: float, *,

@@ -27,6 +27,8 @@ import functools
 import logging
 import time
 
+import numpy as np
+
 from capctl import capstates, devicedata
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
@@ -281,6 +283,19 @@ def stuck_slowdown(reasons) -> bool:
     return any("HW_SLOWDOWN" in r for r in up) and not any("THERMAL" in r for r in up)
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuTable:
+    """The GPU slots of one topology: ``topology`` ((node, (indices...)) sorted by name),
+    ``keys`` [G] (node, index), ``node_of`` [G] int (position of the slot's node in ``nodes``),
+    ``gpus`` [G] the records, ``nodes`` the NodeObs in name order."""
+
+    topology: tuple
+    keys: tuple
+    node_of: np.ndarray
+    gpus: list
+    nodes: list
+
+
 class Registry:
     """Nodes, GPUs, bindings and job energy, keyed by node name (see module docstring)."""
 
@@ -292,6 +307,7 @@ class Registry:
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         # node -> monotonic times at which a hello replaced a still-open stream of that node
         self.replaced_mono: dict[str, collections.deque] = {}
+        self._table_cache: tuple | None = None  # (topology, keys, node_of) of gpu_table()
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -563,6 +579,24 @@ class Registry:
             for b in self.nodes[name].bindings.values():
                 out.setdefault(b.job_id, []).append(b)
         return out
+
+    def gpu_table(self) -> "GpuTable":
+        """The GPU slots of the current topology (:class:`GpuTable`: nodes sorted by name, GPUs by
+        index): the order of the solver inputs and of :mod:`coordinator.gpucolumns`. The slot
+        structure is cached per topology; the records are re-read each call (a hello may replace one)."""
+        nodes = self.nodes
+        names = sorted(nodes)
+        topology = tuple((name, tuple(sorted(nodes[name].gpus))) for name in names)
+        cached = self._table_cache
+        if cached is None or cached[0] != topology:
+            keys = tuple((name, idx) for name, indices in topology for idx in indices)
+            counts = np.fromiter((len(ix) for _, ix in topology), np.int64, len(topology))
+            node_of = np.repeat(np.arange(len(topology), dtype=np.int64), counts)
+            cached = self._table_cache = (topology, keys, node_of)
+        topology, keys, node_of = cached
+        gpus = [g for name, indices in topology for g in map(nodes[name].gpus.__getitem__, indices)]
+        return GpuTable(topology=topology, keys=keys, node_of=node_of, gpus=gpus,
+                        nodes=[nodes[name] for name in names])
 
     def all_gpus(self) -> list[GpuObs]:
         """Every known GPU, ordered by (node, index)."""

@@ -1,0 +1,118 @@
+"""The registry's per-GPU records as columns: one numpy array per field, one row per GPU slot.
+
+The node agents' messages update :class:`coordinator.registry.GpuObs` records (one per GPU, on the
+event loop); once per use an interval reads the fields it needs of every GPU into columns in one
+pass (:func:`gather`: one ``operator.attrgetter`` call per GPU, then one array per field), and
+everything per GPU after that is array arithmetic (solver inputs, planning, accounting). Slots
+are the registry's topology order: nodes sorted by name, GPUs by index
+(:meth:`coordinator.registry.Registry.gpu_table`).
+
+:data:`COLUMNS` is the one list of the gathered fields (name, dtype); a new telemetry field is one
+more entry there (and in ``GpuObs``). Units are the fields' own: watts (``*_w``), °C (``*_c``),
+MHz, %, seconds on the registry's monotonic clock (``*_mono``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+
+import numpy as np
+
+from capctl import devicedata
+
+COLUMNS: tuple[tuple[str, object], ...] = (
+    ("have_reading", bool),
+    ("enforced_w", float),
+    ("cap_w", float),
+    ("min_cap_w", float),
+    ("max_cap_w", float),
+    ("default_cap_w", float),
+    ("last_ack_w", float),
+    ("last_ack_mono", float),
+    ("safe_cap_w", float),
+    ("pending", object),
+    ("cap_state", object),
+    ("power_w", float),
+    ("temp_c", float),
+    ("slowdown_temp_c", float),
+    ("sm_clock_mhz", float),
+    ("max_sm_clock_mhz", float),
+    ("reasons", object),
+    ("utilization_pct", float),
+    ("pre_job_cap_w", float),
+    ("sample_enforced_w", float),
+    ("sample_mono", float),
+    ("slowdown_run", np.int64),
+)
+"""Every gathered ``GpuObs`` field: (name, dtype; ``object`` keeps the Python values as a tuple)."""
+
+ACCOUNTING = ("have_reading", "enforced_w", "min_cap_w", "max_cap_w", "default_cap_w", "last_ack_w",
+              "last_ack_mono", "safe_cap_w", "pending")
+"""The fields :func:`accounted_w` and the planner read (a cheaper gather after the solve)."""
+
+_DTYPE = dict(COLUMNS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """Gathered fields of GPUs ``keys`` (``(node, index)``, slot order): ``col[name]`` is an
+    array [G] (object fields: a tuple of G values)."""
+
+    keys: tuple
+    col: dict
+
+    def __getitem__(self, name: str):
+        return self.col[name]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def gather(keys, gpus: list, names=None) -> Columns:
+    """The fields ``names`` (default: all of :data:`COLUMNS`) of the ``GpuObs`` records ``gpus``
+    (aligned with ``keys``) as columns, in one pass over the records."""
+    names = tuple(n for n, _ in COLUMNS) if names is None else tuple(names)
+    get = operator.attrgetter(*names)
+    rows = list(map(get, gpus))
+    col: dict = {}
+    if len(names) == 1:
+        rows = [(r,) for r in rows]
+    parts = list(zip(*rows)) if rows else [()] * len(names)
+    for name, values in zip(names, parts):
+        dt = _DTYPE[name]
+        col[name] = values if dt is object else np.array(values, dtype=dt).reshape(len(values))
+    return Columns(keys=tuple(keys), col=col)
+
+
+def constraints_problems(min_cap_w: np.ndarray, max_cap_w: np.ndarray, problem_of) -> np.ndarray:
+    """[G] bool: the limit constraints ``(min, max)`` (W) are unusable (``problem_of(min, max)``
+    non-empty: :func:`capctl.devicedata.constraints_problem`), asked once per distinct pair."""
+    if not len(min_cap_w):
+        return np.zeros(0, bool)
+    pairs = np.stack([min_cap_w, max_cap_w], axis=1)
+    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+    bad = np.array([bool(problem_of(float(lo), float(hi))) for lo, hi in uniq], bool)
+    return bad[inv.reshape(-1)]
+
+
+def pending_top_w(pending) -> np.ndarray:
+    """[G]: the highest cap sent but not acknowledged of each GPU (W; -inf: none)."""
+    return np.fromiter((max(p.values()) if p else -math.inf for p in pending), float, len(pending))
+
+
+def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.ndarray) -> np.ndarray:
+    """[G] (W): :meth:`coordinator.registry.GpuObs.accounted_w` of every GPU, element-wise equal:
+    ``max(enforced read-back, pending caps, the last acknowledged read-back within ack_memory_s)``;
+    without a reading its maximum limit (unusable constraints, ``problem``: the highest value it
+    reported, at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W`)."""
+    value = c["enforced_w"].copy()
+    top = pending_top_w(c["pending"])
+    value = np.where(top > value, top, value)
+    ack = c["last_ack_w"]
+    recent = (now_mono - c["last_ack_mono"]) <= ack_memory_s
+    value = np.where(recent & (ack > value), ack, value)
+    lo, hi, dflt = c["min_cap_w"], c["max_cap_w"], c["default_cap_w"]
+    unread = np.where(problem, np.minimum(np.maximum(np.maximum(lo, hi), dflt), devicedata.MAX_SANE_LIMIT_W), hi)
+    return np.where(c["have_reading"], value, unread)
