@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from capctl import capstates
+from capctl import capstates, devicedata
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
 
@@ -108,17 +108,25 @@ class InputColumns:
 
     def row(self, i: int) -> GpuInput:
         """GPU ``i`` as a :class:`GpuInput`."""
-        j = int(self.job[i])
-        return GpuInput(self.keys[i], self.domain_names[int(self.domain[i])], float(self.min_cap_w[i]),
-                        float(self.max_cap_w[i]), bool(self.fixed[i]), float(self.accounted_w[i]),
-                        float(self.observed_w[i]), self.job_names[j] if j >= 0 else None, self.curve(i),
-                        float(self.thermal_ceiling_w[i]), float(self.idle_cap_w[i]), float(self.idle_target_w[i]),
-                        float(self.pace[i]), float(self.pace_at_w[i]), bool(self.paced[i]),
-                        self.straggler.get(i, ""), float(self.speed[i]))
+        return self.rows_at([i])[0]
+
+    def rows_at(self, positions) -> list[GpuInput]:
+        """The GPUs at ``positions`` as :class:`GpuInput` rows (one conversion per column)."""
+        pos = np.asarray(positions, np.int64)
+        cols = [np.asarray(a)[pos].tolist() for a in (
+            self.min_cap_w, self.max_cap_w, self.fixed, self.accounted_w, self.observed_w, self.thermal_ceiling_w,
+            self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed)]
+        keys, dnames, jnames, strag = self.keys, self.domain_names, self.job_names, self.straggler
+        out = []
+        for p, d, j, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed in zip(
+                pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), *cols):
+            out.append(GpuInput(keys[p], dnames[d], lo, hi, fx, acc, obs, jnames[j] if j >= 0 else None,
+                                self.curve(p), ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed))
+        return out
 
     def rows(self) -> list[GpuInput]:
         """Every GPU as a :class:`GpuInput` (cold paths: explain, tests)."""
-        return [self.row(i) for i in range(len(self.keys))]
+        return self.rows_at(range(len(self.keys)))
 
 
 class GpuRows(collections.abc.Sequence):
@@ -398,12 +406,11 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     constraints), the policy's minimum, stragglers and out-of-band limits, the idle rule,
     thermal ceilings and measured pace. ``stale`` [G]: the GPU's node is stale."""
     from coordinator import gpucolumns
-    from coordinator.registry import _constraints_problem
 
     G = len(table.keys)
     have = c["have_reading"]
     lo_c, hi_c = c["min_cap_w"], c["max_cap_w"]
-    problem = gpucolumns.constraints_problems(lo_c, hi_c, _constraints_problem)
+    problem = devicedata.constraints_unusable(lo_c, hi_c)
     acc = gpucolumns.accounted_w(c, now_mono, ack_memory_s, problem)
     states = c["cap_state"]
     unc = np.fromiter((s in UNCONTROLLABLE_STATES for s in states), bool, G)
@@ -693,13 +700,16 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
     from coordinator import paceloop
 
     limited, levels = domain_levels(inputs)
-    gpus = inputs.gpus
+    c = columns_of(inputs)
     n = len(limited)
     lims = np.array([lim for _, lim in limited], float)
-    d = np.fromiter((desired.get(g.key, 0.0) for g in gpus), float, len(gpus))
+    d = np.fromiter((desired.get(k, 0.0) for k in c.keys), float, len(c.keys))
     load = _domain_sums(levels, d, n)
     head = lims - load - LIMIT_SLACK_W
-    pos_of = {g.key: i for i, g in enumerate(gpus)}
+    # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move
+    cand = _pace_candidates(c, inputs.jobs).tolist()
+    gpus = c.rows_at(cand)
+    pos_of = {g.key: i for i, g in zip(cand, gpus)}
 
     def extra_w(members) -> float:
         # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
@@ -719,15 +729,36 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
         return
     job_of = {g.key: g.job for g in gpus}
     by_job: dict = {}
-    for k, c in moved.items():
-        by_job.setdefault(job_of[k], {})[k] = c
+    for k, cap in moved.items():
+        by_job.setdefault(job_of[k], {})[k] = cap
     for caps in by_job.values():
         p = np.fromiter((pos_of[k] for k in caps), np.int64, len(caps))
-        diff = np.fromiter((c - desired[k] for k, c in caps.items()), float, len(caps))
+        diff = np.fromiter((cap - desired[k] for k, cap in caps.items()), float, len(caps))
         delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
         if bool(np.all(load + delta <= lims + 1e-6)):
             desired.update(caps)
             load += delta
+
+
+def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:
+    """Positions of the GPUs of the jobs :func:`coordinator.paceloop.correct` may move: a job of
+    ``jobs`` with two GPUs or more, all not fixed and paced or stragglers, one at least paced
+    (the condition ``correct`` skips every other job by; the rows handed to it are only these)."""
+    j = c.job
+    if not len(j) or not len(c.job_names):
+        return np.zeros(0, np.int64)
+    m = len(c.job_names)
+    strag = np.zeros(len(j), bool)
+    if c.straggler:
+        strag[np.fromiter(c.straggler, np.int64, len(c.straggler))] = True
+    busy = j >= 0
+    jb = j[busy]
+    count = np.bincount(jb, minlength=m)
+    good = np.bincount(jb, weights=((c.paced | strag) & ~c.fixed)[busy], minlength=m)
+    paced = np.bincount(jb, weights=c.paced[busy], minlength=m)
+    listed = np.fromiter((name in jobs for name in c.job_names), bool, m)
+    ok = listed & (count >= 2) & (good == count) & (paced > 0)
+    return np.nonzero(busy & ok[np.maximum(j, 0)])[0]
 
 
 def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:

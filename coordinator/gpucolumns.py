@@ -72,29 +72,17 @@ class Columns:
 
 def gather(keys, gpus: list, names=None) -> Columns:
     """The fields ``names`` (default: all of :data:`COLUMNS`) of the ``GpuObs`` records ``gpus``
-    (aligned with ``keys``) as columns, in one pass over the records."""
+    (aligned with ``keys``) as columns: one pass per field (``np.fromiter`` over an
+    ``operator.attrgetter`` map; measured faster than one pass of all fields at once and a
+    transpose: the fields' values are objects scattered in memory)."""
     names = tuple(n for n, _ in COLUMNS) if names is None else tuple(names)
-    get = operator.attrgetter(*names)
-    rows = list(map(get, gpus))
+    n = len(gpus)
     col: dict = {}
-    if len(names) == 1:
-        rows = [(r,) for r in rows]
-    parts = list(zip(*rows)) if rows else [()] * len(names)
-    for name, values in zip(names, parts):
+    for name in names:
         dt = _DTYPE[name]
-        col[name] = values if dt is object else np.array(values, dtype=dt).reshape(len(values))
+        values = map(operator.attrgetter(name), gpus)
+        col[name] = tuple(values) if dt is object else np.fromiter(values, dt, n)
     return Columns(keys=tuple(keys), col=col)
-
-
-def constraints_problems(min_cap_w: np.ndarray, max_cap_w: np.ndarray, problem_of) -> np.ndarray:
-    """[G] bool: the limit constraints ``(min, max)`` (W) are unusable (``problem_of(min, max)``
-    non-empty: :func:`capctl.devicedata.constraints_problem`), asked once per distinct pair."""
-    if not len(min_cap_w):
-        return np.zeros(0, bool)
-    pairs = np.stack([min_cap_w, max_cap_w], axis=1)
-    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
-    bad = np.array([bool(problem_of(float(lo), float(hi))) for lo, hi in uniq], bool)
-    return bad[inv.reshape(-1)]
 
 
 def pending_top_w(pending) -> np.ndarray:

@@ -856,9 +856,9 @@ def build_view(snap: _Snapshot) -> View:
         policy_path=snap.policy_path, coordinator_id=snap.coordinator_id,
         last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
     )
-    tally = _Tally(alerts=list(snap.alerts),
-                   straggler={gi.key: gi.straggler for gi in snap.inputs.gpus if getattr(gi, "straggler", "")})
-    ceil_of = {gi.key: gi.thermal_ceiling_w for gi in snap.inputs.gpus}
+    cols = allocation.columns_of(snap.inputs)
+    tally = _Tally(alerts=list(snap.alerts), straggler={cols.keys[i]: r for i, r in cols.straggler.items() if r})
+    ceil_of = dict(zip(cols.keys, cols.thermal_ceiling_w.tolist()))
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
     desired = snap.desired

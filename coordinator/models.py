@@ -687,7 +687,9 @@ class Models:
         due = ready & (~learned | (bank.new_caps[rows] >= REFIT_NEW_CAPS) | moved)
         due &= (self._clock() - bank.refit_mono[rows]) >= CURVE_REFIT_S if due.any() else due
         for i in np.nonzero(due)[0].tolist():
-            self.curve(keys[i])  # refits within this interval's budget
+            if self._budget_clock() >= self._refit_deadline:
+                break  # this interval's refit budget is spent: curve() would return without a refit
+            self.curve(keys[i])
         learned = bank.learned[rows] & ready
         priors = [m.prior if m is not None else None for m in ms]
         params = _params_of(priors, n)

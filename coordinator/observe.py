@@ -8,8 +8,11 @@ a value: plain dataclasses and read-only arrays, safe to hand to a worker thread
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
+from capctl import devicedata
 from coordinator import allocation, decide, gpucolumns, planner
 
 
@@ -29,9 +32,10 @@ def problem(registry, models, policy, now: float, lease_s: float, ack_memory_s: 
 
 def node_states(registry, now: float, lease_s: float) -> tuple[decide.NodeState, ...]:
     """Every node of ``registry`` at ``now`` (s), sorted by name."""
+    have = operator.attrgetter("have_reading")
     return tuple(
         decide.NodeState(name=name, gpus=len(node.gpus), connected=node.session is not None,
-                         stale=node.stale(now, lease_s), any_reading=any(g.have_reading for g in node.gpus.values()),
+                         stale=node.stale(now, lease_s), any_reading=any(map(have, node.gpus.values())),
                          connected_s=node.connected_mono)
         for name, node in sorted(registry.nodes.items())
     )
@@ -83,10 +87,8 @@ def gpu_arrays(registry, inputs, now: float, lease_s: float, ack_memory_s: float
 def _gpu_columns(table, fixed: np.ndarray, now: float, lease_s: float,
                  ack_memory_s: float) -> tuple[planner.PlanArrays, np.ndarray]:
     """:func:`gpu_arrays` of the registry's GPU slots ``table`` (the problem's GPUs, in order)."""
-    from coordinator.registry import _constraints_problem
-
     c = gpucolumns.gather(table.keys, table.gpus, gpucolumns.ACCOUNTING)
-    problem = gpucolumns.constraints_problems(c["min_cap_w"], c["max_cap_w"], _constraints_problem)
+    problem = devicedata.constraints_unusable(c["min_cap_w"], c["max_cap_w"])
     acc = gpucolumns.accounted_w(c, now, ack_memory_s, problem)
     node_live = np.fromiter((n.session is not None and not n.stale(now, lease_s) for n in table.nodes), bool,
                             len(table.nodes))

@@ -79,7 +79,7 @@ class Sample:
     utilization_pct: float
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class GpuObs:
     """Observed state of one GPU: static facts (``GpuInfo``) and the latest readings.
 
