@@ -144,7 +144,8 @@ class CurveBank:
     are read as arrays (:meth:`Models.curve_arrays`). Columns: the anchored scale's weighted sum
     and weight, the scale at the last refit, new caps since it, the refit time (s), whether the
     full fit is usable (``ready``) and the learned curve (``learned``; ``fit`` [rows, 6]: a, k_w W,
-    sat_w W, valid_min_w W, fit_rmse, fit_max_err)."""
+    sat_w W, valid_min_w W, fit_rmse, fit_max_err); each row's prior (``prior`` [rows, 4] as
+    ``fit``'s first four, ``prior_obj`` the CurveParams)."""
 
     FLOAT = ("scale_sum", "scale_wt", "scale_at_fit", "refit_mono")
 
@@ -155,7 +156,7 @@ class CurveBank:
 
     def _alloc(self, cap: int) -> None:
         old = self.rows and (self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
-                             self.ready, self.learned, self.fit)
+                             self.ready, self.learned, self.fit, self.prior, self.prior_obj)
         self.scale_sum = np.zeros(cap)
         self.scale_wt = np.zeros(cap)
         self.scale_at_fit = np.ones(cap)
@@ -164,13 +165,16 @@ class CurveBank:
         self.ready = np.zeros(cap, bool)
         self.learned = np.zeros(cap, bool)
         self.fit = np.zeros((cap, 6))
+        self.prior = np.zeros((cap, 4))
+        self.prior_obj = np.full(cap, None, dtype=object)
         if old:
             for new, prev in zip((self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
-                                  self.ready, self.learned, self.fit), old):
+                                  self.ready, self.learned, self.fit, self.prior, self.prior_obj), old):
                 new[:len(prev)] = prev
 
-    def new_row(self) -> int:
-        """A row at the initial state (no observation); returns its index."""
+    def new_row(self, prior: CurveParams) -> int:
+        """A row at the initial state (no observation) for a GPU of curve prior ``prior``;
+        returns its index."""
         if self.free:
             row = self.free.pop()
         else:
@@ -183,6 +187,8 @@ class CurveBank:
         self.refit_mono[row] = -math.inf
         self.new_caps[row] = 0
         self.ready[row] = self.learned[row] = False
+        self.prior[row] = (prior.a, prior.k_w, prior.sat_w, prior.valid_min_w)
+        self.prior_obj[row] = prior
         return row
 
     def release(self, row: int) -> None:
@@ -212,7 +218,7 @@ class GpuModel:
         self._failed = False
         self._cached = self.prior
         self.bank = bank if bank is not None else CurveBank(1)
-        self.row = self.bank.new_row()
+        self.row = self.bank.new_row(self.prior)
         self._caps: set[int] = set()
         self._cap_lo = math.inf  # lowest and highest cap bin seen (W)
         self._cap_hi = -math.inf
@@ -505,22 +511,6 @@ class CurveColumns:
                                               f"prior scaled x{s:.3f} in power")
 
 
-def _params_of(priors: list, n: int) -> np.ndarray:
-    """[4, n]: (a, k_w, sat_w, valid_min_w) of each GPU's prior (None: the allocator's default
-    H100 curve), one lookup per distinct prior."""
-    default = DEFAULT_CURVES["H100"]
-    seen: dict[int, tuple] = {}
-    rows = []
-    for c in priors:
-        if c is None:
-            c = default
-        t = seen.get(id(c))
-        if t is None:
-            t = seen[id(c)] = (c.a, c.k_w, c.sat_w, c.valid_min_w)
-        rows.append(t)
-    return np.array(rows, float).reshape(n, 4).T.copy()
-
-
 _SAMPLE_FIELDS = operator.attrgetter("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "reasons")
 
 
@@ -534,6 +524,7 @@ class Models:
         clocks and a seeded ``random.Random`` (deterministic runs)."""
         self.gpus: dict[tuple[str, int], GpuModel] = {}
         self.curve_bank = CurveBank()  # the per-sample state of every GpuModel of ``gpus``
+        self._node_models: dict[str, tuple] = {}  # node -> (signature, [(key, model)]) (update)
         self.nodes: dict[str, NodeThermal] = {}
         self._banks: dict[int, ThermalBank] = {}  # GPUs per node -> the thermal rows of such nodes
         self._thermal_cache = None  # per interval: bank id -> (r, tau, inlet) of all its rows
@@ -552,43 +543,60 @@ class Models:
         self._refit_deadline = self._budget_clock() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
         self._thermal_cache = None
         self._thermal_arrays = None
-        samples = registry.take_samples()
         thermal_work = []
         batch = []  # (model, its one new sample, max SM clock MHz): fed on arrays (_add_batch)
+        cache = self._node_models
         for node_name, node in registry.nodes.items():
-            indices = tuple(sorted(node.gpus))
+            gpus = node.gpus
+            indices = tuple(sorted(gpus))
             nt = self.nodes.get(node_name)
             if nt is None or nt.indices != indices:
                 if nt is not None:
                     nt.bank.release(nt.row)
                 nt = NodeThermal(indices, interval_s, self._bank(len(indices)))
                 self.nodes[node_name] = nt
-            per_gpu = [samples.get((node_name, i), ()) for i in indices]
-            job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
-            gpus = node.gpus
-            for i, mine in zip(indices, per_gpu):
-                g = gpus[i]
-                key = (node_name, i)
-                m = self.gpus.get(key)
-                job = job_of.get(i, "")
-                if m is None or (job and job != m.job_id):
-                    # a new job is a new workload: its curve starts again from the prior
-                    if m is not None:
-                        m.bank.release(m.row)
-                    m = GpuModel(g.name, g.min_cap_w, g.max_cap_w, bank=self.curve_bank)
-                    m.job_id = job
-                    self.gpus[key] = m
-                if len(mine) == 1:
-                    batch.append((m, mine[0], g.max_sm_clock_mhz))
-                else:
-                    for smp in mine:
-                        m.add(smp, g.max_sm_clock_mhz)
+            glist = [gpus[i] for i in indices]
+            sig = (node, indices, tuple(map(id, glist)),
+                   tuple((b.job_id, b.gpu_indices) for b in node.bindings.values()))
+            hit = cache.get(node_name)
+            if hit is None or hit[0] != sig or any(self.gpus.get(m_key) is not m for m_key, m in hit[1]):
+                hit = cache[node_name] = (sig, self._node_gpu_models(node_name, node, indices, glist))
+            per_gpu = []
+            for g, (_key, m) in zip(glist, hit[1]):  # Registry.take_samples, inlined
+                mine = g.new_samples
+                if mine:
+                    g.new_samples = []
+                    if len(mine) == 1:
+                        batch.append((m, mine[0], g.max_sm_clock_mhz))
+                    else:
+                        for smp in mine:
+                            m.add(smp, g.max_sm_clock_mhz)
+                per_gpu.append(mine)
             if per_gpu and all(per_gpu):
                 times = _common_times(per_gpu)
                 if times:
                     thermal_work.append((nt, times))
         self._add_batch(batch)
         self._add_thermal(thermal_work)
+
+    def _node_gpu_models(self, node_name: str, node, indices: tuple, glist: list) -> list:
+        """``[(key, model)]`` of the GPUs ``indices`` of ``node`` (records ``glist``): a GPU's
+        model, a new one for a GPU without one or bound to a new job (a new workload: its curve
+        starts again from the prior)."""
+        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
+        out = []
+        for i, g in zip(indices, glist):
+            key = (node_name, i)
+            m = self.gpus.get(key)
+            job = job_of.get(i, "")
+            if m is None or (job and job != m.job_id):
+                if m is not None:
+                    m.bank.release(m.row)
+                m = GpuModel(g.name, g.min_cap_w, g.max_cap_w, bank=self.curve_bank)
+                m.job_id = job
+                self.gpus[key] = m
+            out.append((key, m))
+        return out
 
     def _add_batch(self, batch: list) -> None:
         """:meth:`GpuModel.add` of one sample for each ``(model, sample, max SM clock MHz)`` of
@@ -614,8 +622,9 @@ class Models:
         models = [batch[i][0] for i in sel.tolist()]
         for m, e, r in zip(models, enforced[sel].tolist(), rho[sel].tolist()):
             m.observe_cap(e, r)
-        prior = np.array([(m.prior.a, m.prior.k_w, m.prior.sat_w) for m in models], float).reshape(-1, 3)
-        a, k, sat = prior.T
+        bank = self.curve_bank
+        rows_ = np.fromiter((m.row for m in models), np.int64, len(models))
+        a, k, sat = bank.prior[rows_, 0], bank.prior[rows_, 1], bank.prior[rows_, 2]
         e, p, r = enforced[sel], power[sel], rho[sel]
         with np.errstate(divide="ignore", invalid="ignore"):
             ref = sat - k * np.log1p((1.0 - r) / a)  # cap_for_rate
@@ -624,8 +633,7 @@ class Models:
         good = np.isfinite(s)
         if not good.any():
             return
-        bank = self.curve_bank
-        idx = np.fromiter((m.row for m in models), np.int64, len(models))[good]
+        idx = rows_[good]
         decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
         bank.scale_sum[idx] = bank.scale_sum[idx] * decay + np.clip(s[good], SCALE_RANGE[0], SCALE_RANGE[1])
         bank.scale_wt[idx] = bank.scale_wt[idx] * decay + 1.0
@@ -674,10 +682,10 @@ class Models:
         allocator's default H100 curve (what a None curve means to it)."""
         gpus = self.gpus
         n = len(keys)
-        ms = [gpus.get(k) for k in keys]
-        known = np.fromiter((m is not None for m in ms), bool, n)
         bank = self.curve_bank
-        rows = np.fromiter((m.row if m is not None else 0 for m in ms), np.int64, n)
+        rows = np.fromiter(((m.row if m is not None else -1) for m in map(gpus.get, keys)), np.int64, n)
+        known = rows >= 0
+        rows = np.where(known, rows, 0)
         ready = bank.ready[rows] & known
         wt = bank.scale_wt[rows]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -691,8 +699,9 @@ class Models:
                 break  # this interval's refit budget is spent: curve() would return without a refit
             self.curve(keys[i])
         learned = bank.learned[rows] & ready
-        priors = [m.prior if m is not None else None for m in ms]
-        params = _params_of(priors, n)
+        priors = np.where(known, bank.prior_obj[rows], None)
+        d = DEFAULT_CURVES["H100"]  # an unknown GPU's curve in the allocator (None)
+        params = np.where(known[:, None], bank.prior[rows], (d.a, d.k_w, d.sat_w, d.valid_min_w)).T.copy()
         anchored = known & ~learned
         params[1] = np.where(anchored, params[1] * scale, params[1])
         params[2] = np.where(anchored, params[2] * scale, params[2])
@@ -768,6 +777,8 @@ class Models:
         for key in [k for k in self.gpus if k[0] not in registry.nodes or k[1] not in registry.nodes[k[0]].gpus]:
             m = self.gpus.pop(key)
             m.bank.release(m.row)
+        for name in [n for n in self._node_models if n not in registry.nodes]:
+            del self._node_models[name]
         for name in [n for n in self.nodes if n not in registry.nodes]:
             nt = self.nodes.pop(name)
             nt.bank.release(nt.row)
