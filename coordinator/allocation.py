@@ -117,11 +117,13 @@ class InputColumns:
             self.min_cap_w, self.max_cap_w, self.fixed, self.accounted_w, self.observed_w, self.thermal_ceiling_w,
             self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed)]
         keys, dnames, jnames, strag = self.keys, self.domain_names, self.job_names, self.straggler
+        c = self.curves
+        curves = [c[i] for i in pos.tolist()] if isinstance(c, list) else c.curves_at(pos)
         out = []
-        for p, d, j, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed in zip(
-                pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), *cols):
+        for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed in zip(
+                pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), curves, *cols):
             out.append(GpuInput(keys[p], dnames[d], lo, hi, fx, acc, obs, jnames[j] if j >= 0 else None,
-                                self.curve(p), ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed))
+                                cv, ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed))
         return out
 
     def rows(self) -> list[GpuInput]:

@@ -499,16 +499,24 @@ class CurveColumns:
     def curve(self, i: int) -> CurveParams | None:
         """GPU ``i``'s curve, equal to what ``GpuModel.curve()`` returned (a scaled prior as
         ``_anchored``, a learned fit as ``OnlineCurveFit.params``; None for an unknown GPU)."""
-        p = self.priors[i]
-        if p is None:
-            return None
-        if self.learned[i]:
-            f = self.fit[i]
-            return CurveParams(float(f[0]), float(f[1]), float(f[2]), float(f[3]), float(f[4]), float(f[5]),
-                               "online fit")
-        s = float(self.scale[i])
-        return p if s == 1.0 else CurveParams(p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse, p.fit_max_err,
-                                              f"prior scaled x{s:.3f} in power")
+        return self.curves_at([i])[0]
+
+    def curves_at(self, positions) -> list:
+        """:meth:`curve` of every GPU at ``positions`` (one conversion per array)."""
+        pos = np.asarray(positions, np.int64)
+        priors = self.priors[pos].tolist() if isinstance(self.priors, np.ndarray) else [self.priors[i] for i in pos]
+        learned = self.learned[pos].tolist()
+        fits = self.fit[pos].tolist() if self.fit is not None else [None] * len(pos)
+        out = []
+        for p, s, lf, f in zip(priors, self.scale[pos].tolist(), learned, fits):
+            if p is None:
+                out.append(None)
+            elif lf:
+                out.append(CurveParams(f[0], f[1], f[2], f[3], f[4], f[5], "online fit"))
+            else:
+                out.append(p if s == 1.0 else CurveParams(p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse,
+                                                          p.fit_max_err, f"prior scaled x{s:.3f} in power"))
+        return out
 
 
 _SAMPLE_FIELDS = operator.attrgetter("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "reasons")
