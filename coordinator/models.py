@@ -519,7 +519,8 @@ class CurveColumns:
         return out
 
 
-_SAMPLE_FIELDS = operator.attrgetter("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "reasons")
+_SAMPLE_FIELDS = ("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "time_s", "temp_c")
+"""The numeric ``Sample`` fields :meth:`Models._add_batch` reads (one pass each)."""
 
 
 class Models:
@@ -553,6 +554,7 @@ class Models:
         self._thermal_arrays = None
         thermal_work = []
         batch = []  # (model, its one new sample, max SM clock MHz): fed on arrays (_add_batch)
+        single = []  # (NodeThermal, position of its first GPU in batch): nodes with one sample per GPU
         cache = self._node_models
         for node_name, node in registry.nodes.items():
             gpus = node.gpus
@@ -570,6 +572,7 @@ class Models:
             if hit is None or hit[0] != sig or any(self.gpus.get(m_key) is not m for m_key, m in hit[1]):
                 hit = cache[node_name] = (sig, self._node_gpu_models(node_name, node, indices, glist))
             per_gpu = []
+            start = len(batch)
             for g, (_key, m) in zip(glist, hit[1]):  # Registry.take_samples, inlined
                 mine = g.new_samples
                 if mine:
@@ -580,12 +583,52 @@ class Models:
                         for smp in mine:
                             m.add(smp, g.max_sm_clock_mhz)
                 per_gpu.append(mine)
-            if per_gpu and all(per_gpu):
+            if not per_gpu:
+                continue
+            if len(batch) - start == len(per_gpu):  # one sample of every GPU: on arrays (_add_one_thermal)
+                single.append((nt, start))
+            elif all(per_gpu):
                 times = _common_times(per_gpu)
                 if times:
                     thermal_work.append((nt, times))
-        self._add_batch(batch)
+        cols = self._batch_columns(batch)
+        self._add_batch(batch, cols)
+        self._add_one_thermal(single, cols)
         self._add_thermal(thermal_work)
+
+    @staticmethod
+    def _batch_columns(batch: list) -> dict:
+        """The fields of the samples of ``batch`` as arrays [n] (one pass per field)."""
+        smps = [b[1] for b in batch]
+        n = len(smps)
+        cols = {f: np.fromiter(map(operator.attrgetter(f), smps), float, n) for f in _SAMPLE_FIELDS}
+        cols["reasons"] = list(map(operator.attrgetter("reasons"), smps))
+        cols["max_sm_clock_mhz"] = np.fromiter((b[2] for b in batch), float, n)
+        return cols
+
+    def _add_one_thermal(self, single: list, cols: dict) -> None:
+        """The thermal samples of nodes with one sample of every GPU (``single``: (NodeThermal,
+        position of its first GPU's sample in ``cols``)), on arrays: what :func:`_common_times`
+        and :meth:`_add_thermal` do with them (a node's samples count when they share one time
+        and every temperature is positive and finite; only a time later than the node's last)."""
+        by_bank: dict = {}
+        for nt, start in single:
+            by_bank.setdefault(id(nt.bank), (nt.bank, []))[1].append((nt, start))
+        time_s, temp, power = cols["time_s"], cols["temp_c"], cols["power_w"]
+        for bank, items in by_bank.values():
+            slots = np.fromiter((x[1] for x in items), np.int64, len(items))[:, None] + np.arange(bank.n)
+            t, tc, pw = time_s[slots], temp[slots], power[slots]
+            last = np.fromiter((x[0].last_t for x in items), float, len(items))
+            with np.errstate(invalid="ignore"):
+                ok = (t == t[:, :1]).all(axis=1) & (tc > 0).all(axis=1) & np.isfinite(tc).all(axis=1)
+            ok &= t[:, 0] > last
+            sel = np.nonzero(ok)[0]
+            if not sel.size:
+                continue
+            for i in sel.tolist():
+                items[i][0].last_t = float(t[i, 0])
+            bank.add(np.fromiter((items[i][0].row for i in sel.tolist()), np.int64, sel.size), t[sel, 0],
+                     pw[sel], tc[sel])
 
     def _node_gpu_models(self, node_name: str, node, indices: tuple, glist: list) -> list:
         """``[(key, model)]`` of the GPUs ``indices`` of ``node`` (records ``glist``): a GPU's
@@ -606,18 +649,15 @@ class Models:
             out.append((key, m))
         return out
 
-    def _add_batch(self, batch: list) -> None:
+    def _add_batch(self, batch: list, cols: dict) -> None:
         """:meth:`GpuModel.add` of one sample for each ``(model, sample, max SM clock MHz)`` of
         ``batch`` (distinct models): the rate observations and the anchored scale on arrays, the
         curve fit's bins per GPU (:meth:`GpuModel.observe_cap`). Same state as ``add`` per GPU."""
         n = len(batch)
         if not n:
             return
-        get = _SAMPLE_FIELDS
-        rows = [get(b[1]) for b in batch]
-        util, enforced, power, clock, reasons = (list(x) for x in zip(*rows))
-        util, enforced, power, clock = (np.array(x, float) for x in (util, enforced, power, clock))
-        maxc = np.fromiter((b[2] for b in batch), float, n)
+        util, enforced, power, clock = (cols[f] for f in ("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz"))
+        reasons, maxc = cols["reasons"], cols["max_sm_clock_mhz"]
         cls = np.fromiter((_rate_class(r if isinstance(r, tuple) else tuple(r)) for r in reasons), np.int64, n)
         with np.errstate(divide="ignore", invalid="ignore"):
             capped = (cls == _POWER) & (maxc > 0) & (clock > 0)

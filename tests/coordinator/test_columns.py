@@ -40,7 +40,8 @@ def _registry(rng: random.Random, nodes: int, per_node: int) -> Registry:
 
 def _sample(rng: random.Random, t: float) -> Sample:
     enforced = rng.choice([0.0, rng.uniform(150.0, 700.0), float(rng.randrange(200, 700, 25))])
-    return Sample(time_s=t, power_w=rng.uniform(0.0, 720.0), enforced_w=enforced, temp_c=rng.uniform(30, 90),
+    temp_c = 0.0 if rng.random() < 0.02 else rng.uniform(30, 90)  # no temperature: no thermal sample
+    return Sample(time_s=t, power_w=rng.uniform(0.0, 720.0), enforced_w=enforced, temp_c=temp_c,
                   sm_clock_mhz=float(rng.choice([0, rng.randrange(600, 1995, 15)])), reasons=rng.choice(REASONS),
                   utilization_pct=rng.choice([0.0, 10.0, 50.0, 100.0]))
 
@@ -65,18 +66,29 @@ def test_batched_model_updates_equal_per_gpu_adds(seed):
     reg = _registry(rng, nodes=12, per_node=4)
     models = M.Models(clock=lambda: 0.0, budget_clock=lambda: 0.0, rng=random.Random(0))
     ref: dict = {}
+    ref_thermal = {name: M.NodeThermal(tuple(sorted(node.gpus)), 1.0) for name, node in reg.nodes.items()}
     for step in range(40):
-        for node in reg.nodes.values():
+        for name, node in reg.nodes.items():
+            per_gpu = []
             for g in node.gpus.values():
-                count = rng.choice([0, 1, 1, 1, 2])  # mostly one sample (the batched path), some none or two
+                count = rng.choice([0, 1, 1, 1, 1, 1, 2])  # mostly one sample (the batched path), some none or two
                 g.new_samples = [_sample(rng, step + 0.1 * j) for j in range(count)]
+                per_gpu.append(g.new_samples)
                 r = ref.setdefault(g.key, M.GpuModel(g.name, g.min_cap_w, g.max_cap_w))
                 for smp in g.new_samples:
                     r.add(smp, g.max_sm_clock_mhz)
+            if all(per_gpu):  # the per-node thermal path: every common time, one at a time
+                for t, power, temp in M._common_times(per_gpu):
+                    ref_thermal[name].add(t, power, temp)
         models.update(reg, 1.0)
     assert set(models.gpus) == set(ref)
     for key, r in ref.items():
         assert _close(_state(models.gpus[key]), _state(r)), key
+    for name, r in ref_thermal.items():
+        got, want = models.thermal(name), r.params()
+        assert sorted(got) == sorted(want)
+        for idx in want:
+            assert _close(list(got[idx]), list(want[idx])), (name, idx)
     assert sum(1 for m in models.gpus.values() if m._full_fit_ready()) > 0  # both regimes are exercised
     assert sum(1 for m in models.gpus.values() if not m._full_fit_ready()) > 0
 
