@@ -1,7 +1,8 @@
 """From observed state to the allocator's problem, and back (the coordinator's side of the solve).
 
 :func:`build_inputs` (event-loop thread, reads the registry) snapshots everything the solve needs
-into plain data: :class:`SolveInputs`. :func:`solve` (worker thread, pure) builds the allocator's
+into plain data: :class:`SolveInputs`, its GPUs as columns (:class:`InputColumns`, arrays [G]; the
+per-GPU :class:`GpuInput` rows are made only when read: explain, tests, the pace loop's jobs). :func:`solve` (worker thread, pure) builds the allocator's
 :class:`~capctl.allocator.problem.AllocationProblem` and solves it with the fast path
 (:func:`capctl.allocator.fast.solve`).
 

@@ -37,6 +37,13 @@ uncapped draw over the prior's saturation, ``power_w / sat_w``. ``s`` is their e
 weighted mean (:data:`SCALE_HALF_LIFE` samples). A GPU bound to a new job (registry bindings)
 gets a fresh model: a new workload, a new curve.
 
+Arrays: the per-sample state of every GPU's curve (anchored scale, caps seen, refit bookkeeping,
+the learned fit) is a row of one :class:`CurveBank`; :meth:`Models.update` feeds one interval's
+samples of all GPUs on arrays (the curve fit's 1 W bins stay per GPU, a dict each) and
+:meth:`Models.curve_arrays` reads every GPU's curve as arrays (tested equal to the per-GPU
+:meth:`GpuModel.add` / :meth:`Models.curve` to 1e-9). Refits stay one scipy fit per GPU (not
+batched), within the interval's budget.
+
 Clocks: :class:`Models` takes the clocks it reads (``clock``: refit throttle, default
 ``time.monotonic``; ``budget_clock``: the per-interval refit budget, default
 ``time.perf_counter``) and the random source of the refit jitter, so an in-process user (the

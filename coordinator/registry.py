@@ -17,6 +17,11 @@ the highest cap it may be enforcing right now, :meth:`GpuObs.accounted_w`::
 
 The last term covers a telemetry sample taken before an increase was applied but delivered after
 its acknowledgement. A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
+
+Per interval the decision path reads the GPUs as columns, not record by record:
+:meth:`Registry.gpu_table` gives the GPU slots (nodes by name, GPUs by index, cached per
+topology) and :mod:`coordinator.gpucolumns` reads the fields of every slot into one array per
+field (``GpuObs`` has slots: a field read is a pointer chase, not a dict lookup).
 """
 
 from __future__ import annotations
