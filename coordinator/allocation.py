@@ -433,14 +433,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     # observed state first: another limit binds below the request (out-of-band): the GPU is
     # planned (and its request brought down) within its enforced limit
     hi = np.where(oob, np.maximum(lo, np.minimum(hi, enforced)), hi)
-    back = np.minimum(np.maximum(np.where(c["pre_job_cap_w"] > 0, c["pre_job_cap_w"], acc), lo), hi)
-    target = np.zeros(G)
-    if policy.idle_cap_w is not None:
-        idle = np.minimum(np.maximum(float(policy.idle_cap_w), lo), hi)
-    elif bool(getattr(policy, "reserve_pre_job_limits", False)):  # null, reserved: the pre-job limit now
-        idle = back
-    else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes back from the
-        idle, target = lo, back  # headroom left once every running job has its watts
+    idle, target = _idle_rule(policy, c["pre_job_cap_w"], acc, lo, hi)
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
@@ -462,6 +455,18 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
         straggler=straggler, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
         curve_min_w=curves.valid_min_w, curves=curves)
+
+
+def _idle_rule(policy, pre_job_cap_w: np.ndarray, acc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:
+    """``(idle cap, idle target)`` [G] (W) of every GPU by the policy's idle rule (see the module
+    docstring): ``idle_cap_w`` within the limits; null and reserved: the pre-job limit (else the
+    accounted cap) now; null: the minimum in the solve, the pre-job limit as the target."""
+    back = np.minimum(np.maximum(np.where(pre_job_cap_w > 0, pre_job_cap_w, acc), lo), hi)
+    if policy.idle_cap_w is not None:
+        return np.minimum(np.maximum(float(policy.idle_cap_w), lo), hi), np.zeros(len(lo))
+    if bool(getattr(policy, "reserve_pre_job_limits", False)):
+        return back, np.zeros(len(lo))
+    return lo, back
 
 
 def _default_curve():
