@@ -111,15 +111,19 @@ class InputColumns:
         """GPU ``i`` as a :class:`GpuInput`."""
         return self.rows_at([i])[0]
 
-    def rows_at(self, positions) -> list[GpuInput]:
-        """The GPUs at ``positions`` as :class:`GpuInput` rows (one conversion per column)."""
+    def rows_at(self, positions, with_curves: bool = True) -> list[GpuInput]:
+        """The GPUs at ``positions`` as :class:`GpuInput` rows (one conversion per column);
+        ``with_curves=False`` leaves ``curve`` None (a reader that uses no curve: 2 us a row less)."""
         pos = np.asarray(positions, np.int64)
         cols = [np.asarray(a)[pos].tolist() for a in (
             self.min_cap_w, self.max_cap_w, self.fixed, self.accounted_w, self.observed_w, self.thermal_ceiling_w,
             self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed)]
         keys, dnames, jnames, strag = self.keys, self.domain_names, self.job_names, self.straggler
         c = self.curves
-        curves = [c[i] for i in pos.tolist()] if isinstance(c, list) else c.curves_at(pos)
+        if not with_curves:
+            curves = [None] * len(pos)
+        else:
+            curves = [c[i] for i in pos.tolist()] if isinstance(c, list) else c.curves_at(pos)
         out = []
         for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed in zip(
                 pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), curves, *cols):
@@ -714,9 +718,10 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
     d = np.fromiter((desired.get(k, 0.0) for k in c.keys), float, len(c.keys))
     load = _domain_sums(levels, d, n)
     head = lims - load - LIMIT_SLACK_W
-    # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move
+    # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move, without
+    # their curves (the pace loop is independent of the fitted curves by design: paceloop.slope_w)
     cand = _pace_candidates(c, inputs.jobs).tolist()
-    gpus = c.rows_at(cand)
+    gpus = c.rows_at(cand, with_curves=False)
     pos_of = {g.key: i for i, g in zip(cand, gpus)}
 
     def extra_w(members) -> float:
