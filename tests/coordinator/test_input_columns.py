@@ -61,7 +61,8 @@ def _registry(rng: random.Random) -> tuple[Registry, Models]:
                        pre_job_cap_w=rng.choice([0.0, 650.0]), last_ack_w=rng.uniform(250, 700),
                        last_ack_mono=rng.choice([-1e18, NOW - 0.5]), safe_cap_w=rng.uniform(200, 400),
                        slowdown_run=rng.choice([0, 3]), sample_mono=rng.choice([NOW - 1.0, NOW - 1.0, NOW - 60.0]))
-            g.cap_w = g.enforced_w + rng.choice([0.0, 40.0])
+            gap = rng.choice([0.0, 40.0])
+            g.cap_w = g.enforced_w + (40.0 if g.cap_state == capstates.OOB_LIMITED else gap)
             g.sample_enforced_w = g.enforced_w
             if rng.random() < 0.2:
                 g.pending[1] = rng.uniform(250, 700)
@@ -151,6 +152,8 @@ def test_columns_equal_the_per_gpu_rules(seed, idle, min_cap, reserve):
         for field, value in w.items():
             assert _same(getattr(gi, field), value), (w["key"], field, getattr(gi, field), value)
     fixed = sum(w["fixed"] for w in want)
+    oob = [w for w in want if not w["fixed"] and reg.nodes[w["key"][0]].gpus[w["key"][1]].cap_state == capstates.OOB_LIMITED]
+    assert oob and all(w["max_cap_w"] < 700.0 for w in oob)  # held within their enforced limit
     assert 0 < fixed < len(want) and any(w["straggler"] for w in want) and any(w["paced"] for w in want)
     assert any(math.isfinite(w["thermal_ceiling_w"]) for w in want) and any(w["idle_target_w"] for w in want) == (
         idle == "null" and not reserve)
