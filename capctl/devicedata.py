@@ -43,16 +43,6 @@ def constraints_problem(min_w: float, max_w: float) -> str:
     return ""
 
 
-def constraints_unusable(min_w, max_w):
-    """Element-wise ``constraints_problem(min_w, max_w) != ""`` on float arrays (W; numpy): the
-    same rule (finite, ``MIN_SANE_LIMIT_W <= min_w <= max_w <= MAX_SANE_LIMIT_W``) for many GPUs."""
-    import numpy as np
-
-    lo, hi = np.asarray(min_w, float), np.asarray(max_w, float)
-    ok = np.isfinite(lo) & np.isfinite(hi) & (lo <= hi) & (lo >= MIN_SANE_LIMIT_W) & (hi <= MAX_SANE_LIMIT_W)
-    return ~ok
-
-
 def unsupported_message(min_w: float, max_w: float) -> str:
     """The status/log text of a GPU held for bad constraints ("" when they are usable)."""
     problem = constraints_problem(min_w, max_w)

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from capctl import capstates, devicedata
+from capctl import capstates
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
 
@@ -417,7 +417,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     G = len(table.keys)
     have = c["have_reading"]
     lo_c, hi_c = c["min_cap_w"], c["max_cap_w"]
-    problem = devicedata.constraints_unusable(lo_c, hi_c)
+    problem = gpucolumns.constraints_unusable(lo_c, hi_c)
     acc = gpucolumns.accounted_w(c, now_mono, ack_memory_s, problem)
     states = c["cap_state"]
     unc = np.fromiter((s in UNCONTROLLABLE_STATES for s in states), bool, G)

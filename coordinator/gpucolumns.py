@@ -85,6 +85,16 @@ def gather(keys, gpus: list, names=None) -> Columns:
     return Columns(keys=tuple(keys), col=col)
 
 
+def constraints_unusable(min_cap_w, max_cap_w) -> np.ndarray:
+    """[G] bool: ``capctl.devicedata.constraints_problem(min, max) != ""`` element-wise on arrays
+    (W): the same rule (finite, ``MIN_SANE_LIMIT_W <= min <= max <= MAX_SANE_LIMIT_W``, the
+    constants of :mod:`capctl.devicedata`) for many GPUs (tested equal)."""
+    lo, hi = np.asarray(min_cap_w, float), np.asarray(max_cap_w, float)
+    ok = (np.isfinite(lo) & np.isfinite(hi) & (lo <= hi) & (lo >= devicedata.MIN_SANE_LIMIT_W)
+          & (hi <= devicedata.MAX_SANE_LIMIT_W))
+    return ~ok
+
+
 def pending_top_w(pending) -> np.ndarray:
     """[G]: the highest cap sent but not acknowledged of each GPU (W; -inf: none)."""
     return np.fromiter((max(p.values()) if p else -math.inf for p in pending), float, len(pending))

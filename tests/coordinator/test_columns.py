@@ -129,7 +129,7 @@ def test_gathered_accounting_equals_accounted_w_per_gpu():
             g.pending[seq] = rng.uniform(150, 700)
         gpus.append(g)
     c = gpucolumns.gather([g.key for g in gpus], gpus, gpucolumns.ACCOUNTING)
-    problem = devicedata.constraints_unusable(c["min_cap_w"], c["max_cap_w"])
+    problem = gpucolumns.constraints_unusable(c["min_cap_w"], c["max_cap_w"])
     got = gpucolumns.accounted_w(c, 100.0, 2.0, problem)
     want = np.array([g.accounted_w(100.0, 2.0) for g in gpus])
     np.testing.assert_allclose(got, want, rtol=0, atol=0)
@@ -138,7 +138,7 @@ def test_gathered_accounting_equals_accounted_w_per_gpu():
 def test_constraints_unusable_is_constraints_problem():
     values = [0.0, 1.0, 50.0, 100.0, 200.0, 700.0, 5000.0, 5001.0, 1e12, math.inf, -math.inf, math.nan, -5.0]
     lo, hi = np.meshgrid(values, values)
-    got = devicedata.constraints_unusable(lo.ravel(), hi.ravel())
+    got = gpucolumns.constraints_unusable(lo.ravel(), hi.ravel())
     want = [bool(devicedata.constraints_problem(a, b)) for a, b in zip(lo.ravel(), hi.ravel())]
     assert got.tolist() == want
     assert 0 < sum(want) < len(want)
