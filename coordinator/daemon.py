@@ -383,6 +383,7 @@ async def serve(args) -> int:
         await asyncio.to_thread(ha.stop)  # revoke the etcd lease: a standby takes over at once
     await _shut_down(coord, servers, runner)
     metrics.close()
+    coord.close_store_io()
     store.close()
     finished.close()
     _remove(sockets.admin, sockets.status, args.ready_file)
