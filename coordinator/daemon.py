@@ -136,9 +136,10 @@ def _prepare_unix_socket(path: str, flag: str = "--admin-socket") -> None:
     raise UserInputError(f"{flag} {path}: another process is serving on it (another coordinator?)")
 
 
-def _unix_socket_server(coord, path: str, flag: str, authorizer):
+def _unix_socket_server(coord, path: str, flag: str, authorizer, spliced: bool = False):
     """An unstarted gRPC server for ``coord`` on the unix socket ``path`` (created mode 0600
-    through the umask), admitting callers by ``authorizer``.
+    through the umask), admitting callers by ``authorizer``; ``spliced``: served through a
+    :class:`~capctl.security.peercred.CredentialSplice`, so the audit line names the caller's uid.
 
     Raises:
         UserInputError: the socket cannot be prepared or bound (naming ``flag``).
@@ -148,12 +149,50 @@ def _unix_socket_server(coord, path: str, flag: str, authorizer):
     _prepare_unix_socket(path, flag)
     old = os.umask(0o177)
     try:
+        if spliced:
+            from capctl.security.peercred import CredentialSplice
+
+            splice = CredentialSplice(path)
+            server, _ = srv.build_server(coord, splice.private_address, authorizer, agent_link=False)
+            return _SplicedServer(server, splice, flag)
         server, _ = srv.build_server(coord, "unix:" + path, authorizer, agent_link=False)
     except RuntimeError as exc:
         raise UserInputError(f"{flag}: {exc}") from None
     finally:
         os.umask(old)
     return server
+
+
+class _SplicedServer:
+    """A gRPC aio server behind a :class:`~capctl.security.peercred.CredentialSplice` (the admin
+    socket: the audit line names the caller's uid); starts and stops both, delegates the rest."""
+
+    def __init__(self, server, splice, flag: str) -> None:
+        self._server = server
+        self._splice = splice
+        self._flag = flag
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+    async def start(self) -> None:
+        """Start the server, then bind the public socket (mode from the umask: 0600).
+
+        Raises:
+            UserInputError: the public socket cannot be bound (naming the flag).
+        """
+        await self._server.start()
+        old = os.umask(0o177)
+        try:
+            self._splice.start()
+        except OSError as exc:
+            raise UserInputError(f"{self._flag} {self._splice.public_path}: cannot listen: {exc.strerror or exc}") from None
+        finally:
+            os.umask(old)
+
+    async def stop(self, grace):
+        self._splice.stop()
+        return await self._server.stop(grace)
 
 
 def _precheck_listen(address: str, flag: str = "--listen") -> None:
@@ -475,7 +514,8 @@ async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, 
     try:
         if sockets.admin:
             servers.append(_unix_socket_server(coord, sockets.admin, "--admin-socket",
-                                               authz.TrustedTransport(f"the admin socket unix:{sockets.admin}")))
+                                               authz.TrustedTransport(f"the admin socket unix:{sockets.admin}"),
+                                               spliced=True))
             bound.append(sockets.admin)
         if sockets.status:
             servers.append(_unix_socket_server(
