@@ -345,9 +345,12 @@ def _startup_checks(args):
     from capctl.policy import load_policy
     from capctl.security.plaintext import check_plaintext
 
+    from coordinator import hadaemon
+
     _check_addresses(args)
     check_plaintext(args.listen, "--listen", tls=any((args.tls_ca, args.tls_cert, args.tls_key)), insecure=args.insecure,
                     log=log)  # incomplete --tls-* flags are refused when the servers are built
+    hadaemon.check_flags(args)  # flags first: a bad --etcd-* flag is named even without a policy file
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
     for w in policy.warnings:
         log.warning("%s", w)

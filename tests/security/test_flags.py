@@ -52,3 +52,18 @@ def test_cli_never_sends_the_token_in_clear_text(tmp_path, pki):
     assert TOKEN not in r.stderr + r.stdout
     r = _run("capctl.cli.main", "status", "--coordinator", "127.0.0.1:9", env={"CAPCTL_TLS_CA": str(pki.ca_path)})
     assert r.returncode == 1 and "missing --tls-cert, --tls-key (or $CAPCTL_TLS_CERT, $CAPCTL_TLS_KEY)" in r.stderr
+
+
+def test_coordinator_names_a_bad_etcd_flag_before_a_missing_policy(tmp_path):
+    """Flags first: with the default policy path missing, a bad --etcd-* flag is the error shown."""
+    common = ["--policy", str(tmp_path / "missing.yaml"), "--state-dir", str(tmp_path / "s"), "--admin-socket",
+              str(tmp_path / "a.sock"), "--metrics-port", "-1", "--listen", "127.0.0.1:0"]
+    for flags, expected in ((["--etcd-lease-ttl-s", "0"], "--etcd-lease-ttl-s 0: expected 1..3600"),
+                            (["--etcd-endpoints", "ftp://h:1"], "--etcd-endpoints"),
+                            (["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-cert", str(tmp_path / "c.pem")],
+                             "--etcd-cert and --etcd-key go together")):
+        r = _run("coordinator.daemon", *common, *flags)
+        assert r.returncode == 1 and expected in r.stderr and "missing.yaml" not in r.stderr, (flags, r.stderr)
+        assert "Traceback" not in r.stderr
+    r = _run("coordinator.daemon", *common, "--etcd-lease-ttl-s", "5")  # good flags: the policy error
+    assert r.returncode == 1 and "missing.yaml" in r.stderr and "Traceback" not in r.stderr
