@@ -178,8 +178,8 @@ class MetricsPolicy:
     ``per_gpu_series``: ``all`` every GPU; ``flagged`` only GPUs in a cap state other than OK or
     flagged STRAGGLER; ``none`` no GPU (aggregates per cluster, domain, job and cap state stay);
     ``auto`` = ``all`` while the coordinator sees at most ``all_up_to_gpus`` GPUs, else ``flagged``.
-    The default bound of 4,096 GPUs keeps a scrape below ~100k series (about 22 per GPU) and ~0.4 s
-    of coordinator CPU (bench/scrape_cost.py).
+    The default bound of 4,096 GPUs keeps a scrape below ~100k series (about 23 per GPU) and ~0.8 s
+    of coordinator CPU (~200 us per GPU: bench/scrape_cost.py).
     """
 
     per_gpu_series: str = "auto"

@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.etcdconn import DEFAULT_TIMEOUT_S, EtcdConn, parse_endpoints
 from coordinator.etcdfinished import EtcdFinishedJobs
+from coordinator.finished import FinishedJob
 from coordinator.etcdstore import EtcdStore
 from tests.etcdcluster import EtcdCluster
 
@@ -71,6 +72,8 @@ def test_a_frozen_etcd_member_never_stalls_the_loop(tmp_path):
                 while coord.store_io.pending:
                     await asyncio.sleep(0.01)
                 assert coord._save_ledger({}) is not None  # not skipped: no call pending
+                finished.put(FinishedJob(job_id="J9", end_time_s=time.time() - 5))  # kept by a leader before
+                coord.on_energy("n2", _final_record("J9", "n2"))  # its agent repeats it: looked up, kept
                 while coord.store_io.pending:
                     await asyncio.sleep(0.01)
                 stop.set()
@@ -91,3 +94,5 @@ def test_a_frozen_etcd_member_never_stalls_the_loop(tmp_path):
         # answered (with an error: as a read error on the loop did), and J2 is finished too
         assert finished.get("J3") is not None  # (J1's timed-out write may have landed after SIGCONT: unknown)
         assert "J2" in coord._finished_ids and store.load_nodes() == {}
+        assert "J9" in coord._finished_ids and "J9" not in coord.energy_book.jobs  # not finished again
+        assert finished.get("J9").energy_j == 0.0
