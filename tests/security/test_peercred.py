@@ -36,7 +36,9 @@ def test_the_spliced_server_sees_the_callers_uid_and_pid_and_a_forged_name_is_re
         splice.start()
         try:
             for _ in range(2):
-                async with grpc.aio.insecure_channel(f"unix:{public}") as ch:
+                # a subchannel of its own: gRPC would otherwise share one connection between channels
+                own = [("grpc.use_local_subchannel_pool", 1)]
+                async with grpc.aio.insecure_channel(f"unix:{public}", options=own) as ch:
                     await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
             return [caller_of(p) for p in rec.peers]  # while the splice runs
         finally:
