@@ -136,9 +136,10 @@ def _prepare_unix_socket(path: str, flag: str = "--admin-socket") -> None:
     raise UserInputError(f"{flag} {path}: another process is serving on it (another coordinator?)")
 
 
-def _unix_socket_server(coord, path: str, flag: str, authorizer):
+def _unix_socket_server(coord, path: str, flag: str, authorizer, spliced: bool = False):
     """An unstarted gRPC server for ``coord`` on the unix socket ``path`` (created mode 0600
-    through the umask), admitting callers by ``authorizer``.
+    through the umask), admitting callers by ``authorizer``; ``spliced``: served through a
+    :class:`~capctl.security.peercred.CredentialSplice`, so the audit line names the caller's uid.
 
     Raises:
         UserInputError: the socket cannot be prepared or bound (naming ``flag``).
@@ -148,12 +149,50 @@ def _unix_socket_server(coord, path: str, flag: str, authorizer):
     _prepare_unix_socket(path, flag)
     old = os.umask(0o177)
     try:
+        if spliced:
+            from capctl.security.peercred import CredentialSplice
+
+            splice = CredentialSplice(path)
+            server, _ = srv.build_server(coord, splice.private_address, authorizer, agent_link=False)
+            return _SplicedServer(server, splice, flag)
         server, _ = srv.build_server(coord, "unix:" + path, authorizer, agent_link=False)
     except RuntimeError as exc:
         raise UserInputError(f"{flag}: {exc}") from None
     finally:
         os.umask(old)
     return server
+
+
+class _SplicedServer:
+    """A gRPC aio server behind a :class:`~capctl.security.peercred.CredentialSplice` (the admin
+    socket: the audit line names the caller's uid); starts and stops both, delegates the rest."""
+
+    def __init__(self, server, splice, flag: str) -> None:
+        self._server = server
+        self._splice = splice
+        self._flag = flag
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+    async def start(self) -> None:
+        """Start the server, then bind the public socket (mode from the umask: 0600).
+
+        Raises:
+            UserInputError: the public socket cannot be bound (naming the flag).
+        """
+        await self._server.start()
+        old = os.umask(0o177)
+        try:
+            self._splice.start()
+        except OSError as exc:
+            raise UserInputError(f"{self._flag} {self._splice.public_path}: cannot listen: {exc.strerror or exc}") from None
+        finally:
+            os.umask(old)
+
+    async def stop(self, grace):
+        self._splice.stop()
+        return await self._server.stop(grace)
 
 
 def _precheck_listen(address: str, flag: str = "--listen") -> None:
@@ -306,9 +345,12 @@ def _startup_checks(args):
     from capctl.policy import load_policy
     from capctl.security.plaintext import check_plaintext
 
+    from coordinator import hadaemon
+
     _check_addresses(args)
     check_plaintext(args.listen, "--listen", tls=any((args.tls_ca, args.tls_cert, args.tls_key)), insecure=args.insecure,
                     log=log)  # incomplete --tls-* flags are refused when the servers are built
+    hadaemon.check_flags(args)  # flags first: a bad --etcd-* flag is named even without a policy file
     policy = load_policy(args.policy)  # PolicyError -> exit 1 in main()
     for w in policy.warnings:
         log.warning("%s", w)
@@ -383,6 +425,7 @@ async def serve(args) -> int:
         await asyncio.to_thread(ha.stop)  # revoke the etcd lease: a standby takes over at once
     await _shut_down(coord, servers, runner)
     metrics.close()
+    coord.close_store_io()
     store.close()
     finished.close()
     _remove(sockets.admin, sockets.status, args.ready_file)
@@ -474,7 +517,8 @@ async def _start_servers(coord, args, sockets: _Sockets, policy) -> tuple[list, 
     try:
         if sockets.admin:
             servers.append(_unix_socket_server(coord, sockets.admin, "--admin-socket",
-                                               authz.TrustedTransport(f"the admin socket unix:{sockets.admin}")))
+                                               authz.TrustedTransport(f"the admin socket unix:{sockets.admin}"),
+                                               spliced=True))
             bound.append(sockets.admin)
         if sockets.status:
             servers.append(_unix_socket_server(

@@ -42,6 +42,9 @@ class EtcdFinishedJobs(FinishedJobStore):
             tools and tests; set by :class:`coordinator.hadaemon.HaSetup` before serving).
     """
 
+    blocking_io = True
+    """Calls wait on the network: the coordinator makes them off its event loop (coordinator.storeio)."""
+
     def __init__(self, conn: EtcdConn, prefix: str, retention: Retention | None = None, leadership=None) -> None:
         self.conn = conn
         self.prefix = (prefix.rstrip("/") or "/capctl") + "/finished/"

@@ -68,6 +68,9 @@ class EtcdStore:
             writes are not fenced; for tools and tests).
     """
 
+    blocking_io = True
+    """Calls wait on the network: the coordinator makes them off its event loop (coordinator.storeio)."""
+
     def __init__(self, conn: EtcdConn, prefix: str, leadership=None) -> None:
         self.conn = conn
         self.prefix = prefix.rstrip("/") or "/capctl"

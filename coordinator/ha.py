@@ -61,20 +61,52 @@ def leader_metadata(coord) -> tuple:
 
 def on_change_threadsafe(coord, loop: asyncio.AbstractEventLoop):
     """An ``on_change`` for :class:`~coordinator.election.Leadership` that runs :func:`elected` or
-    :func:`deposed` on the coordinator's event loop."""
+    :func:`deposed` on the coordinator's event loop; the admin state a new leader takes over is
+    read in the coordinator's store worker (etcd requests never wait on the event loop)."""
+    io = getattr(coord, "store_io", None)
+
     def on_change(is_leader: bool) -> None:
-        loop.call_soon_threadsafe(elected if is_leader else deposed, coord)
+        read = read_admin_state if is_leader else (lambda _coord: None)
+        if io is None:  # no etcd store (tests): read here
+            handle(read(coord), is_leader)
+            return
+        # in the store worker, in order with the other store calls: the election thread goes on
+        # with its keep-alives meanwhile, and a deposition never overtakes the election before it
+        io.run_threadsafe(read, coord, then=lambda state: handle(state, is_leader))
+
+    def handle(state, is_leader: bool) -> None:
+        if is_leader:
+            loop.call_soon_threadsafe(elected, coord, state)
+        else:
+            loop.call_soon_threadsafe(deposed, coord)
     return on_change
 
 
-def elected(coord) -> None:
-    """Take over: admin state from the store; every node without a stream counted at the caps of
-    the ledger the last leader wrote (write-ahead of its increases)."""
+def read_admin_state(coord):
+    """``(budget override or StoreError, node ledger or StoreError)`` of ``coord``'s store, or None
+    without a usable store (blocks on etcd: the election thread calls it)."""
     store = coord.store
-    if store is not None and store.ok:
+    if store is None or not store.ok:
+        return None
+    try:
+        ledger = store.load_nodes()
+    except StoreError as exc:
+        ledger = exc
+    return coord._read_override(), ledger
+
+
+def elected(coord, state=False) -> None:
+    """Take over: admin state from the store (``state``: as :func:`read_admin_state` read it, else
+    read here); every node without a stream counted at the caps of the ledger the last leader
+    wrote (write-ahead of its increases)."""
+    if state is False:
+        state = read_admin_state(coord)
+    if state is not None:
+        override, ledger = state
         try:
-            coord.policy = coord._apply_override(coord.file_policy)
-            ledger = store.load_nodes()
+            coord.policy = coord._apply_override(coord.file_policy, override, read=False)
+            if isinstance(ledger, StoreError):
+                raise ledger
             reg = coord.registry
             for name in [n for n, node in reg.nodes.items() if node.session is None and n in ledger]:
                 del reg.nodes[name]  # counted as the last leader left it, not as at our start or last term

@@ -48,6 +48,34 @@ def _tls_of(args):
     return EtcdTls(getattr(args, "etcd_ca", None), getattr(args, "etcd_cert", None), getattr(args, "etcd_key", None))
 
 
+class _Quiet:
+    """A logger that drops its lines (the flag check before the policy: :class:`HaSetup` logs them)."""
+
+    def warning(self, *args, **kwargs) -> None:
+        pass
+
+
+def check_flags(args) -> None:
+    """Check the ``--etcd-*`` flags given, those that need no policy, before the policy is read: a
+    bad flag is reported even when the policy file is missing or invalid (flags first).
+
+    Raises:
+        UserInputError: a TTL out of 1..3600, a prefix not starting with '/', a malformed
+            endpoint, or a TLS setting :func:`coordinator.etcdconn.check_tls` refuses.
+    """
+    from coordinator.etcdconn import check_tls, parse_endpoints
+
+    ttl = getattr(args, "etcd_lease_ttl_s", None)
+    if ttl is not None and not 1 <= ttl <= 3600:
+        raise UserInputError(f"--etcd-lease-ttl-s {ttl}: expected 1..3600 whole seconds")
+    prefix = getattr(args, "etcd_prefix", None)
+    if prefix is not None and not prefix.startswith("/"):
+        raise UserInputError(f"--etcd-prefix {prefix!r}: expected a key prefix starting with '/'")
+    if getattr(args, "etcd_endpoints", None):
+        check_tls(parse_endpoints(args.etcd_endpoints), _tls_of(args), insecure=bool(getattr(args, "insecure", False)),
+                  log_=_Quiet())
+
+
 class HaSetup:
     """The etcd connection, store and election of one coordinator daemon."""
 

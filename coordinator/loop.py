@@ -52,6 +52,7 @@ from coordinator.jobenergy import JobEnergyBook
 from coordinator.models import Models
 from coordinator.registry import Registry
 from coordinator.store import StoreError
+from coordinator.storeio import StoreIO, blocking
 from coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
 
 log = logging.getLogger("capctl.coordinator.loop")
@@ -106,6 +107,10 @@ class Coordinator:
         self.file_policy = policy
         self.policy_path = policy_path
         self.store = store
+        # etcd stores: their calls run in one worker thread, never on the event loop (coordinator.storeio)
+        self.store_io = StoreIO() if blocking(store) or blocking(self.finished) else None
+        self._finished_absent: collections.OrderedDict = collections.OrderedDict()  # looked up: not kept (bounded)
+        self._finished_lookups: dict = {}  # job id -> [(node, NodeTelemetry of its records)] while looked up
         self.dry_run_flag = bool(dry_run)
         self.metrics = metrics
         self.persistent_alerts: dict[str, str] = {}
@@ -178,24 +183,23 @@ class Coordinator:
         return self.interval_s
 
     # -- budget override ----------------------------------------------------------------------
-    def _apply_override(self, policy):
+    def _apply_override(self, policy, override=None, read: bool = True):
+        """``policy`` with the store's budget override applied; ``override``: the store's, read
+        already (``read`` False: off the loop, :meth:`_read_override`), else read here."""
         if self.store is None or not self.store.ok:
             return policy
-        try:
-            override = self.store.budget_override()
-        except StoreError as exc:
-            self.persistent_alerts["store"] = str(exc)
-            log.error("%s", exc)
+        if read:
+            override = self._read_override()
+        if isinstance(override, StoreError):
+            self.persistent_alerts["store"] = str(override)
+            log.error("%s", override)
             return policy
         if override is None:
             return policy
         if abs(float(override.get("policy_budget_w", -1)) - policy.budget_w) > 1e-6:
             log.info("policy %s changed its budget_w to %g W since `budget set %g`: the file wins",
                      policy.source, policy.budget_w, override["budget_w"])
-            try:
-                self.store.clear_budget_override()
-            except StoreError as exc:
-                self.persistent_alerts["store"] = str(exc)
+            self.store_write(self.store.clear_budget_override, alert="store")
             return policy
         try:
             out = policy.with_budget(float(override["budget_w"]))
@@ -205,6 +209,55 @@ class Coordinator:
         except UserInputError as exc:
             log.error("persisted budget %s W ignored: %s", override.get("budget_w"), exc)
             return policy
+
+    def _read_override(self):
+        """The store's budget override (dict or None), or the :class:`StoreError` reading it raised
+        (blocks: call it off the loop for an etcd store)."""
+        try:
+            return self.store.budget_override()
+        except StoreError as exc:
+            return exc
+
+    # -- store calls (coordinator.storeio) ---------------------------------------------------
+    async def store_read(self, fn, *args):
+        """``fn(*args)``: in the store worker for an etcd store (awaited; the loop goes on meanwhile),
+        else here. Raises what ``fn`` raises."""
+        if self.store_io is None:
+            return fn(*args)
+        return await self.store_io.call(fn, *args)
+
+    def store_write(self, fn, *args, alert: str = "", done=None):
+        """``fn(*args)`` without waiting on the loop (store worker; inline for SQLite); then
+        ``done(result, error)`` on the loop. A :class:`StoreError` with no ``done`` becomes the
+        persistent alert ``alert``. Returns the asyncio future (worker) or None (inline)."""
+        def finish(result, exc) -> None:
+            if done is not None:
+                done(result, exc)
+            elif isinstance(exc, StoreError):
+                if alert:
+                    self.persistent_alerts[alert] = str(exc)
+                log.error("%s", exc)
+            elif exc is not None:
+                log.error("store call %s failed: %s: %s", getattr(fn, "__name__", fn), type(exc).__name__, exc)
+        if self.store_io is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass  # not on the loop (start-up, tools): inline
+            else:
+                return self.store_io.submit(fn, *args, done=finish)
+        try:
+            result = fn(*args)
+        except StoreError as exc:
+            finish(None, exc)
+        else:
+            finish(result, None)
+        return None
+
+    def close_store_io(self) -> None:
+        """Stop the store worker (daemon stop; idempotent)."""
+        if self.store_io is not None:
+            self.store_io.close()
 
     # -- agent sessions -----------------------------------------------------------------------
     def attach(self, hello, session) -> None:
@@ -476,7 +529,9 @@ class Coordinator:
         sent, held_early = await self._send_phase1(decision)
         inc = {} if decision.hold_increases else decide.plan_increases(decision, self._fleet_state(inputs))
         if inc and self._ledger_below(inc):  # write-ahead: a restart must count these caps even for nodes not back yet
-            self._save_ledger(inc, high_water=True)
+            pending = self._save_ledger(inc, high_water=True)
+            if pending is not None:  # etcd: in the store worker; reports are handled meanwhile
+                await asyncio.wait([pending])
         inc_by_node = decide.increases_by_node(inc)
         for n in decision.live_nodes:
             if n in inc_by_node:
@@ -542,7 +597,7 @@ class Coordinator:
         saved = self._ledger_w
         return any(cap_w > saved.get(key, -math.inf) for key, cap_w in planned.items())
 
-    def _save_ledger(self, planned: dict, high_water: bool = False) -> None:
+    def _save_ledger(self, planned: dict, high_water: bool = False):
         """Persist the node ledger: each GPU at max(accounted, ``planned`` cap) (W).
 
         ``high_water`` (the write-ahead before increases): each GPU also keeps at least the value
@@ -550,9 +605,15 @@ class Coordinator:
         so a cap that goes down and back up within that time needs no new write (measured at
         1,000 agents with loads moving every few intervals: a write of ~8,000 GPUs in most intervals
         before). Counting a GPU higher after a restart only holds back watts until its agent
-        reports (spent, never free: docs/protocol.md)."""
+        reports (spent, never free: docs/protocol.md).
+
+        An etcd store writes in the store worker (:mod:`coordinator.storeio`): returns its asyncio
+        future (None when written inline or skipped); a periodic rewrite is skipped while a store
+        call is still pending (the next interval retries), so a stalled etcd queues none."""
         if self.store is None or not self.store.ok:
-            return
+            return None
+        if not high_water and self.store_io is not None and self.store_io.pending:
+            return None
         now = self.registry.clock()
         ack_mem = self.ack_memory_s()
         old = self._ledger_w if high_water else {}
@@ -567,16 +628,20 @@ class Coordinator:
                 gpus[idx] = [acc, g.min_cap_w, g.max_cap_w, g.safe_cap_w]
             if gpus:
                 ledger[name] = {"gpus": gpus, "seen_s": node.seen_s}
-        try:
-            self.store.save_nodes(ledger)
+        return self.store_write(self.store.save_nodes, ledger,
+                                done=lambda _r, exc: self._ledger_saved(saved, high_water, exc))
+
+    def _ledger_saved(self, saved: dict, high_water: bool, exc) -> None:
+        """The node ledger write of ``saved`` ((node, index) -> W) ended (``exc``: its error, or None)."""
+        if exc is None:
             self._ledger_w = saved
             if not high_water:
                 self._ledger_mono = time.monotonic()
             if self.persistent_alerts.get("store", "").startswith("node ledger"):
                 self.persistent_alerts.pop("store", None)
-        except StoreError as exc:
-            self.persistent_alerts["store"] = f"node ledger not saved ({exc}): after a restart, nodes not yet reconnected are not counted"
-            log.error("%s", exc)
+            return
+        self.persistent_alerts["store"] = f"node ledger not saved ({exc}): after a restart, nodes not yet reconnected are not counted"
+        log.error("%s", exc)
 
     # -- views ----------------------------------------------------------------------------------
     def _publish(self, inputs, out, desired, alerts, tick_s, plans_sent) -> None:
@@ -639,9 +704,41 @@ class Coordinator:
         """The ``job_energy`` of a ``NodeTelemetry`` (coordinator.jobenergy); an ended job's record
         (repeated by its agent after a reconnect: its JobEnded was lost) finishes the job once no
         node holds it."""
-        for job_id in self.energy_book.on_telemetry(node_name, tele, self._is_finished):
+        check = self._is_finished if self.store_io is None else functools.partial(self._is_finished_later, node_name, tele)
+        for job_id in self.energy_book.on_telemetry(node_name, tele, check):
             if not any(job_id in n.bindings for n in self.registry.nodes.values()):
                 self._finish(job_id, [])
+
+    def _is_finished_later(self, node_name: str, tele, job_id: str) -> bool:
+        """:meth:`_is_finished` for an etcd store, without a read on the loop: a job not known either
+        way is looked up in the store worker and its records in ``tele`` are taken (or dropped,
+        when it is kept) once the store answered; meanwhile they count as kept."""
+        if job_id in self._finished_ids:
+            return True
+        if job_id in self._finished_absent:
+            return False
+        lookups = self._finished_lookups
+        if job_id not in lookups:
+            if len(lookups) >= 10_000:
+                return False  # a stalled store and that many repeated ends: take them (as on a store error)
+            lookups[job_id] = []
+            self.store_write(self.finished.get, job_id, done=lambda rec, exc: self._looked_up(job_id, rec, exc))
+        mine = [je for je in tele.job_energy if je.job_id == job_id and je.end_time_s > 0]
+        lookups[job_id].append((node_name, pb.NodeTelemetry(node=node_name, job_energy=mine)))
+        return True
+
+    def _looked_up(self, job_id: str, rec, exc) -> None:
+        """The store's answer for ``job_id`` (:meth:`_is_finished_later`): kept, or its records taken
+        now (also after a store error, as :meth:`_is_finished` does)."""
+        replay = self._finished_lookups.pop(job_id, [])
+        if exc is None and rec is not None:
+            self._remember_finished(job_id)
+            return
+        self._finished_absent[job_id] = None
+        while len(self._finished_absent) > 100_000:
+            self._finished_absent.popitem(last=False)
+        for node_name, tele in replay:
+            self.on_energy(node_name, tele)
 
     def _is_finished(self, job_id: str) -> bool:
         """True when ``job_id``'s finished record is kept (remembered: one store read per job)."""
@@ -658,6 +755,7 @@ class Coordinator:
         return kept
 
     def _remember_finished(self, job_id: str) -> None:
+        self._finished_absent.pop(job_id, None)
         self._finished_ids[job_id] = None
         while len(self._finished_ids) > 100_000:
             self._finished_ids.popitem(last=False)
@@ -668,12 +766,14 @@ class Coordinator:
 
         record = self.energy_book.finish(job_id, bindings, time.time())
         self._remember_finished(job_id)
-        try:
-            self.finished.put(record)
-            self.persistent_alerts.pop("finished", None)
-        except StoreError as exc:
+
+        def saved(_r, exc) -> None:
+            if exc is None:
+                self.persistent_alerts.pop("finished", None)
+                return
             self.persistent_alerts["finished"] = f"finished job {job_id} not saved: {exc}"
             log.error("%s", exc)
+        self.store_write(self.finished.put, record, done=saved)  # etcd: in the store worker
         from coordinator.metrics import FINISHED_EXPORT_MAX, FINISHED_EXPORT_S
 
         # a new tuple each time: the exporter thread reads whichever one is current
@@ -683,19 +783,32 @@ class Coordinator:
                  record.gpu_s)
 
     def finished_jobs(self, request) -> pb.FinishedJobsReply:
-        """Admin.FinishedJobs: the kept finished jobs (newest first; see ``FinishedJobsRequest``).
+        """Admin.FinishedJobs: the kept finished jobs (newest first; see ``FinishedJobsRequest``);
+        reads the store on the caller's thread (the servicer: :meth:`finished_jobs_async`).
 
         Raises:
             coordinator.store.StoreError: the store cannot be read.
         """
+        return self._finished_reply(request, self._finished_rows(request))
+
+    async def finished_jobs_async(self, request) -> pb.FinishedJobsReply:
+        """:meth:`finished_jobs` with the store read off the loop for an etcd store."""
+        return self._finished_reply(request, await self.store_read(self._finished_rows, request))
+
+    def _finished_rows(self, request) -> list:
+        """The store's records for ``request`` (blocks on the store: thread-safe, reads no registry)."""
         from coordinator.finished import MAX_LIST
 
         limit = int(request.limit) or MAX_LIST
         if request.job_id:
             rec = self.finished.get(request.job_id)
-            rows = [rec] if rec is not None and rec.end_time_s >= request.since_s else []
-        else:
-            rows = self.finished.since(request.since_s, limit)
+            return [rec] if rec is not None and rec.end_time_s >= request.since_s else []
+        return self.finished.since(request.since_s, limit)
+
+    def _finished_reply(self, request, rows: list) -> pb.FinishedJobsReply:
+        from coordinator.finished import MAX_LIST
+
+        limit = int(request.limit) or MAX_LIST
         running = bool(request.job_id) and not rows and request.job_id in self.registry.jobs()
         return pb.FinishedJobsReply(jobs=[r.to_proto() for r in rows[:limit]], job_running=running)
 
@@ -723,15 +836,30 @@ class Coordinator:
         reply.text = explain_text(job, reply, gpus, view.status)
         return reply
 
-    def _explain_finished(self, job_id: str) -> pb.ExplainReply | None:
-        """The ExplainReply of a finished job (None when not kept; a store error is logged)."""
+    async def explain_async(self, job_id: str) -> pb.ExplainReply | None:
+        """:meth:`explain`, with a finished job's record read off the loop for an etcd store."""
+        if self.store_io is None or any(j.job_id == job_id for j in self.view.status.jobs):
+            return self.explain(job_id)
         from coordinator.store import StoreError
 
         try:
-            rec = self.finished.get(job_id)
+            rec = await self.store_read(self.finished.get, job_id)
         except StoreError as exc:
             log.error("%s", exc)
             return None
+        return self._explain_finished(job_id, rec)
+
+    def _explain_finished(self, job_id: str, rec=False) -> pb.ExplainReply | None:
+        """The ExplainReply of a finished job (None when not kept; a store error is logged);
+        ``rec``: its record read already (None: not kept), else read here."""
+        from coordinator.store import StoreError
+
+        if rec is False:
+            try:
+                rec = self.finished.get(job_id)
+            except StoreError as exc:
+                log.error("%s", exc)
+                return None
         if rec is None:
             return None
         job = pb.JobStatus(job_id=rec.job_id, nodes=list(rec.nodes), gpus=rec.gpus, energy_j=rec.energy_j,
@@ -759,7 +887,7 @@ class Coordinator:
         msg = f"budget set to {budget_w:g} W (was {current:g} W)"
         if self.store is not None and self.store.ok:
             try:
-                self.store.set_budget_override(budget_w, self.file_policy.budget_w)
+                await self.store_read(self.store.set_budget_override, budget_w, self.file_policy.budget_w)
                 self.persistent_alerts.pop("store", None)
                 msg += f"; saved in {self.store.path}"
             except StoreError as exc:
@@ -792,7 +920,8 @@ class Coordinator:
                                         message="policy rejected; the previous one stays")
         self.file_policy = new
         self.policy_path = target
-        self.policy = self._apply_override(new)
+        override = await self.store_read(self._read_override) if self.store is not None and self.store.ok else None
+        self.policy = self._apply_override(new, override, read=False)
         msg = f"policy {target} loaded: budget {self.policy.budget_w:g} W, interval {self.policy.interval_s:g} s"
         if self.policy.budget_w != new.budget_w:
             msg += f" (budget set by an admin; the file says {new.budget_w:g} W)"

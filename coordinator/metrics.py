@@ -5,6 +5,11 @@ Names follow the Prometheus conventions (base units, ``_total`` for counters, ``
 is in docs/metrics.md. Per-interval values are read from the coordinator's published view (a
 custom collector: consistent within one interval, no locks); histograms and counters are updated
 as events happen.
+
+Per-GPU series are exported for the GPUs the policy's ``metrics.per_gpu_series`` selects
+(:func:`coordinator.opsmetrics.exported_gpus`: all, flagged or none; ``auto`` = all up to
+``metrics.all_up_to_gpus`` GPUs): a scrape of every GPU costs ~23 series and ~200 us of CPU per GPU
+(bench/scrape_cost.py: 8,000 GPUs 1.6-1.8 s, 100,000 GPUs 23-30 s). Aggregates per cluster, domain, job and cap state are always exported.
 """
 
 from __future__ import annotations
@@ -42,16 +47,24 @@ class ViewCollector:
 
     def collect(self):
         """Every family of the latest view: cluster, GPU, agent, domain, job and fleet figures."""
+        from coordinator.opsmetrics import exported_gpus
+
         view = self.coord.view
         st = view.status
+        exp = exported_gpus(st, self.coord.policy.metrics)
+        rows = exp.rows
         yield from _cluster_families(view)
-        yield from _gpu_families(view)
+        exported = _gauge("capctl_metrics_gpus_exported", "GPUs with per-GPU series in this scrape "
+                          "(policy metrics.per_gpu_series).")
+        exported.add_metric([], float(len(rows)))
+        yield exported
+        yield from _gpu_families(view, rows)
         yield from _agent_families(st)
         yield from _domain_families(st)
         yield from _job_families(st, self.jobs.rows(st.jobs) if self.jobs is not None else st.jobs)
         yield _job_energy_family(st, getattr(self.coord, "recent_finished", ()))
         yield from _fleet_families(view)
-        yield from _observed_families(st)
+        yield from _observed_families(st, rows, exp.stragglers)
 
 
 def _gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
@@ -77,8 +90,9 @@ def _cluster_families(view):
         yield family
 
 
-def _gpu_families(view):
-    """Per-GPU families (W, degC, Hz, ratios, J)."""
+def _gpu_families(view, rows):
+    """Per-GPU families (W, degC, Hz, ratios, J) of the GPUs in ``rows`` ((node name, GpuStatus,
+    cap state) as :func:`coordinator.opsmetrics.exported_gpus`)."""
     g = _gauge
     cap = g("capctl_gpu_cap_watts", "Allocated (desired) power cap of a GPU (W).", GPU_LABELS)
     ecap = g("capctl_gpu_enforced_cap_watts", "Enforced power limit read back from NVML (W).", GPU_LABELS)
@@ -94,29 +108,28 @@ def _gpu_families(view):
             "Fraction of telemetry samples in the last 60 s with a power-cap reason (0..1).", GPU_LABELS)
     energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
                                  labels=GPU_LABELS)
-    extra = {(e.node, e.index): e for e in view.gpus}
+    extra = {(e.node, e.index): e for e in view.gpus} if rows else {}
     # samples appended directly, one label dict per GPU shared by its 11 series: add_metric builds a
     # dict per series (4.4 us each, 87,000 calls per scrape at 8,000 GPUs); same exposition
     add = [f.samples.append for f in (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)]
     names = [f.name for f in (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf)] + [energy.name + "_total"]
-    for n in view.status.nodes:
-        for gs in n.gpus:
-            lab = {"node": n.name, "gpu": str(gs.index), "uuid": gs.uuid}
-            add[0](Sample(names[0], lab, gs.cap_w))
-            add[1](Sample(names[1], lab, gs.enforced_w))
-            add[2](Sample(names[2], lab, gs.power_w))
-            add[3](Sample(names[3], lab, gs.temp_c))
-            add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
-            if gs.thermal_ceiling_w > 0:
-                add[5](Sample(names[5], lab, gs.thermal_ceiling_w))
-            e = extra.get((n.name, gs.index))
-            if e is not None:
-                if not math.isnan(e.hotspot_margin_c):
-                    add[6](Sample(names[6], lab, e.hotspot_margin_c))
-                add[7](Sample(names[7], lab, e.throttle_intensity))
-                add[8](Sample(names[8], lab, e.thermal_fraction))
-                add[9](Sample(names[9], lab, e.power_fraction))
-                add[10](Sample(names[10], lab, e.energy_j))
+    for node, gs, _state in rows:
+        lab = {"node": node, "gpu": str(gs.index), "uuid": gs.uuid}
+        add[0](Sample(names[0], lab, gs.cap_w))
+        add[1](Sample(names[1], lab, gs.enforced_w))
+        add[2](Sample(names[2], lab, gs.power_w))
+        add[3](Sample(names[3], lab, gs.temp_c))
+        add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
+        if gs.thermal_ceiling_w > 0:
+            add[5](Sample(names[5], lab, gs.thermal_ceiling_w))
+        e = extra.get((node, gs.index))
+        if e is not None:
+            if not math.isnan(e.hotspot_margin_c):
+                add[6](Sample(names[6], lab, e.hotspot_margin_c))
+            add[7](Sample(names[7], lab, e.throttle_intensity))
+            add[8](Sample(names[8], lab, e.thermal_fraction))
+            add[9](Sample(names[9], lab, e.power_fraction))
+            add[10](Sample(names[10], lab, e.energy_j))
     return (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
 
 
@@ -194,25 +207,34 @@ def _job_energy_family(st, finished) -> CounterMetricFamily:
     return fam
 
 
-def _observed_families(st):
+def _observed_families(st, rows=None, stragglers: int | None = None):
     """Observed-state figures (issue 12): stragglers and GPUs held for bad limit constraints (1 per
-    flagged GPU), measured step rate per job (0..1, SM clock / max SM clock of its slowest GPU)."""
+    flagged GPU of ``rows``, as :func:`_gpu_families`, default every GPU of ``st``), the number of
+    stragglers over every GPU, measured step rate per job (0..1, SM clock / max SM clock of its
+    slowest GPU)."""
+    if rows is None:
+        from capctl.policy.model import MetricsPolicy
+        from coordinator.opsmetrics import exported_gpus
+
+        exp = exported_gpus(st, MetricsPolicy(per_gpu_series="all"))
+        rows, stragglers = exp.rows, exp.stragglers
     strag = _gauge("capctl_gpu_straggler", "1 for a GPU whose pace does not respond to power (STRAGGLER).", GPU_LABELS)
     bad = _gauge("capctl_gpu_unsupported_constraints",
                  "1 for a GPU held at its limit because its limit constraints are unusable.", GPU_LABELS)
     rate = _gauge("capctl_job_measured_step_rate",
                   "Measured step rate: SM clock / max SM clock of the job's slowest busy GPU (0..1).", ["job"])
-    for n in st.nodes:
-        for gs in n.gpus:
-            lab = [n.name, str(gs.index), gs.uuid]
-            if "STRAGGLER" in gs.flags:
-                strag.add_metric(lab, 1.0)
-            if capstates.of(gs) == capstates.UNSUPPORTED_CONSTRAINTS:
-                bad.add_metric(lab, 1.0)
+    n_strag = _gauge("capctl_stragglers", "GPUs flagged STRAGGLER (every GPU, whatever metrics.per_gpu_series).")
+    n_strag.add_metric([], float(stragglers))
+    for node, gs, state in rows:
+        lab = [node, str(gs.index), gs.uuid]
+        if "STRAGGLER" in gs.flags:
+            strag.add_metric(lab, 1.0)
+        if state == capstates.UNSUPPORTED_CONSTRAINTS:
+            bad.add_metric(lab, 1.0)
     for j in st.jobs:
         if j.measured_step_rate > 0:
             rate.add_metric([j.job_id], j.measured_step_rate)
-    return (strag, bad, rate)
+    return (strag, n_strag, bad, rate)
 
 
 def _fleet_families(view):

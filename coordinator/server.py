@@ -409,7 +409,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return self.coord.status_reply()
 
     async def Explain(self, request, context):  # noqa: N802
-        reply = self.coord.explain(request.job_id)
+        reply = await self.coord.explain_async(request.job_id)
         if reply is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id[:100]!r} is not bound to any GPU")
         return reply
@@ -421,7 +421,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "FinishedJobs: since_s must be a Unix time >= 0 "
                                 "and job_id at most 128 characters")
         try:
-            return self.coord.finished_jobs(request)
+            return await self.coord.finished_jobs_async(request)
         except StoreError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"finished jobs: {exc}")
 

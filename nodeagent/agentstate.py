@@ -116,10 +116,17 @@ def coordinator_term(data: dict) -> int:
         return 0
 
 
+def energy(data: dict):
+    """The energy meter's snapshot of a state file's content (:meth:`nodeagent.energy.EnergyMeter.snapshot`), or None."""
+    return data.get("energy")
+
+
 def write(path: Path, *, node: str, jobs: dict[str, dict], safe_caps: dict[int, float], plan_seq: int,
-          coordinator_id: str, coordinator_term: int = 0) -> None:
-    """Write the state file atomically (0600); an error is logged, not raised."""
+          coordinator_id: str, coordinator_term: int = 0, energy: dict | None = None) -> None:
+    """Write the state file atomically (0600); an error is logged, not raised. ``energy``: the
+    meter's snapshot (jobs' energy so far and the GPUs' last counter readings)."""
     data = {
+        "energy": energy,
         "node": node,
         "jobs": jobs,
         "safe_caps_w": {str(k): v for k, v in safe_caps.items()},

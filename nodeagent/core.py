@@ -111,8 +111,11 @@ class AgentCore:
             # the CapManager's file was corrupt: rebind from our own state file (two copies, one lost)
             agentstate.rebind(self.caps, meta, self._cap_bindings(), self.devices, path)
         self.jobs.update(agentstate.job_records(self._cap_bindings(), meta))
-        for job_id, rec in self.jobs.items():  # energy of restored jobs counts from now on
+        for job_id, rec in self.jobs.items():
             self.energy.start(job_id, float(rec.get("start_time_s") or 0.0), len(rec.get("gpu_indices", ())))
+        # their energy so far and the GPUs' last counter readings: the next reading charges the gap
+        for problem in self.energy.restore(agentstate.energy(data), self._uuids()):
+            log.warning("state file %s: %s", path, problem)
         if self.jobs:
             log.info("restored %d job binding(s) from %s: %s", len(self.jobs), self.state_dir,
                      ", ".join(sorted(self.jobs)))
@@ -121,7 +124,11 @@ class AgentCore:
         """Write ``agent-state.json`` atomically (0600); errors are logged, the agent keeps running."""
         agentstate.write(self._state_path(), node=self.node, jobs=self.jobs, safe_caps=self.lease.safe_caps_w,
                          plan_seq=self.last_plan_seq, coordinator_id=self.coordinator_id,
-                         coordinator_term=self.fence.newest)
+                         coordinator_term=self.fence.newest, energy=self.energy.snapshot(self._uuids()))
+
+    def _uuids(self) -> dict[int, str]:
+        """Index -> UUID of every GPU the backend listed."""
+        return {i: str(getattr(d, "uuid", "") or "") for i, d in self.devices.items()}
 
     def _cap_bindings(self) -> dict[str, list[int]]:
         """The CapManager's bindings (the authoritative, persisted ones): ``{job_id: [index, ...]}``."""

@@ -23,6 +23,14 @@ Rules (docs/nodeagent.md, "Per-job energy"):
 * **Ended jobs** are kept (:data:`KEEP_ENDED_S`, at most :data:`KEEP_ENDED_MAX`) and sent again
   after every reconnect: a ``JobEnded`` sent while the coordinator was unreachable is dropped by the
   link, and the coordinator then finishes the job from the re-sent record.
+* **Agent restarts** (:meth:`EnergyMeter.snapshot` / :meth:`EnergyMeter.restore`, kept in the
+  agent's state file with the job bindings, written at every job start and end, every 20 plans and
+  at a clean stop): the running jobs' records and each GPU's last counter reading come back, so the
+  first reading after the restart charges the whole gap (the agent's downtime included) to the
+  jobs bound, and a job's energy counts from its start, not from the restart. A reading of a GPU
+  whose UUID changed is dropped (another device: its next interval is not charged). A driver
+  reload meanwhile (the counter went back) is a reset as above: the energy between the last saved
+  reading and the reload is lost (unknown), the rest is kept.
 * **Time capped / in thermal slowdown**: the interval's seconds (split as above) count when the
   reading that closes it shows a power-capping / thermal clocks event reason
   (:func:`capctl.reasons.classify`): sampled once per interval.
@@ -43,6 +51,9 @@ KEEP_ENDED_S = 3600.0
 """An ended job's final record is kept this long (s) to be sent again after a reconnect."""
 KEEP_ENDED_MAX = 1000
 """At most this many ended jobs' records are kept (the oldest dropped first)."""
+SNAPSHOT_ENDED_MAX = 100
+"""At most this many ended jobs' records (the newest) go into a :meth:`EnergyMeter.snapshot`."""
+_NUMBERS = ("start_time_s", "energy_j", "gpu_s", "capped_s", "thermal_s", "power_w", "peak_power_w", "end_time_s")
 
 
 @dataclasses.dataclass
@@ -148,6 +159,72 @@ class EnergyMeter:
     def running(self) -> list[JobEnergy]:
         """The records of the running jobs, by job id."""
         return [self.jobs[j] for j in sorted(self.jobs)]
+
+    def snapshot(self, uuids: Mapping[int, str]) -> dict:
+        """The meter as JSON data for the agent's state file: ``{"readings": {"<index>": {"energy_j",
+        "timestamp_s", "uuid"}}, "jobs": {job_id: record}, "ended": {job_id: record}}`` (J, Unix s;
+        ``uuids``: index -> the GPU's UUID now; records as :class:`JobEnergy` fields). The records
+        and readings are consistent: every record holds the energy up to the readings."""
+        ended = list(self.ended.values())[-SNAPSHOT_ENDED_MAX:]
+        return {
+            "readings": {str(i): {"energy_j": e, "timestamp_s": t, "uuid": uuids.get(i, "")}
+                         for i, (e, t) in sorted(self._last.items())},
+            "jobs": {j: dataclasses.asdict(r) for j, r in sorted(self.jobs.items())},
+            "ended": {r.job_id: dataclasses.asdict(r) for r in ended},
+        }
+
+    def restore(self, doc, uuids: Mapping[int, str]) -> list[str]:
+        """Take back a :meth:`snapshot` after a restart: the records of the jobs running now (started
+        with :meth:`start` from the restored bindings; the others are dropped), the ended ones, and the
+        reading of every GPU whose UUID is the same (``uuids``: index -> UUID now). Returns one line
+        per entry left out (field, value, why); never raises for a malformed ``doc``."""
+        if not isinstance(doc, dict):
+            return [] if doc is None else [f"energy: {type(doc).__name__} is not an object"]
+        problems: list[str] = []
+        readings = doc.get("readings") if isinstance(doc.get("readings"), dict) else {}
+        for key, r in readings.items():
+            where = f"energy.readings.{key}"
+            if not (isinstance(key, str) and key.isdigit() and isinstance(r, dict)):
+                problems.append(f"{where}: expected a GPU index with an object")
+                continue
+            e, t, uuid = r.get("energy_j"), r.get("timestamp_s"), r.get("uuid")
+            if not (_number(e) and e >= 0 and _number(t)):
+                problems.append(f"{where}: energy_j {e!r}, timestamp_s {t!r}: expected finite numbers, energy >= 0")
+            elif uuid != uuids.get(int(key)):
+                problems.append(f"{where}: GPU {uuid!r} is now {uuids.get(int(key))!r}: its reading is not used")
+            else:
+                self._last[int(key)] = (float(e), float(t))
+        for part, target in (("jobs", self.jobs), ("ended", None)):
+            records = doc.get(part) if isinstance(doc.get(part), dict) else {}
+            for job_id, r in records.items():
+                rec = _record(job_id, r, f"energy.{part}.{job_id}", problems)
+                if rec is None:
+                    continue
+                if target is None:
+                    if job_id not in self.jobs:
+                        self.ended[job_id] = rec
+                elif job_id in target:
+                    rec.gpus = max(rec.gpus, target[job_id].gpus)
+                    target[job_id] = rec
+        return problems
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _record(job_id, r, where: str, problems: list[str]) -> JobEnergy | None:
+    """The :class:`JobEnergy` of snapshot entry ``r`` (None, with a line in ``problems``, when malformed)."""
+    if not isinstance(r, dict) or not isinstance(job_id, str) or r.get("job_id") != job_id:
+        problems.append(f"{where}: expected the record of job {job_id!r}")
+        return None
+    bad = [f for f in _NUMBERS if not (_number(r.get(f)) and r.get(f) >= 0)]
+    bad += [f for f in ("resets", "gpus") if not (isinstance(r.get(f), int) and not isinstance(r.get(f), bool)
+                                                  and r.get(f) >= 0)]
+    if bad:
+        problems.append(f"{where}: {', '.join(f'{f} {r.get(f)!r}' for f in bad)}: expected numbers >= 0")
+        return None
+    return JobEnergy(job_id=job_id, **{f: float(r[f]) for f in _NUMBERS}, resets=int(r["resets"]), gpus=int(r["gpus"]))
 
 
 def _finite(x) -> bool:

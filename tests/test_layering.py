@@ -21,6 +21,8 @@ Layers (one way only):
   the registry, the solver inputs and the planner read them, never the other way;
 - report timing: the agent's report clock (``nodeagent/reportclock.py``) and the coordinator's tick
   grid (``coordinator/tickphase.py``) are pure (import nothing of ours).
+- the coordinator's store worker (``coordinator/storeio.py``: store calls off the event loop) runs
+  any store's calls: it imports nothing of ours (the stores and the loop import it, never the reverse).
 
 The simulators (``capctl.sim``, ``capctl.demo``) may import the coordinator's modules (the what-if
 simulator runs the coordinator's own models and planner): they sit above the daemons, and no
@@ -166,6 +168,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             elif mod == "coordinator.gpucolumns" and not _in(dep, "capctl"):
                 rule = ("the registry's columns (coordinator/gpucolumns.py) sit below the registry, the "
                         "solver inputs and the planner: they import only shared modules")
+            elif mod == "coordinator.storeio":
+                rule = "the store worker runs any store's calls: it imports nothing of ours"
             elif mod in ("nodeagent.reportclock", "coordinator.tickphase"):
                 rule = "report timing (the agent's report clock, the coordinator's tick grid) is pure logic (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
@@ -257,7 +261,9 @@ def test_the_ha_rules_catch_a_wrong_import():
     graph["nodeagent.callguard"].add("nodeagent.nvml")
     graph["nodeagent.reportclock"].add("nodeagent.link")
     graph["coordinator.tickphase"].add("capctl.v1")
+    graph["coordinator.storeio"].add("coordinator.etcdstore")
     bad = violations(graph)
+    assert any(b.startswith("coordinator.storeio -> coordinator.etcdstore") for b in bad)
     assert any(b.startswith("nodeagent.callguard -> nodeagent.nvml") for b in bad)
     assert any(b.startswith("nodeagent.reportclock -> nodeagent.link") for b in bad)
     assert any(b.startswith("coordinator.tickphase -> capctl.v1") for b in bad)

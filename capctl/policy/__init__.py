@@ -9,7 +9,7 @@ Public API (see docs/policy.md for every YAML key, its unit and default)::
     PolicyError(UserInputError): .errors / .warnings, lines "file:line:col: message"
     DEFAULT_POLICY, DEFAULT_POLICY_YAML: the demo cluster (4 nodes x 8 H100, 17,920 W)
     Policy, Domain, ThermalPolicy, FailsafePolicy, PrologPolicy, Weights, AgentPolicy,
-    CoordinatorPolicy: frozen dataclasses
+    CoordinatorPolicy, MetricsPolicy: frozen dataclasses
 """
 
 from capctl.policy.default import DEFAULT_POLICY_YAML
@@ -20,6 +20,7 @@ from capctl.policy.model import (
     CoordinatorPolicy,
     Domain,
     FailsafePolicy,
+    MetricsPolicy,
     Policy,
     PrologPolicy,
     ThermalPolicy,
@@ -49,6 +50,7 @@ __all__ = [
     "CoordinatorPolicy",
     "Domain",
     "FailsafePolicy",
+    "MetricsPolicy",
     "Policy",
     "PolicyError",
     "PrologPolicy",

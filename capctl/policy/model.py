@@ -167,6 +167,31 @@ class CoordinatorPolicy:
     etcd: EtcdPolicy | None = None
 
 
+PER_GPU_SERIES = ("auto", "all", "flagged", "none")
+"""Values of ``metrics.per_gpu_series`` (docs/metrics.md, "Series per GPU")."""
+
+
+@dataclass(frozen=True)
+class MetricsPolicy:
+    """The coordinator's Prometheus export: which GPUs get per-GPU series.
+
+    ``per_gpu_series``: ``all`` every GPU; ``flagged`` only GPUs in a cap state other than OK or
+    flagged STRAGGLER; ``none`` no GPU (aggregates per cluster, domain, job and cap state stay);
+    ``auto`` = ``all`` while the coordinator sees at most ``all_up_to_gpus`` GPUs, else ``flagged``.
+    The default bound of 4,096 GPUs keeps a scrape below ~100k series (about 23 per GPU) and ~0.8 s
+    of coordinator CPU (~200 us per GPU: bench/scrape_cost.py).
+    """
+
+    per_gpu_series: str = "auto"
+    all_up_to_gpus: int = 4096
+
+    def mode(self, n_gpus: int) -> str:
+        """``all``, ``flagged`` or ``none`` for a cluster of ``n_gpus`` GPUs (``auto`` resolved)."""
+        if self.per_gpu_series != "auto":
+            return self.per_gpu_series
+        return "all" if n_gpus <= self.all_up_to_gpus else "flagged"
+
+
 @dataclass(frozen=True)
 class Policy:
     """A validated capctl policy (version 1). See docs/policy.md for every field.
@@ -177,7 +202,7 @@ class Policy:
         budget_ceiling_w: the root domain's ``limit_w`` from the file (the most ``with_budget``
             accepts), or None.
         interval_s, objective, thermal, slew_w, idle_cap_w, start_cap_w, min_cap_w, failsafe,
-        prolog, dry_run, weights, agent, coordinator: as in the YAML (defaults filled in).
+        prolog, dry_run, weights, agent, coordinator, metrics: as in the YAML (defaults filled in).
         domains: root :class:`Domain`.
         source: file the policy came from (``"<string>"``/``"<default>"`` otherwise).
         warnings: ``"file:line:col: warning: ..."`` lines found while validating.
@@ -200,6 +225,7 @@ class Policy:
     weights: Weights = Weights()
     agent: AgentPolicy = AgentPolicy()
     coordinator: CoordinatorPolicy = CoordinatorPolicy()
+    metrics: MetricsPolicy = MetricsPolicy()
     budget_ceiling_w: float | None = None
     source: str = field(default="<string>", compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -287,6 +313,7 @@ class Policy:
                     "endpoints": list(self.coordinator.etcd.endpoints), "prefix": self.coordinator.etcd.prefix,
                     "lease_ttl_s": self.coordinator.etcd.lease_ttl_s},
             },
+            "metrics": {"per_gpu_series": self.metrics.per_gpu_series, "all_up_to_gpus": self.metrics.all_up_to_gpus},
         }
 
     def with_budget(self, budget_w: float) -> Policy:

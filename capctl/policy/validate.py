@@ -715,6 +715,7 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
     thermal = data.get("thermal") or {}
     prolog = data.get("prolog") or {}
     coordinator = data.get("coordinator") or {}
+    metrics = data.get("metrics") or {}
     return model.Policy(
         version=1,
         budget_w=float(budget_w),
@@ -745,6 +746,8 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
             status_group=coordinator.get("status_group"),
             etcd=_etcd_policy(coordinator.get("etcd")),
         ),
+        metrics=model.MetricsPolicy(per_gpu_series=metrics.get("per_gpu_series", "auto"),
+                                    all_up_to_gpus=int(metrics.get("all_up_to_gpus", 4096))),
         budget_ceiling_w=_f(root_limit, None),
         source=source,
     )

@@ -139,13 +139,21 @@ class Authorizer:
 
 
 class TrustedTransport(Authorizer):
-    """Every caller is admin: for the admin unix socket, whose file mode is the identity."""
+    """Every caller is admin: for the admin unix socket, whose file mode is the identity. The audit
+    text names the caller's uid, gid and pid when the socket is served through a
+    :class:`capctl.security.peercred.CredentialSplice` (``SO_PEERCRED``)."""
 
     def __init__(self, where: str = "the admin socket") -> None:
         self.where = where
 
     def decide(self, context) -> str | None:
-        return f"via {self.where}"
+        from capctl.security.peercred import caller_of
+
+        try:
+            caller = caller_of(context.peer())
+        except Exception:  # noqa: BLE001 (a context without a peer: no caller to name)
+            caller = None
+        return f"via {self.where}" + (f", {caller.describe()}" if caller is not None else "")
 
     def describe(self) -> str:
         return f"connect through {self.where}"

@@ -125,10 +125,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     with _open(args.dir) as node:
         rows = [node.read(i) for i in range(node.gpu_count)]
         if args.json:
-            print(json.dumps({"path": str(node.path), "model": node.model, "gpus": rows}, indent=2))
+            print(json.dumps({"path": str(node.path), "model": node.model, "custom": node.custom, "gpus": rows},
+                             indent=2))
             return 0
         clock = "manual" if node.manual_clock else "real"
-        print(f"node {node.path}  model {node.model}  gpus {node.gpu_count}  "
+        model = f"{node.model} (custom profile)" if node.custom else node.model
+        print(f"node {node.path}  model {model}  gpus {node.gpu_count}  "
               f"clock {clock} t={node.now_s():.3f} s  driver reloads {node.driver_generation}")
         hdr = (f"{'gpu':>3} {'demand_w':>8} {'power_w':>8} {'avg_w':>7} {'limit_w':>7} "
                f"{'enf_w':>6} {'temp_c':>6} {'sm_mhz':>6} {'rate':>5} {'energy_j':>10}  reasons / faults")

@@ -149,6 +149,9 @@ class SimNode:
         self.profile = _node_profile(lib, handle)
         """The node's device profile (:class:`capctl.simgpu.profiles.DeviceProfile`; built-in or custom)."""
         self.model: str = self.profile.name
+        # a custom profile may carry a built-in name (--profile name=H200 on an H100 base): custom
+        # all the same, since it equals no built-in profile in every field (profiles.builtin_index)
+        self.custom: bool = self.profile.index < 0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -524,7 +527,7 @@ class SimNode:
         progress (work units), rate (steps per unit time relative to max clock, incl. speed),
         speed, power_factor, thermal_resistance_c_per_w, tau_s, inlet_c, demand_w, utilization_pct,
         memory_bound_fraction, lost, thermal_shutdown, throttled, faults (list), set_count,
-        model, time_s.
+        model, custom (True for a custom profile, whatever its name), time_s.
         """
         rec = self._read_record(self._index(index))
         out: dict[str, Any] = {}
@@ -533,6 +536,7 @@ class SimNode:
             out[name] = int(v) if np.issubdtype(type(v), np.integer) else float(v)
         flags = out["flags"]
         out["model"] = self.profile.name
+        out["custom"] = self.custom
         out["reason_names"] = reason_names(out["reasons"])
         out["oob_limit_w"] = out["oob_limit_w"] or None
         out["lost"] = bool(flags & FLAG_LOST)

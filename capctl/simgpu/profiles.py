@@ -315,6 +315,11 @@ def parse_option(texts: str | list[str], base: str | None = None, option: str = 
     return custom(values, where, base)
 
 
+MAX_FILE_BYTES = 65536
+"""Largest ``--profile-file`` read (bytes): a profile is a mapping of about 25 fields (~1 KB); a
+bigger file is refused before it is read (a 45 MB one took 16 s to parse)."""
+
+
 def load_file(path: str | Path, base: str | None = None, overrides: dict[str, object] | None = None,
               override_where: dict[str, str] | None = None) -> DeviceProfile:
     """A custom profile from a YAML (or JSON) file: a mapping of :data:`FIELDS` (and ``base``).
@@ -322,16 +327,24 @@ def load_file(path: str | Path, base: str | None = None, overrides: dict[str, ob
     ``overrides`` (e.g. from ``--profile``) win over the file's values.
 
     Raises:
-        ProfileError: unreadable file, malformed YAML, not a mapping (each naming ``file:line``),
-            or as :func:`custom`.
+        ProfileError: unreadable file, larger than :data:`MAX_FILE_BYTES`, malformed YAML, not a
+            mapping (each naming ``file:line``), or as :func:`custom`.
     """
     from capctl.policy.yamlpos import YamlInputError, load_with_positions
 
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # a FIFO or device file is bounded too
     except OSError as err:
         raise ProfileError(f"--profile-file {str(p)!r}: cannot read: {err.strerror or err}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        try:
+            size = f"{p.stat().st_size:,} bytes"
+        except OSError:
+            size = "more bytes"
+        raise ProfileError(f"--profile-file {str(p)!r}: {size}; allowed: at most {MAX_FILE_BYTES:,} bytes "
+                           "(a device profile is a mapping of about 25 fields)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

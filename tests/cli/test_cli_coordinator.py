@@ -4,6 +4,7 @@ simulated GPUs; ``status --json`` validated against docs/status-schema.json."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -65,6 +66,10 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         assert code == 4, err
         code, out, _ = run(capsys, "budget", "set", "2400", "--json", "--coordinator", cl.coordinator.admin_address)
         assert code == 0 and json.loads(out)["budget_w"] == 2400.0
+        # the audit line names the caller (SO_PEERCRED through the admin socket's splice): this process
+        audit = wait_until(lambda: next((ln for ln in cl.coordinator.log_tail(300).splitlines()
+                                         if "budget set by" in ln), None), 10, what="the budget set audit line")
+        assert f"uid {os.getuid()} " in audit and f"pid {os.getpid()}" in audit, audit
         code, out, err = run(capsys, "budget", "set", "700", "--coordinator", cl.coordinator.admin_address)
         assert code == 1 and "deficit" in err and "700" in err
         assert status()["budget_w"] == 2400.0

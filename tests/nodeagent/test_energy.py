@@ -4,6 +4,7 @@ agent reading the counters at JobStart, JobEnd and every report (on the pure-Pyt
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace as NS
 
@@ -128,3 +129,67 @@ def test_ended_records_are_bounded_in_age_and_count():
     assert len(kept) == energy.KEEP_ENDED_MAX and kept[0].job_id == "J5"
     assert [r.job_id for r in m.kept_ended(1000.0 + energy.KEEP_ENDED_MAX + 4 + energy.KEEP_ENDED_S)] == [
         f"J{energy.KEEP_ENDED_MAX + 4}"]
+
+
+def _restarted(tmp_path, dev):
+    """A new agent on the same state directory and devices, as the daemon starts it (load_state)."""
+    agent = make_agent(tmp_path, dev)
+    agent.load_state()
+    return agent
+
+
+def test_a_restarted_agent_reports_the_jobs_energy_from_job_start(tmp_path, caplog):
+    dev = PureDevice(2)
+    agent = make_agent(tmp_path, dev)
+    dev.gpus[0].energy_j, dev.gpus[1].energy_j = 1000.0, 2000.0
+    agent.tick()
+    assert job_start(agent, "J1", 0, 1).ok  # the state file is written here (job start)
+    dev.gpus[0].energy_j += 300.0
+    dev.gpus[1].energy_j += 200.0
+    agent.tick()
+    assert agent.link.sent[-1].telemetry.job_energy[0].energy_j == 500.0
+    dev.gpus[0].energy_j += 100.0  # the agent crashes now (no stop, no save); the job runs on
+    agent = _restarted(tmp_path, dev)
+    dev.gpus[1].energy_j += 50.0  # while it was down or since it is back: all the job's
+    agent.tick()
+    (je,) = agent.link.sent[-1].telemetry.job_energy
+    assert je.job_id == "J1" and je.energy_j == 650.0 and je.resets == 0 and je.gpus == 2
+    agent.save_state()  # a clean stop saves the latest readings: nothing is charged twice
+    agent = _restarted(tmp_path, dev)
+    dev.gpus[0].energy_j = 40.0  # driver reload: GPU 0's counter restarted at 0, 40 J since
+    dev.gpus[1].energy_j += 10.0
+    agent.tick()
+    (je,) = agent.link.sent[-1].telemetry.job_energy
+    assert je.energy_j == 700.0 and je.resets == 1  # GPU 0's energy between the last reading and the reload: lost
+    agent.save_state()
+    listed = dev.devices  # another device at index 1: its counter is not the old one's
+    dev.devices = lambda: [dataclasses.replace(d, uuid="GPU-replaced") if d.index == 1 else d for d in listed()]
+    dev.gpus[1].energy_j = 99999.0
+    with caplog.at_level("WARNING", logger="capctl.agent"):
+        agent = _restarted(tmp_path, dev)
+    assert any("energy.readings.1" in r.getMessage() and "GPU-replaced" in r.getMessage() for r in caplog.records)
+    dev.gpus[1].energy_j += 5.0
+    agent.tick()  # GPU 1's first reading since: the start of its next interval, not charged
+    agent.tick()
+    assert agent.link.sent[-1].telemetry.job_energy[0].energy_j == 700.0
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="J1"))
+    assert reply.ok and agent.link.sent[-1].job_ended.energy.energy_j == 700.0
+
+
+def test_a_malformed_energy_snapshot_names_the_field_and_keeps_the_rest():
+    m = EnergyMeter()
+    m.start("A", 10.0, 1)
+    m.start("B", 10.0, 1)
+    doc = {"readings": {"0": {"energy_j": 500.0, "timestamp_s": 20.0, "uuid": "U0"},
+                        "1": {"energy_j": "x", "timestamp_s": 20.0, "uuid": "U1"}},
+           "jobs": {"A": {"job_id": "A", "start_time_s": 10.0, "energy_j": 123.0, "gpu_s": 10.0, "capped_s": 0.0,
+                          "thermal_s": 0.0, "power_w": 12.3, "peak_power_w": 20.0, "end_time_s": 0.0, "resets": 0,
+                          "gpus": 1},
+                    "B": {"job_id": "B", "energy_j": -5.0}}}
+    problems = m.restore(doc, {0: "U0", 1: "U1"})
+    assert any(p.startswith("energy.readings.1: energy_j 'x'") for p in problems), problems
+    assert any(p.startswith("energy.jobs.B:") and "energy_j -5.0" in p for p in problems), problems
+    assert m.jobs["A"].energy_j == 123.0 and m.jobs["B"].energy_j == 0.0
+    m.observe([s(0, 600.0, 21.0)], {0: ["A"]})
+    assert m.jobs["A"].energy_j == 223.0
+    assert m.restore(None, {}) == [] and m.restore([1], {}) == ["energy: list is not an object"]

@@ -52,3 +52,27 @@ def test_cli_never_sends_the_token_in_clear_text(tmp_path, pki):
     assert TOKEN not in r.stderr + r.stdout
     r = _run("capctl.cli.main", "status", "--coordinator", "127.0.0.1:9", env={"CAPCTL_TLS_CA": str(pki.ca_path)})
     assert r.returncode == 1 and "missing --tls-cert, --tls-key (or $CAPCTL_TLS_CERT, $CAPCTL_TLS_KEY)" in r.stderr
+
+
+def test_coordinator_names_a_bad_etcd_flag_before_a_missing_policy(tmp_path):
+    """Flags first: with the default policy path missing, a bad --etcd-* flag is the error shown
+    (one real run of the daemon; the other flags through its start-up checks in-process)."""
+    import pytest
+
+    from capctl.errors import UserInputError
+    from capctl.policy import PolicyError
+    from coordinator import daemon
+
+    common = ["--policy", str(tmp_path / "missing.yaml"), "--state-dir", str(tmp_path / "s"), "--admin-socket",
+              str(tmp_path / "a.sock"), "--metrics-port", "-1", "--listen", "127.0.0.1:0"]
+    r = _run("coordinator.daemon", *common, "--etcd-lease-ttl-s", "0")
+    assert r.returncode == 1 and "--etcd-lease-ttl-s 0: expected 1..3600" in r.stderr, r.stderr
+    assert "missing.yaml" not in r.stderr and "Traceback" not in r.stderr
+    for flags, expected in ((["--etcd-prefix", "capctl"], "--etcd-prefix 'capctl': expected a key prefix"),
+                            (["--etcd-endpoints", "ftp://h:1"], "--etcd-endpoints"),
+                            (["--etcd-endpoints", "http://127.0.0.1:2379", "--etcd-cert", str(tmp_path / "c.pem")],
+                             "--etcd-cert and --etcd-key go together")):
+        with pytest.raises(UserInputError, match=expected):
+            daemon._startup_checks(daemon.build_parser().parse_args(common + flags))
+    with pytest.raises(PolicyError, match="missing.yaml"):  # good flags: then the policy error
+        daemon._startup_checks(daemon.build_parser().parse_args(common + ["--etcd-lease-ttl-s", "5"]))

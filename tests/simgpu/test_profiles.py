@@ -94,7 +94,7 @@ def test_profile_option_and_json_file_and_builtin_base(tmp_path):
     ([], "name: [\n", "p.yaml:2:1: malformed YAML"),
     ([], "", "p.yaml:1: a device profile must be a mapping of fields"),
     ([], "# only a comment\n", "got an empty file"),
-    ([], "name: " + "a" * 100_000 + "\n", "p.yaml:1: name 'aaaa"),  # cut: see the length check below
+    ([], "name: " + "a" * 10_000 + "\n", "p.yaml:1: name 'aaaa"),  # cut: see the length check below
     ([], "base: H100-SXM\nmin_limit_w: 200\n", None),  # with --profile max_limit_w=150 (below)
     ([], "averaged_power: 2\n", "averaged_power 2 is invalid; allowed: true or false, also 1/0 or yes/no"),
 ])
@@ -116,3 +116,29 @@ def test_profile_file_not_utf8_names_the_place_and_1_0_mean_true_false(tmp_path,
     assert capsys.readouterr().err.strip().endswith(f"{tmp_path / 'p.yaml'}:2:9: not UTF-8 text (byte 0xff)")
     assert profiles.custom({"averaged_power": 0}).averaged_power is False  # as on the command line
     assert profiles.parse_option("averaged_power=1").averaged_power is True
+
+
+def test_a_custom_device_with_a_builtin_name_is_marked_custom(tmp_path, capsys):
+    d = tmp_path / "n"
+    assert main(["init", str(d), "--gpus", "1", "--manual-clock", "--profile", "name=H200"]) == 0  # H100 base
+    with SimNode.open(d / "node.state") as node:
+        assert node.model == "H200" and node.custom and node.profile.index == -1 and node.read(0)["custom"]
+    capsys.readouterr()
+    assert main(["show", str(d)]) == 0
+    assert "model H200 (custom profile)" in capsys.readouterr().out
+    plain = tmp_path / "p"
+    assert main(["init", str(plain), "--gpus", "1", "--manual-clock", "--model", "H200"]) == 0
+    with SimNode.open(plain / "node.state") as node:
+        assert not node.custom and not node.read(0)["custom"] and node.profile.index >= 0
+
+
+def test_a_profile_file_above_the_size_limit_is_refused_unread(tmp_path, capsys):
+    from capctl.simgpu.profiles import MAX_FILE_BYTES
+
+    f = tmp_path / "big.yaml"
+    f.write_text("name: B200\n" + "# padding\n" * (MAX_FILE_BYTES // 10))
+    assert f.stat().st_size > MAX_FILE_BYTES
+    assert main(["init", str(tmp_path / "n"), "--gpus", "1", "--profile-file", str(f)]) != 0
+    err = capsys.readouterr().err
+    assert f"{f.stat().st_size:,} bytes" in err and f"at most {MAX_FILE_BYTES:,} bytes" in err and "Traceback" not in err
+    assert not (tmp_path / "n" / "node.state").exists()

@@ -109,6 +109,14 @@ def restore(cluster: SlurmCluster) -> None:
     for node in cluster.nodes:
         if not procs.running(cluster.run_dir, f"agent-{node}"):
             cluster.start_agent(node)
+    # a restarted coordinator: the agents that kept running reconnect on their own backoff (up to
+    # --reconnect-max-s, then hello/welcome); a prolog before that sees coordinator_connected False
+    # (measured: all 3 agents not yet connected when the daemons were back, connected 0.25-0.57 s
+    # later on an idle host, longer under load)
+    from tests.support.waiting import wait_for
+
+    wait_for(lambda: all(getattr(cluster.agent_status(n, 1.0), "coordinator_connected", False) for n in cluster.nodes),
+             30.0, "every agent connected to the coordinator again")
     for node in cluster.nodes:
         st = cluster.node_info(node).get("State", "")
         if "DRAIN" in st:
