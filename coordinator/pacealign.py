@@ -67,6 +67,25 @@ def on_grid(pace, pace_step, tolerance: float = GRID_TOLERANCE) -> bool:
     return bool(np.all(np.abs(k - np.round(k)) <= tolerance))
 
 
+def settled_draw_w(pace, pace_step, draw_w, cap_w, static_w) -> np.ndarray:
+    """The draw (W, shape [N]) of each GPU at its measured clock, bounded by what its cap says.
+
+    A GPU whose clock its cap sets (``pace`` < 0.99) runs at the highest step whose power fits
+    under the cap, so its true draw lies within one step's power below the cap:
+    ``cap - 3 (cap - P_s) step / f <= P(f) <= cap`` (the cube law's slope times one step). The
+    1 s-averaged power reading of Ampere/Hopper (nvml.h, ``nvmlDeviceGetPowerUsage``) still mixes
+    in the draw before a cap change for up to a second, above the cap after a decrease or far
+    below it after an increase; clipped to that band, a stale reading costs at most one step's
+    power instead of a move of several steps (measured: ``bench/load_step.py`` on parts of unequal
+    power factors turned caps 3 times in 5 intervals without it). A GPU at its max clock draws what
+    its work needs: only ``<= cap`` applies. Inputs as :func:`align_caps`; raises nothing."""
+    f = np.asarray(pace, float)
+    cap = np.asarray(cap_w, float)
+    d = np.minimum(np.asarray(draw_w, float), cap)
+    one_step = 3.0 * np.maximum(cap - np.asarray(static_w, float), 0.0) * np.asarray(pace_step, float) / f
+    return np.where(f < 0.99, np.maximum(d, cap - one_step), d)
+
+
 def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: float,
                max_pace: float = 1.0) -> np.ndarray | None:
     """Caps (W, shape [N]) that put the N GPUs of one job on one clock step, or None.
@@ -95,9 +114,10 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     cap = np.asarray(cap_w, float)
     lo = np.asarray(lo_w, float)
     hi = np.maximum(np.asarray(hi_w, float), lo)
-    ps = np.minimum(np.asarray(static_w, float), 0.9 * draw)
     if not (np.all(f > 0) and np.all(step > 0) and np.all(draw > 0) and np.all(np.isfinite(cap))):
         return None
+    draw = settled_draw_w(f, step, draw, cap, np.asarray(static_w, float))
+    ps = np.minimum(np.asarray(static_w, float), 0.9 * draw)
     top = float(f.max())
     grid = float(step[int(np.argmax(f))])
     k_low = int(np.ceil((top - float(f.min())) / grid - 1e-9)) + MAX_STEPS
