@@ -88,3 +88,17 @@ def test_align_caps_refuses_what_it_cannot_tell():
     # the job's watts do not reach even its slowest GPU's step minus MAX_STEPS
     assert pacealign.align_caps(0.8 * one, 0.0076 * one, 400 * one, 400 * one, 200 * one, 700 * one, 70 * one,
                                 300.0) is None
+
+
+def test_a_stale_averaged_draw_is_bounded_by_what_the_cap_says():
+    step = STEP_MHZ / MAX_MHZ
+    f = np.array([1605.0, 1605.0, 1605.0, 1.0 * MAX_MHZ]) / MAX_MHZ
+    cap = np.array([450.0, 450.0, 450.0, 600.0])
+    # fresh (within one step below the cap), above the cap (before a decrease), far below (before
+    # an increase), and a GPU at its max clock drawing what its work needs
+    draw = np.array([446.0, 470.0, 380.0, 400.0])
+    out = pacealign.settled_draw_w(f, [step] * 4, draw, cap, [70.0] * 4)
+    one_step = 3 * (450.0 - 70.0) * step / f[0]
+    assert out[0] == 446.0 and out[1] == 450.0
+    assert out[2] == pytest.approx(450.0 - one_step) and 380.0 + 50 < out[2] < 446.0  # ~10.7 W: one step
+    assert out[3] == 400.0
