@@ -102,3 +102,22 @@ def test_a_stale_averaged_draw_is_bounded_by_what_the_cap_says():
     assert out[0] == 446.0 and out[1] == 450.0
     assert out[2] == pytest.approx(450.0 - one_step) and 380.0 + 50 < out[2] < 446.0  # ~10.7 W: one step
     assert out[3] == 400.0
+
+
+def test_a_gpu_on_the_target_step_keeps_its_cap_below_the_band_top_and_goes_mid_step_above():
+    dyn = np.array([600.0, 520.0, 560.0])
+    f = np.full(3, 1605.0 / MAX_MHZ)
+    step = STEP_MHZ / MAX_MHZ
+    draw = STATIC_W + dyn * f ** 3
+
+    def power(at):  # the plant's (and the alignment's) power law at pace ``at``
+        return STATIC_W + dyn * at ** 3
+    caps = np.array([power(f + 0.4 * step)[0], power(f + 0.9 * step)[1], power(f + 0.1 * step)[2]])
+    mid = power(f + 0.5 * step)
+    total = float(mid.sum()) + 1.0  # not enough for the next step
+    out = pacealign.align_caps(f, [step] * 3, draw, caps, [200.0] * 3, [700.0] * 3, [STATIC_W] * 3, total)
+    assert out is not None
+    assert out[0] == pytest.approx(caps[0])  # inside the band: kept (no move for a drift)
+    assert out[1] == pytest.approx(mid[1])  # above it: watts it does not use, down to mid-step
+    assert out[2] == pytest.approx(caps[2])  # near the step's bottom: kept (it runs on the step now)
+    assert all(_clock(c, d) == 1605.0 for c, d in zip(out, dyn))
