@@ -1,6 +1,7 @@
 """Caps after a load step, on real agents (simulated driver): direction changes and settling.
 
-Run: ``.venv/bin/python bench/load_step.py [--interval-s 2] [--intervals 16] [--seed 100]``
+Run: ``.venv/bin/python bench/load_step.py [--interval-s 2] [--intervals 16] [--seed 100]
+[--power-factors 1,1.15,0.9,1.3] [--continuous]``
 (about 16 intervals + 15 s). The issue-12 setup: 2 nodes x 4 simulated H100 (200..700 W), one
 synchronous job on all 8 GPUs, budget 0.7 x TDP (3,920 W), demand 300 W then 650 W on every GPU.
 
@@ -9,7 +10,9 @@ Per GPU, the requested limit is sampled on the device at the middle of each inte
 (``power_avg_w``, what NVML reports on Ampere/Hopper). Printed per GPU: the caps, how many times
 the cap changed direction (changes smaller than 1 % of the limit range are not moves), and the
 interval after which it stayed within 1 % of the range (5 W) of its final value. A summary line
-gives the worst GPU.
+gives the worst GPU. ``--continuous``: the devices' SM clock follows the cap continuously (whole
+MHz off the 15 MHz grid, the simulated driver's ``continuous_clock``) instead of in 15 MHz steps,
+so the pace loop runs without its clock-step alignment (coordinator/pacealign.py).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def settled_after(caps: list[float]) -> int:
     return k + 1
 
 
-def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_factors=()) -> dict:
+def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_factors=(), continuous=False) -> dict:
     kw = {"n1": {"seed": seed}, "n2": {"seed": seed + 1}}
     with Cluster(workdir, {"n1": 4, "n2": 4}, budget_w=0.7 * 700.0 * 8, interval_s=interval_s,
                  lease_s=max(3.0, 4 * interval_s), sim_kwargs=kw) as cl:
@@ -57,6 +60,8 @@ def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_facto
                 sim.set_load(i, 300.0)
                 if power_factors:
                     sim.set_param(i, "power_factor", power_factors[(4 * j + i) % len(power_factors)])
+                if continuous:  # the clock follows the cap continuously (no 15 MHz steps)
+                    sim.inject(i, "continuous_clock")
         with AdminClient(cl.coordinator.admin_address) as c:
             wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 30, "agents")
             assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
@@ -84,15 +89,19 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--power-factors", type=lambda t: [float(x) for x in t.split(",")], default=[],
                     help="per-GPU dynamic power factors, cycled (e.g. 1,1.15,0.9,1.3: parts needing more power)")
+    ap.add_argument("--continuous", action="store_true",
+                    help="a plant whose SM clock moves continuously with its cap (the simulated driver's "
+                         "continuous_clock), not in 15 MHz steps")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        out = run(Path(d), args.interval_s, args.intervals, args.seed, args.power_factors)
+        out = run(Path(d), args.interval_s, args.intervals, args.seed, args.power_factors, args.continuous)
     worst_rev = worst_settle = 0
     for key, caps in out["caps"].items():
         rev, settle = reversals(caps), settled_after(caps)
         worst_rev, worst_settle = max(worst_rev, rev), max(worst_settle, settle)
         print(f"{key[0]}/{key[1]}: caps {[round(c) for c in caps]} | 1 s power {[round(p) for p in out['power'][key]]}"
               f" | direction changes {rev}, settled after interval {settle}")
+    print(f"plant: {'continuous clock' if args.continuous else '15 MHz clock steps'}")
     print(f"worst GPU: {worst_rev} direction changes, settled (within {TOL_W:g} W) after interval {worst_settle} "
           f"of {args.intervals} (goal: <= 1 and <= 5)")
     return 0

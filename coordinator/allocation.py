@@ -70,6 +70,8 @@ class GpuInput:
     paced: bool = False  # a fresh busy sample whose clock the power cap set (SW_POWER_CAP)
     straggler: str = ""  # why its pace does not respond to power ("" = it does)
     speed: float = 1.0  # pace of a straggler relative to its curve at its cap (allocator ``speed``)
+    draw_w: float = 0.0  # measured power of that sample (W; 0: unknown) (coordinator.pacealign)
+    pace_step: float = 0.0  # one SM clock step as a fraction of the max clock (0: unknown)
 
 
 @dataclasses.dataclass
@@ -601,6 +603,9 @@ class _GpuRows:
                 _pace(gpus[-1], g, strag)
 
 
+CLOCK_STEP_MHZ = 15.0
+"""SM clock step (MHz) of the pace measurements (coordinator.pacealign.CLOCK_STEP_MHZ: A100/H100
+graphics clocks are 15 MHz apart)."""
 PACE_FRESH_S = 10.0
 """A telemetry sample older than this (s) is not a pace measurement (several intervals at 1-5 s)."""
 STRAGGLER_MARGIN = 1.05
@@ -638,6 +643,8 @@ def _pace(gi: GpuInput, g, strag: str) -> None:
     """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`)."""
     gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
     gi.pace_at_w = g.sample_enforced_w
+    gi.draw_w = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else 0.0
+    gi.pace_step = CLOCK_STEP_MHZ / g.max_sm_clock_mhz
     reasons = g.reasons
     slowed, capped = _pace_reasons(reasons if isinstance(reasons, tuple) else tuple(reasons))
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
@@ -724,17 +731,32 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
     gpus = c.rows_at(cand, with_curves=False)
     pos_of = {g.key: i for i, g in zip(cand, gpus)}
 
-    def extra_w(members) -> float:
+    granted_w: dict = {}  # job -> (its domains, the headroom granted to it)
+
+    def extra_w(members, caps=None) -> float:
         # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
-        # left in all its limited domains; granted job by job, so no domain is counted twice
+        # left in all its limited domains; granted job by job, so no domain is counted twice.
+        # ``caps`` (the job's corrected caps, {} for none): its grant is taken back and what it
+        # really moves is booked per domain, so the watts it leaves go to the jobs after it
         if not n:
             return 0.0
-        mine = np.unique(levels[np.fromiter((pos_of[g.key] for g in members), np.int64, len(members))])
+        p = np.fromiter((pos_of[g.key] for g in members), np.int64, len(members))
+        if caps is not None:
+            back = granted_w.pop(members[0].job, None)
+            if back is not None:
+                head[back[0]] += back[1]
+            if caps:
+                diff = np.fromiter((caps.get(g.key, desired[g.key]) - desired[g.key] for g in members), float,
+                                   len(members))
+                head[:] -= _domain_sums(levels[p], diff, n)
+            return 0.0
+        mine = np.unique(levels[p])
         mine = mine[mine >= 0]
         if not mine.size:
             return 0.0
         grant = max(0.0, float(head[mine].min()))
         head[mine] -= grant
+        granted_w[members[0].job] = (mine, grant)
         return grant
 
     moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w)

@@ -53,6 +53,12 @@ def slope_w(at_w: float, pace: float) -> float:
     return 3.0 * float(at_w) / max(float(pace), 0.05)
 
 
+def _slope(g) -> float:
+    """The loop's slope (W per unit pace) for ``g``: :func:`slope_w` at its operating point
+    (:func:`_op_w`)."""
+    return slope_w(_op_w(g), g.pace)
+
+
 def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
     """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
     moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
@@ -78,22 +84,74 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
             continue
         paces = [g.pace for g in members]
         slowest = min(members, key=lambda g: g.pace)
-        # more watts help only if the pace-setter can take them (not held at its ceiling)
-        more = extra_w(members) if extra_w and _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0
-        total = sum(desired[g.key] for g in members) + more
+        solve_w = sum(desired[g.key] for g in members)
+        avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
+        caps = None
+        # more watts help only if the pace-setter can take them (not held at its ceiling)
+        total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total)
-        else:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
-            caps = _hold(members, total)
+        elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU
+            caps = _align(members, solve_w + avail)  # on one step, with the watts it needs at most
+            total = solve_w + avail if caps is not None else total
+        if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
+            caps = _hold(members, total, grow=current)
         if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
+        else:
+            caps = {}
+        if extra_w:  # what the job did not use (headroom and the solve's) goes to the jobs after it
+            extra_w(members, caps)
     return out
 
 
-def _hold(members, total_w: float) -> dict:
+def _on_grid(members) -> bool:
+    """Whether the job's GPUs report clocks on one step grid (:func:`coordinator.pacealign.on_grid`
+    on the non-stragglers' paces and clock steps)."""
+    from coordinator import pacealign
+
+    rest = [g for g in members if not g.straggler]
+    return pacealign.on_grid([g.pace for g in rest], [g.pace_step for g in rest])
+
+
+def _align(members, total_w: float):
+    """:func:`coordinator.pacealign.align_caps` on the job's GPUs (stragglers held at their
+    ceiling, bounding the target to their pace); None when a GPU lacks a draw or a clock step (its
+    sample cannot tell its step) or no step fits."""
+    from coordinator import pacealign
+
+    strag = [g for g in members if g.straggler]
+    rest = [g for g in members if not g.straggler]
+    if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
+        return None
+    held = {g.key: _hi(g) for g in strag}
+    caps = pacealign.align_caps(
+        [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
+        [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
+        [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest], total_w - sum(held.values()),
+        min([1.0] + [g.pace for g in strag]))
+    if caps is None:
+        return None
+    held.update({g.key: float(c) for g, c in zip(rest, caps)})
+    return held
+
+
+def _op_w(g) -> float:
+    """The power (W) at which ``g``'s pace was measured: its enforced limit when the cap sets its
+    clock, its draw when it runs at its maximum clock below the cap (the cap is not its operating
+    point then: stepping from it would hand the GPU watts it does not use)."""
+    if g.pace >= 0.99 and 0.0 < g.draw_w < g.pace_at_w:
+        return g.draw_w
+    return g.pace_at_w
+
+
+def _hold(members, total_w: float, grow: bool = True) -> dict:
     """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
-    range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`)."""
+    range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`).
+    ``grow`` False (a sample from before the last change): scaled down only, never up; the watts
+    wait one interval for a sample of the current caps (scaling up from a stale sample undid the
+    clock-step alignment of the interval before: a two-interval limit cycle)."""
     strag = [g for g in members if g.straggler]
     rest = [g for g in members if not g.straggler]
     caps = {g.key: _hi(g) for g in strag}  # held (where extra watts buy nothing)
@@ -101,6 +159,8 @@ def _hold(members, total_w: float) -> dict:
     if now <= 0:
         return {}
     k = (total_w - sum(caps.values())) / now
+    if not grow:
+        k = min(k, 1.0)
     caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in rest})
     at_hi = [g for g in rest if caps[g.key] >= _hi(g) - AT_CAP_TOLERANCE_W]
     return _bound_by_ceiling(members, caps, at_hi)
@@ -109,15 +169,18 @@ def _hold(members, total_w: float) -> dict:
 def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
-    reach = min((g.pace + (_hi(g) - g.pace_at_w) / s[g.key] for g in at_hi if s[g.key] > 0), default=math.inf)
+    s = {g.key: GAIN * _slope(g) for g in members}
+    reaches = {g.key: g.pace + (_hi(g) - _op_w(g)) / s[g.key] for g in at_hi if s[g.key] > 0}
+    reach = min(reaches.values(), default=math.inf)
     reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
     if not math.isfinite(reach):
         return caps
-    held = {g.key for g in at_hi} | {g.key for g in members if g.straggler}
+    # held: the GPUs that set the reach (and the stragglers); a GPU at its ceiling that would be
+    # faster there is bounded like the others (it would wait at the barrier)
+    held = {k for k, r in reaches.items() if r <= reach + 1e-9} | {g.key for g in members if g.straggler}
     for g in members:
         if g.key not in held:
-            caps[g.key] = min(caps[g.key], max(g.min_cap_w, g.pace_at_w + s[g.key] * (reach - g.pace)))
+            caps[g.key] = min(caps[g.key], max(g.min_cap_w, _op_w(g) + s[g.key] * (reach - g.pace)))
     return caps
 
 
@@ -132,7 +195,7 @@ def _split(members, total_w: float) -> dict:
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s = {g.key: GAIN * slope_w(g.pace_at_w, g.pace) for g in members}
+    s = {g.key: GAIN * _slope(g) for g in members}
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
@@ -144,10 +207,10 @@ def _split(members, total_w: float) -> dict:
         den = sum(s[g.key] for g in free)
         if den <= 0 or not free:
             break
-        target = (budget - sum(g.pace_at_w - s[g.key] * g.pace for g in free)) / den
+        target = (budget - sum(_op_w(g) - s[g.key] * g.pace for g in free)) / den
         clipped = []
         for g in free:
-            c = g.pace_at_w + s[g.key] * (target - g.pace)
+            c = _op_w(g) + s[g.key] * (target - g.pace)
             if c > hi[g.key] or c < lo[g.key]:
                 caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
                 clipped.append(g)

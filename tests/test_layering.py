@@ -13,7 +13,8 @@ Layers (one way only):
 - no import cycle anywhere: neither between modules (also of one package) nor between packages;
 - high availability: only ``coordinator/etcdconn.py`` imports the etcd client (``etcd3gw``); the
   election and the etcd store sit below the reconcile loop and the servers (never import them);
-  the agent's term fence (``nodeagent/fencing.py``) is pure (imports nothing of ours); the per-GPU NVML call guard
+  the agent's term fence (``nodeagent/fencing.py``) and the pace loop's clock-step alignment
+  (``coordinator/pacealign.py``) are pure (import nothing of ours); the per-GPU NVML call guard
   (``nodeagent/callguard.py``) imports only the backend contract;
 - the allocator's interior-point start (``capctl/allocator/interior.py``) is pure numerics
   (imports nothing of ours: the fast path hands it arrays).
@@ -172,6 +173,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 rule = "the store worker runs any store's calls: it imports nothing of ours"
             elif mod in ("nodeagent.reportclock", "coordinator.tickphase"):
                 rule = "report timing (the agent's report clock, the coordinator's tick grid) is pure logic (imports nothing of ours)"
+            elif mod == "coordinator.pacealign":
+                rule = "the clock-step alignment is pure logic on arrays (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
                     dep, "coordinator", "nodeagent", "slurm", "capctl.cli", *SIMULATORS):
                 rule = "shared modules import no daemon, CLI, demo or simulator code"
@@ -273,3 +276,9 @@ def test_the_ha_rules_catch_a_wrong_import():
     assert any(b.startswith("coordinator.election -> coordinator.loop") for b in bad)
     assert any(b.startswith("nodeagent.fencing -> nodeagent.caps") for b in bad)
 
+
+def test_the_clock_step_alignment_stays_pure():
+    graph = import_graph()
+    assert graph["coordinator.pacealign"] == set()
+    graph["coordinator.pacealign"].add("coordinator.paceloop")
+    assert any(b.startswith("coordinator.pacealign -> coordinator.paceloop") for b in violations(graph))

@@ -36,6 +36,7 @@ FAULT_CODES = {
     "bad_constraints": 6,
     "stuck_slowdown": 7,
     "nvml_stall": 8,
+    "continuous_clock": 9,
 }
 """Fault names accepted by :meth:`SimNode.inject` / :meth:`SimNode.clear` and their C codes."""
 

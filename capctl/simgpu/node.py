@@ -56,6 +56,7 @@ FLAG_SET_NOT_SUPPORTED = 0x4
 FLAG_THROTTLED = 0x8
 FLAG_FOREIGN = 0x10
 FLAG_BAD_CONSTRAINTS = 0x40  # CAPSIM_F_BAD_CONSTRAINTS
+FLAG_CONTINUOUS_CLOCK = 0x80  # CAPSIM_F_CONTINUOUS_CLOCK
 FLAG_THERMAL_SHUTDOWN = 0x20
 
 _ORDERED_OVERRIDES = (
@@ -456,7 +457,9 @@ class SimNode:
         the limit constraints, any finite values >= 0 such as (0, 0) or min > max; the real ones
         still bind writes), ``stuck_slowdown`` (value: the SM clock is held at this fraction
         0 < f <= 1 of its maximum at any cap, HW slowdown reason set), ``nvml_stall`` (value s:
-        every NVML call on the GPU stalls that long, at most 60 s).
+        every NVML call on the GPU stalls that long, at most 60 s), ``continuous_clock`` (no value;
+        a plant rather than a defect: the SM clock follows the cap continuously instead of in
+        15 MHz steps, so NVML reports whole MHz off the step grid; for the pace loop's tests).
         """
         code = self._fault(fault)
         if fault in ("oob_limit", "foreign_writer", "stuck_slowdown", "nvml_stall", "bad_constraints") \
@@ -559,6 +562,8 @@ class SimNode:
             faults.append("stuck_slowdown")
         if out["stall_s"] > 0:
             faults.append("nvml_stall")
+        if flags & FLAG_CONTINUOUS_CLOCK:
+            faults.append("continuous_clock")
         out["faults"] = faults
         out["time_s"] = out.pop("t_s")
         return out

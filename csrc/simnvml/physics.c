@@ -8,7 +8,9 @@
  *             V roughly proportional to f in the DVFS range -> ~f^3; e.g. Kim et al., "Power-aware
  *             GPU computing", and the cube law used by Zeus, Chung et al. NSDI'23 analysis)
  *             D = workload demand at f_max (W).  The SM clock is the largest 15 MHz step whose
- *             power fits under min(enforced limit, D); clock saturates at f_max.
+ *             power fits under min(enforced limit, D); clock saturates at f_max.  With
+ *             CAPSIM_F_CONTINUOUS_CLOCK (the continuous_clock "fault") it is not quantized: NVML
+ *             then reports whole MHz off the 15 MHz grid (a plant for the pace loop's tests).
  *   step rate r(f) = speed / (m + (1 - m) * f_max / f)  - time per step is a memory-bound part m
  *             that does not scale with the SM clock plus a compute part scaling with 1/f
  *             (roofline reasoning; the same split underlies Zeus/Perseus power-vs-time curves).
@@ -249,7 +251,7 @@ void capsim_gpu_advance(capsim_gpu *g, double to_s)
         }
         int thr = (g->flags & CAPSIM_F_THROTTLED) != 0;
         double enforced = capsim_gpu_enforced_w(g);
-        op_t o = operating_point(g, enforced, thr, lost, 1);
+        op_t o = operating_point(g, enforced, thr, lost, !(g->flags & CAPSIM_F_CONTINUOUS_CLOCK));
         store_outputs(g, &o, enforced);
         seg_push(g, t, o.power_w);
         if (!(t < to_s))

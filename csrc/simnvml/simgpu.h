@@ -34,6 +34,7 @@
 #define CAPSIM_F_FOREIGN 0x10u         /* a foreign writer re-sets its own limit periodically */
 #define CAPSIM_F_THERMAL_SHUTDOWN 0x20u /* lost because the shutdown temperature was reached */
 #define CAPSIM_F_BAD_CONSTRAINTS 0x40u /* NVML reports bad_min/max_limit_w as the limit constraints */
+#define CAPSIM_F_CONTINUOUS_CLOCK 0x80u /* the SM clock follows the cap continuously (no 15 MHz steps) */
 
 /* Fault codes of capsim_inject / capsim_clear. */
 enum capsim_fault {
@@ -45,6 +46,7 @@ enum capsim_fault {
     CAPSIM_FAULT_BAD_CONSTRAINTS = 6, /* value: reported min W, period_s: reported max W (any) */
     CAPSIM_FAULT_STUCK_SLOWDOWN = 7,  /* value: SM clock held at this fraction (0, 1] of max, HW slowdown */
     CAPSIM_FAULT_NVML_STALL = 8,      /* value: every NVML call on the GPU sleeps this long (s, <= 60) */
+    CAPSIM_FAULT_CONTINUOUS_CLOCK = 9, /* a plant, not a defect: the SM clock is not quantized to 15 MHz */
 };
 
 /* A device profile (constants of one GPU model; sources in physics.c). */

@@ -826,6 +826,9 @@ EXPORT int capsim_inject(capsim_node *n, unsigned index, int fault, double value
         else
             g->stuck_clock_fraction = value;
         break;
+    case CAPSIM_FAULT_CONTINUOUS_CLOCK:
+        g->flags |= CAPSIM_F_CONTINUOUS_CLOCK;
+        break;
     case CAPSIM_FAULT_NVML_STALL:
         if (!isfinite(value) || value <= 0.0 || value > 60.0)
             rc = fail(NVML_ERROR_INVALID_ARGUMENT,
@@ -874,6 +877,9 @@ EXPORT int capsim_clear(capsim_node *n, unsigned index, int fault)
         break;
     case CAPSIM_FAULT_NVML_STALL:
         g->stall_s = 0.0;
+        break;
+    case CAPSIM_FAULT_CONTINUOUS_CLOCK:
+        g->flags &= ~CAPSIM_F_CONTINUOUS_CLOCK;
         break;
     default:
         rc = fail(NVML_ERROR_INVALID_ARGUMENT, "fault code %d is unknown", fault);

@@ -101,12 +101,22 @@ def _reference_paced_split(inputs, desired):
     load = {n: sum(desired.get(k, 0.0) for k in inputs.domain_members.get(n, ())) for n, _ in limited}
     head = {n: lim - load[n] - allocation.LIMIT_SLACK_W for n, lim in limited}
 
-    def extra_w(members):
+    granted, granted_w = {}, {}
+
+    def extra_w(members, caps=None):
         keys = {g.key for g in members}
         mine = [n for n, _ in limited if keys & inputs.domain_members.get(n, frozenset())]
+        if caps is not None:  # the job's grant back, its real moves booked (issue 12 item 8)
+            for n in granted.pop(members[0].job, ()):
+                head[n] += granted_w[n]
+            for n, _ in limited:
+                head[n] -= sum(c - desired[k] for k, c in caps.items() if k in inputs.domain_members.get(n, ()))
+            return 0.0
         grant = max(0.0, min((head[n] for n in mine), default=0.0))
         for n in mine:
             head[n] -= grant
+        granted[members[0].job] = mine
+        granted_w.update({n: grant for n in mine})
         return grant
 
     moved = paceloop.correct(inputs.gpus, desired, inputs.jobs, extra_w)

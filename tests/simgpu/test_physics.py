@@ -347,3 +347,29 @@ def test_power_factor_out_of_range_is_refused(simlib):
         with pytest.raises(SimInputError, match="power_factor"):
             node.set_param(0, "power_factor", 9.0)
         assert node.read(0)["power_factor"] == 1.0
+
+
+def test_continuous_clock_follows_the_cap_off_the_15_mhz_grid(simlib):
+    """The ``continuous_clock`` plant (the pace loop's tests): the SM clock is the cube law's,
+    not quantized; cleared, the 15 MHz steps are back."""
+    with SimNode.create(None, gpus=1, manual_clock=True) as node:
+        node.set_load(0, 650.0)
+        clocks = []
+        for cap in (400.0, 401.0, 402.5, 431.0):
+            node.set_limits_w([cap])
+            node.advance(0.5)
+            clocks.append(node.read(0)["sm_clock_mhz"])
+        assert all(c % 15 == 0 for c in clocks) and len(set(clocks)) <= 2  # steps: 400-402.5 W one step
+        node.inject(0, "continuous_clock")
+        assert "continuous_clock" in node.read(0)["faults"]
+        seen = []
+        for cap in (400.0, 401.0, 402.5, 431.0):
+            node.set_limits_w([cap])
+            node.advance(0.5)
+            g = node.read(0)
+            seen.append(g["sm_clock_mhz"])
+            assert g["power_w"] == pytest.approx(cap, abs=1e-6)  # the clock whose power is the cap
+        assert seen == sorted(seen) and len(set(seen)) == 4 and any(c % 15 for c in seen)
+        node.clear(0, "continuous_clock")
+        node.advance(0.5)
+        assert node.read(0)["sm_clock_mhz"] % 15 == 0 and "continuous_clock" not in node.read(0)["faults"]

@@ -1,0 +1,165 @@
+"""One synchronous job's GPUs on one clock step (pure, arrays; issue 12 item 8, "Optimality").
+
+A synchronous step runs at the pace of the job's slowest GPU, and SM clocks move in steps of
+:data:`CLOCK_STEP_MHZ`: a power limit sets the largest supported clock whose power fits under it.
+Within the pace loop's deadband (:data:`coordinator.paceloop.PACE_DEADBAND`, two clock steps) a
+job's GPUs can sit one or two steps apart for good: the slowest sets the pace one step below what
+the job's watts and ceilings allow, and the faster ones burn watts at the barrier. In ``capctl
+sim`` this held jobs one step (~1 % of clock) below the oracle, the largest jobs most (one GPU of
+1,024 is enough).
+
+:func:`align_caps` puts every GPU of the job on the same step, the highest one that the job's
+watts (``total_w``) and every GPU's ceiling allow, with each cap in the middle of its step (half a
+step of margin either way against noise). The cap a GPU needs for pace ``x`` follows from its own
+measured operating point (``draw_w`` at pace ``f``) by the DVFS power law
+``P(x) = P_s + (P - P_s) (x / f)^3`` (dynamic power ~ C V^2 f with V ~ f; Hsu & Feng, SC'05; the
+simulated driver's law, csrc/simnvml/physics.c), with the static power ``P_s`` estimated as
+:data:`STATIC_FRACTION` of the GPU's maximum limit. Moves are a few steps at most (within
+:data:`MAX_STEPS`), where an error in ``P_s`` costs a fraction of a step: for a move of k steps the
+cap is off by ``dP_s * 3 k * step / f`` (e.g. 15 W error, k = 2, 15 MHz of 1,100 MHz: 1.2 W), well
+inside the half-step margin (3-4 W on A100/H100 at 0.55-0.8 x TDP).
+
+It is a reconcile, not an integrator: the caps follow from the latest operating points each
+interval, so a GPU landing a step off is put right in the next one, and an unchanged state gives
+unchanged caps (the planner's 2 W deadband then sends nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CLOCK_STEP_MHZ = 15.0
+"""SM clock step (MHz): A100 and H100 support graphics clocks 15 MHz apart
+(``nvmlDeviceGetSupportedGraphicsClocks``); the simulated driver quantizes the same way."""
+STATIC_FRACTION = 0.1
+"""Static (clock-independent) power of a busy GPU as a fraction of its maximum limit: ~75 W of
+700 W on H100 SXM, ~55 W of 400 W on A100 SXM4 (idle readings of DGX H100 / DGX A100 nodes, the
+simulated driver's profiles). An underestimate makes lowered caps slightly low and raised caps
+slightly high; see the module docstring for the bound."""
+GRID_TOLERANCE = 0.02
+"""A clock is on the step grid when it is within this fraction of a step of it (0.3 MHz of 15 MHz:
+NVML reports whole MHz, so this only absorbs float rounding of ``clock / max clock``)."""
+KEEP_BAND = (0.0, 0.625)
+"""Where in its step (fractions of one step above the step's clock) a GPU already on the target
+step keeps its cap: anywhere on it below, at most an eighth of a step over mid-step above (a drift
+of the draw estimate under an eighth of a step, ~1 W on A100/H100, moves nothing). Measured on the
+A100 hard budget, seed 12 (capctl/oracle): (0, 5/8) 0.9914, the same as no band; (0, 3/4) 0.9899
+(~1/8 step of watts per GPU held for nothing); (1/4, 5/8) 0.9898 (raising GPUs near the bottom of
+their step to mid-step costs the same watts)."""
+MAX_STEPS = 8
+"""Largest move (clock steps) above the job's fastest GPU or below its slowest: beyond it the
+Newton step of :mod:`coordinator.paceloop` moves the caps (the power law is extrapolated further)."""
+
+
+def on_grid(pace, pace_step, tolerance: float = GRID_TOLERANCE) -> bool:
+    """Whether a job's GPUs report SM clocks on one step grid anchored at the max clock.
+
+    ``pace`` (SM clock / max SM clock, measured) and ``pace_step`` (one clock step as a fraction of
+    the max clock), shape [N]. True when at least one GPU runs below its max clock and every such
+    GPU's distance to its max clock is a whole number of steps (within ``tolerance`` of a step):
+    what NVML's supported graphics clocks give on A100/H100 (every clock is the max clock less a
+    multiple of 15 MHz) and the simulated driver's quantized clocks. A plant whose clock moves
+    continuously with its cap reports integer MHz clocks off that grid (a GPU lands on it by
+    chance with probability 1/15 per operating point, every GPU of a job with 1/15^k for k
+    distinct clocks), and then the pace loop converges as a continuous loop (no alignment).
+    False for empty input or a step that is not positive. Raises nothing."""
+    f = np.asarray(pace, float)
+    step = np.asarray(pace_step, float)
+    if f.size == 0 or step.shape != f.shape or not np.all(step > 0):
+        return False
+    below = f < 1.0 - 1e-9
+    if not below.any():
+        return False
+    k = (1.0 - f[below]) / step[below]
+    return bool(np.all(np.abs(k - np.round(k)) <= tolerance))
+
+
+def settled_draw_w(pace, pace_step, draw_w, cap_w, static_w) -> np.ndarray:
+    """The draw (W, shape [N]) of each GPU at its measured clock, bounded by what its cap says.
+
+    A GPU whose clock its cap sets (``pace`` < 0.99) runs at the highest step whose power fits
+    under the cap, so its true draw lies within one step's power below the cap:
+    ``cap - 3 (cap - P_s) step / f <= P(f) <= cap`` (the cube law's slope times one step). The
+    1 s-averaged power reading of Ampere/Hopper (nvml.h, ``nvmlDeviceGetPowerUsage``) still mixes
+    in the draw before a cap change for up to a second, above the cap after a decrease or far
+    below it after an increase; clipped to that band, a stale reading costs at most one step's
+    power instead of a move of several steps (measured: ``bench/load_step.py`` on parts of unequal
+    power factors turned caps 3 times in 5 intervals without it). A GPU at its max clock draws what
+    its work needs: only ``<= cap`` applies. Inputs as :func:`align_caps`; raises nothing."""
+    f = np.asarray(pace, float)
+    cap = np.asarray(cap_w, float)
+    d = np.minimum(np.asarray(draw_w, float), cap)
+    one_step = 3.0 * np.maximum(cap - np.asarray(static_w, float), 0.0) * np.asarray(pace_step, float) / f
+    return np.where(f < 0.99, np.maximum(d, cap - one_step), d)
+
+
+def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: float,
+               max_pace: float = 1.0) -> np.ndarray | None:
+    """Caps (W, shape [N]) that put the N GPUs of one job on one clock step, or None.
+
+    Inputs, all shape [N]: ``pace`` (SM clock / max SM clock, measured), ``pace_step`` (one clock
+    step as a fraction of the max clock), ``draw_w`` (measured power at that pace, W; the cap sets
+    the pace or the GPU runs at its max clock below it), ``cap_w`` (its enforced limit now, W),
+    ``lo_w`` / ``hi_w`` (the range it may be planned in, ceilings included, W), ``static_w``
+    (static power estimate, W). ``total_w``: the job's watts; ``max_pace``: a bound on the target
+    (a straggler's pace, 1.0 otherwise).
+
+    The target is the highest pace ``x`` on the fastest GPU's step grid, less than
+    :data:`MAX_STEPS` above the fastest and at most :data:`MAX_STEPS` below the slowest, such that
+    every GPU reaches it within ``hi_w`` and the caps sum to at most ``total_w``; None when the
+    job's watts reach :data:`MAX_STEPS` above (a large move: the caller's split scales to them) or
+    when every GPU runs at its max clock. A GPU already at or above ``x`` keeps at most its current cap (it runs there now);
+    one at its max clock keeps its cap when ``x`` is its pace (its draw is not what it needs at its
+    peaks). Returns None when no target fits (the caller keeps its own split), or for empty or
+    malformed input (non-positive draws or steps). Raises nothing.
+    """
+    f = np.asarray(pace, float)
+    if f.size == 0:
+        return None
+    step = np.asarray(pace_step, float)
+    draw = np.asarray(draw_w, float)
+    cap = np.asarray(cap_w, float)
+    lo = np.asarray(lo_w, float)
+    hi = np.maximum(np.asarray(hi_w, float), lo)
+    if not (np.all(f > 0) and np.all(step > 0) and np.all(draw > 0) and np.all(np.isfinite(cap))):
+        return None
+    draw = settled_draw_w(f, step, draw, cap, np.asarray(static_w, float))
+    ps = np.minimum(np.asarray(static_w, float), 0.9 * draw)
+    top = float(f.max())
+    grid = float(step[int(np.argmax(f))])
+    k_low = int(np.ceil((top - float(f.min())) / grid - 1e-9)) + MAX_STEPS
+    uncapped = f >= 0.99
+    for k in range(MAX_STEPS, -k_low - 1, -1):
+        if k == MAX_STEPS:  # the job's watts reach further than a few steps: not an alignment
+            x = top + k * grid  # (the caller scales its split to them; this aligns next interval)
+            need = ps + (draw - ps) * ((x + 0.5 * step) / f) ** 3
+            if x <= min(max_pace, 1.0) + 1e-9 and np.all(need <= hi + 1e-9) and float(
+                    np.minimum(np.maximum(need, lo), hi).sum()) <= total_w + 1e-6:
+                return None
+            continue
+        x = top + k * grid
+        if x > max_pace + 1e-9 or x > 1.0 + 1e-9 or x <= 0:
+            continue
+        mid = ps + (draw - ps) * ((x + 0.5 * step) / f) ** 3
+        caps = np.maximum(mid, lo)
+        at_or_above = f >= x - 1e-9
+        caps = np.where(at_or_above, np.minimum(caps, cap), caps)
+        # hysteresis: a GPU on step x keeps its cap up to five eighths of the step
+        # (:data:`KEEP_BAND`): it runs on x now, so it is never raised there; above the band it
+        # holds watts it does not use and goes to mid-step. A drift of the draw estimate inside
+        # the band moves nothing, so a GPU does not flip between steps.
+        on_x = np.abs(f - x) <= 1e-9
+        lower = ps + (draw - ps) * ((x + KEEP_BAND[0] * step) / f) ** 3
+        upper = ps + (draw - ps) * ((x + KEEP_BAND[1] * step) / f) ** 3
+        caps = np.where(on_x & (cap >= lower) & (cap <= upper), np.maximum(cap, lo), caps)
+        caps = np.where(on_x & (cap < lower), np.maximum(mid, lo), caps)
+        caps = np.where(uncapped & (np.abs(f - x) <= 1e-9), cap, caps)
+        reach = ps + (draw - ps) * ((x + 0.25 * step) / f) ** 3  # a quarter step into x's step
+        if np.any(~at_or_above & (reach > hi + 1e-9)):
+            continue  # some GPU cannot get there within its range
+        caps = np.minimum(caps, hi)
+        if float(caps.sum()) <= total_w + 1e-6:
+            # every GPU at its max clock: nothing to align (the caller's split keeps their headroom
+            # for a rising demand)
+            return None if x >= 1.0 - 1e-9 and np.all(uncapped) else caps
+    return None
