@@ -99,6 +99,8 @@ class InputColumns:
     paced: np.ndarray
     speed: np.ndarray
     straggler: dict
+    draw_w: np.ndarray
+    pace_step: np.ndarray
     curve_a: np.ndarray
     curve_k_w: np.ndarray
     curve_sat_w: np.ndarray
@@ -119,7 +121,8 @@ class InputColumns:
         pos = np.asarray(positions, np.int64)
         cols = [np.asarray(a)[pos].tolist() for a in (
             self.min_cap_w, self.max_cap_w, self.fixed, self.accounted_w, self.observed_w, self.thermal_ceiling_w,
-            self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed)]
+            self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed,
+            self.draw_w, self.pace_step)]
         keys, dnames, jnames, strag = self.keys, self.domain_names, self.job_names, self.straggler
         c = self.curves
         if not with_curves:
@@ -127,10 +130,10 @@ class InputColumns:
         else:
             curves = [c[i] for i in pos.tolist()] if isinstance(c, list) else c.curves_at(pos)
         out = []
-        for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed in zip(
+        for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed, draw, step in zip(
                 pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), curves, *cols):
             out.append(GpuInput(keys[p], dnames[d], lo, hi, fx, acc, obs, jnames[j] if j >= 0 else None,
-                                cv, ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed))
+                                cv, ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed, draw, step))
         return out
 
     def rows(self) -> list[GpuInput]:
@@ -190,6 +193,7 @@ def _columns_from_rows(gpus: list[GpuInput]) -> InputColumns:
         accounted_w=col("accounted_w"), observed_w=col("observed_w"), thermal_ceiling_w=col("thermal_ceiling_w"),
         idle_cap_w=col("idle_cap_w"), idle_target_w=col("idle_target_w"), pace=col("pace"), pace_at_w=col("pace_at_w"),
         paced=col("paced", bool), speed=col("speed"), straggler={i: g.straggler for i, g in enumerate(gpus) if g.straggler},
+        draw_w=col("draw_w"), pace_step=col("pace_step"),
         curve_a=np.fromiter((c.a for c in curves), f, G), curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
         curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
         curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G), curves=[g.curve for g in gpus])
@@ -448,7 +452,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
-    pace, pace_at, paced = _pace_columns(c, fixed, fresh, straggler)
+    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler)
     speed = np.ones(G)
     for i in strag_pos:
         cv = curves.curve(i)
@@ -459,7 +463,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         keys=table.keys, domain=None, domain_names=[], job=None, job_names=[], min_cap_w=lo, max_cap_w=hi,
         fixed=fixed, accounted_w=acc, observed_w=np.where(have, enforced, acc), thermal_ceiling_w=ceiling,
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
-        straggler=straggler, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
+        straggler=straggler, draw_w=draw, pace_step=step, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
         curve_min_w=curves.valid_min_w, curves=curves)
 
 
@@ -499,14 +503,18 @@ def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) ->
 
 
 def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> tuple:
-    """``(pace, pace_at_w, paced)`` [G] of every GPU (see :class:`GpuInput` and :func:`_pace`):
-    measured from a fresh sample of a GPU not fixed with a known maximum clock (else NaN, 0, False)."""
+    """``(pace, pace_at_w, paced, draw_w, pace_step)`` [G] of every GPU (see :class:`GpuInput` and
+    :func:`_pace`): measured from a fresh sample of a GPU not fixed with a known maximum clock (else
+    NaN, 0, False, 0, 0)."""
     G = len(fixed)
     mx = c["max_sm_clock_mhz"]
     has = ~fixed & (mx > 0) & fresh
     with np.errstate(divide="ignore", invalid="ignore"):
         pace = np.where(has, np.clip(c["sm_clock_mhz"] / np.where(mx > 0, mx, 1.0), 0.0, 1.0), math.nan)
     pace_at = np.where(has, c["sample_enforced_w"], 0.0)
+    pw = c["power_w"]
+    draw = np.where(has & np.isfinite(pw) & (pw > 0), pw, 0.0)
+    step = np.where(has, CLOCK_STEP_MHZ / np.where(mx > 0, mx, 1.0), 0.0)
     flags = np.array([_pace_reasons(r if isinstance(r, tuple) else tuple(r)) for r in c["reasons"]],
                      bool).reshape(G, 2)
     strag = np.zeros(G, bool)
@@ -515,7 +523,7 @@ def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> t
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
     paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~flags[:, 0] & (flags[:, 1] | (pace >= 0.99))
              & (pace > 0) & (pace_at > 0))
-    return pace, pace_at, paced
+    return pace, pace_at, paced, draw, step
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
