@@ -21,6 +21,14 @@ average, close enough to the average over the interval for intervals of seconds)
 when every GPU of the node has a valid sample with a temperature (the registry keeps samples
 without a valid reading out altogether: zeros are never learned from).
 
+Memory-bound share (issue 12, item 8; :mod:`coordinator.membound`): the observations above are
+clock ratios, so the curves learned are clock curves, and a step that is partly memory-bound gains
+less rate per watt than its clock. Each GPU keeps a smoothed estimate ``m`` of its job's
+memory-bound share from NVML's memory utilization (one batched update per interval);
+:meth:`Models.curve` hands the allocator the curve with ``a`` times
+:func:`~coordinator.membound.curve_slope_factor` ``(m) = 1 - m`` (the one hook). Without an
+estimate (the agent reports no memory utilization) the curve is exactly the clock curve.
+
 The curve prior is the allocator's default for the device's model (:data:`DEFAULT_CURVES`,
 matched in the NVML product name); unknown products get the A40 curve mapped affinely onto the
 device's limit constraints (as the allocator does for H100/A100).
@@ -54,6 +62,7 @@ import numpy as np
 
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
+from coordinator import membound
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -157,6 +166,11 @@ class GpuModel:
         self._ready = False  # _full_fit_ready() once true stays true (caps are only added)
         self.refits = 0
         self.job_id = ""  # the job whose samples this model holds ("" = none yet)
+        # memory-bound share of this job's step (coordinator.membound; Models.update keeps it):
+        # smoothed estimate and its sample weight; 0 / 0 = none (the curve as before)
+        self.mem_share = 0.0
+        self.mem_weight = 0.0
+        self.mem_curve: tuple | None = None  # (clock curve, share, rate curve) of the last call
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
@@ -379,6 +393,36 @@ REFIT_BUDGET_FRACTION = 0.1
 REFIT_BUDGET_MAX_S = 0.1
 
 
+def _with_memory_bound(m: GpuModel, c: CurveParams) -> CurveParams:
+    """The hook: GPU ``m``'s clock curve ``c`` as a step-rate curve for its memory-bound share
+    (:func:`coordinator.membound.curve_slope_factor`); ``c`` itself without an estimate."""
+    share = m.mem_share
+    if share <= 0.0:
+        return c
+    hit = m.mem_curve
+    if hit is not None and hit[0] is c and hit[1] == share:
+        return hit[2]
+    out = CurveParams(c.a * membound.curve_slope_factor(share), c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse,
+                      c.fit_max_err, f"{c.source}, memory-bound {share:.2f}")
+    m.mem_curve = (c, share, out)
+    return out
+
+
+def _update_memory_bound(work: list) -> None:
+    """One :func:`coordinator.membound.smooth` step of every GPU in ``work`` (``(GpuModel, sample,
+    max SM clock MHz)``: its latest sample of the interval) as arrays."""
+    n = len(work)
+    mem = np.fromiter((w[1].memory_utilization_pct for w in work), float, n)
+    util = np.fromiter((w[1].utilization_pct for w in work), float, n)
+    ratio = np.fromiter((w[1].sm_clock_mhz / w[2] if w[2] > 0 else np.nan for w in work), float, n)
+    mean, weight = membound.smooth(np.fromiter((w[0].mem_share for w in work), float, n),
+                                   np.fromiter((w[0].mem_weight for w in work), float, n),
+                                   membound.sample_share(mem, util, ratio))
+    for (model, _, _), m_i, w_i in zip(work, mean.tolist(), weight.tolist()):
+        model.mem_share = m_i
+        model.mem_weight = w_i
+
+
 def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]:
     """The thermal samples of one node: ``(time s, powers W, temps °C)`` for each telemetry time
     at which every GPU has a valid sample with a temperature (sorted). The samples of one
@@ -421,6 +465,7 @@ class Models:
         self._thermal_cache = None
         samples = registry.take_samples()
         thermal_work = []
+        mem_work = []  # (GpuModel, its latest sample with a memory utilization, max SM clock MHz)
         for node_name, node in registry.nodes.items():
             indices = tuple(sorted(node.gpus))
             nt = self.nodes.get(node_name)
@@ -444,11 +489,15 @@ class Models:
                     self.gpus[key] = m
                 for smp in mine:
                     m.add(smp, g.max_sm_clock_mhz)
+                if mine and mine[-1].memory_utilization_pct == mine[-1].memory_utilization_pct:  # not NaN
+                    mem_work.append((m, mine[-1], g.max_sm_clock_mhz))
             if per_gpu and all(per_gpu):
                 times = _common_times(per_gpu)
                 if times:
                     thermal_work.append((nt, times))
         self._add_thermal(thermal_work)
+        if mem_work:
+            _update_memory_bound(mem_work)
 
     def _bank(self, n_gpus: int) -> ThermalBank:
         bank = self._banks.get(n_gpus)
@@ -480,11 +529,21 @@ class Models:
         if m is None:
             return None
         if not m._full_fit_ready():
-            return m._anchored()  # what m.curve() returns then, without reading the clocks
+            return _with_memory_bound(m, m._anchored())  # what m.curve() returns then, without reading the clocks
         n = m.refits
         c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
         self.refits += m.refits - n
-        return c
+        return _with_memory_bound(m, c)
+
+    def memory_bound(self, key: tuple[str, int]) -> float | None:
+        """The GPU's smoothed memory-bound share of a step (0-0.9, :mod:`coordinator.membound`), or
+        None when it has none (no memory utilization reported since its job started)."""
+        m = self.gpus.get(key)
+        return m.mem_share if m is not None and m.mem_weight > 0 else None
+
+    def memory_bounds(self) -> dict[tuple[str, int], float]:
+        """GPU key -> :meth:`memory_bound` of every GPU that has an estimate."""
+        return {k: m.mem_share for k, m in self.gpus.items() if m.mem_weight > 0}
 
     def curve_kind(self, key: tuple[str, int]) -> str:
         """:attr:`GpuModel.kind` of a GPU ("" if unknown)."""

@@ -67,6 +67,14 @@ def explain_lines(job, reply, gpus) -> list[str]:
     if job.measured_step_rate > 0:
         lines.append(f"Measured step rate {job.measured_step_rate:.3f} (slowest GPU's SM clock / max SM clock), "
                      f"predicted {job.predicted_step_rate:.3f}.")
+    shares = [g.memory_bound_fraction for _, g in gpus
+              if g.job_id == job.job_id and g.HasField("memory_bound_fraction")]
+    if shares:
+        lo, hi = min(shares), max(shares)
+        lines.append(f"Memory-bound share of a step (NVML memory utilization at the measured clock): "
+                     + (f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}")
+                     + f" over {len(shares)} GPU(s); the rate curves count it (a memory-bound step gains "
+                     "less per watt than its clock).")
     for node, g in gpus:
         if g.job_id != job.job_id:
             continue

@@ -17,6 +17,8 @@ Layers (one way only):
   (``nodeagent/callguard.py``) imports only the backend contract;
 - the allocator's interior-point start (``capctl/allocator/interior.py``) is pure numerics
   (imports nothing of ours: the fast path hands it arrays).
+- the memory-bound share estimate (``coordinator/membound.py``) is pure arrays (imports nothing of
+  ours: the models hand it NVML's utilization and clock ratios).
 - report timing: the agent's report clock (``nodeagent/reportclock.py``) and the coordinator's tick
   grid (``coordinator/tickphase.py``) are pure (import nothing of ours).
 
@@ -161,6 +163,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             elif mod == "nodeagent.callguard" and dep != "nodeagent.backend":
                 rule = ("the per-GPU NVML call guard wraps any backend: it imports only the backend "
                         "contract (nodeagent.backend)")
+            elif mod == "coordinator.membound":
+                rule = "the memory-bound share estimate is pure arrays (imports nothing of ours)"
             elif mod in ("nodeagent.reportclock", "coordinator.tickphase"):
                 rule = "report timing (the agent's report clock, the coordinator's tick grid) is pure logic (imports nothing of ours)"
             elif _in(mod, "capctl") and not _in(mod, "capctl.cli", *SIMULATORS) and _in(
@@ -252,7 +256,9 @@ def test_the_ha_rules_catch_a_wrong_import():
     graph["nodeagent.callguard"].add("nodeagent.nvml")
     graph["nodeagent.reportclock"].add("nodeagent.link")
     graph["coordinator.tickphase"].add("capctl.v1")
+    graph["coordinator.membound"].add("coordinator.registry")
     bad = violations(graph)
+    assert any(b.startswith("coordinator.membound -> coordinator.registry") for b in bad)
     assert any(b.startswith("nodeagent.callguard -> nodeagent.nvml") for b in bad)
     assert any(b.startswith("nodeagent.reportclock -> nodeagent.link") for b in bad)
     assert any(b.startswith("coordinator.tickphase -> capctl.v1") for b in bad)
