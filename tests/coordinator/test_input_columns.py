@@ -120,12 +120,14 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
             row = dict(key=(name, idx), min_cap_w=lo, max_cap_w=hi, fixed=fixed, accounted_w=acc,
                        observed_w=g.enforced_w if g.have_reading else acc, job=job, thermal_ceiling_w=ceiling,
                        idle_cap_w=idle, idle_target_w=target if job is None else 0.0, pace=math.nan, pace_at_w=0.0,
-                       paced=False, straggler="", curve=models.curve((name, idx)))
+                       paced=False, straggler="", curve=models.curve((name, idx)), draw_w=0.0, pace_step=0.0)
             if not fixed and g.max_sm_clock_mhz > 0 and now - g.sample_mono <= A.PACE_FRESH_S:
                 pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
                 slowed = any("SLOWDOWN" in r.upper() for r in g.reasons)
                 capped = any("POWER_CAP" in r.upper() for r in g.reasons)
                 row.update(pace=pace, pace_at_w=g.sample_enforced_w, straggler=strag,
+                           draw_w=g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else 0.0,
+                           pace_step=A.CLOCK_STEP_MHZ / g.max_sm_clock_mhz,
                            paced=(not strag and g.utilization_pct >= 20.0 and not slowed and (capped or pace >= 0.99)
                                   and pace > 0 and g.sample_enforced_w > 0))
             out.append(row)
