@@ -25,20 +25,18 @@ from __future__ import annotations
 import grp
 import logging
 import os
-import select
 import socket
-import struct
 import tempfile
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from capctl.agentclient import DEFAULT_CALL_TIMEOUT_S, LocalClient  # noqa: F401 (the client side, re-exported)
 from capctl.errors import UserInputError
+from capctl.security.peercred import PeerCred, peer_cred, splice  # noqa: F401 (PeerCred re-exported)
 
 log = logging.getLogger("capctl.agent.local")
 
@@ -47,25 +45,6 @@ MAX_CONNECTIONS = 64
 
 CONNECTION_IDLE_S = 30.0
 """A local connection with no traffic for this long is closed (Slurm hooks make one short call)."""
-
-
-_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7))
-
-
-@dataclass(frozen=True)
-class PeerCred:
-    """Credentials of the process at the other end of a unix socket (``SO_PEERCRED``)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_cred(sock: socket.socket) -> PeerCred:
-    """Return the ``SO_PEERCRED`` credentials of a connected unix socket (Linux, socket(7))."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return PeerCred(pid=pid, uid=uid, gid=gid)
 
 
 def supplementary_gids(pid: int) -> set[int]:
@@ -278,20 +257,7 @@ class LocalServer:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(target)
-            socks = [conn, upstream]
-            while not self._stop.is_set():
-                ready, _, _ = select.select(socks, [], [], CONNECTION_IDLE_S)
-                if not ready:
-                    break  # idle
-                done = False
-                for s in ready:
-                    data = s.recv(65536)
-                    if not data:
-                        done = True
-                        break
-                    (upstream if s is conn else conn).sendall(data)
-                if done:
-                    break
+            splice(conn, upstream, self._stop, CONNECTION_IDLE_S)
         except OSError:
             pass
         finally:

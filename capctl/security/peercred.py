@@ -166,7 +166,7 @@ class CredentialSplice:
                 upstream.connect(self.private_path)
             finally:
                 os.unlink(name)  # the kernel keeps the address: getpeername() still names the caller
-            _splice(conn, upstream, self._stop)
+            splice(conn, upstream, self._stop)
         except OSError:
             pass
         finally:
@@ -178,11 +178,12 @@ class CredentialSplice:
             self._slots.release()
 
 
-def _splice(a: socket.socket, b: socket.socket, stop: threading.Event) -> None:
-    """Copy bytes both ways until either side closes, :data:`CONNECTION_IDLE_S` of silence, or ``stop``."""
+def splice(a: socket.socket, b: socket.socket, stop: threading.Event, idle_s: float = CONNECTION_IDLE_S) -> None:
+    """Copy bytes both ways until either side closes, ``idle_s`` seconds of silence, or ``stop``
+    (raises OSError from either socket)."""
     socks = [a, b]
     while not stop.is_set():
-        ready, _, _ = select.select(socks, [], [], CONNECTION_IDLE_S)
+        ready, _, _ = select.select(socks, [], [], idle_s)
         if not ready:
             return
         for s in ready:
