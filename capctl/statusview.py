@@ -48,6 +48,8 @@ def gpu_dict(g) -> dict:
         "detail": g.detail,
         "curve": g.curve,
         "flags": list(g.flags),
+        "memory_bound_fraction": (round(g.memory_bound_fraction, 4) if g.HasField("memory_bound_fraction")
+                                  else None),
     }
 
 

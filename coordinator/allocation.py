@@ -36,6 +36,7 @@ import numpy as np
 from capctl import capstates
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
+from coordinator import membound
 
 GpuKey = tuple[str, int]
 
@@ -552,6 +553,7 @@ class _GpuRows:
         self.idle_policy = policy.idle_cap_w
         self.reserve = bool(getattr(policy, "reserve_pre_job_limits", False))
         self.curve_of = models.curve
+        self.share_of = getattr(models, "memory_bound", None)  # memory-bound share (coordinator.membound)
         self.now_mono = now_mono
         self.ack_memory_s = ack_memory_s
         self.gpus: list[GpuInput] = []
@@ -608,7 +610,7 @@ class _GpuRows:
                 target if job is None else 0.0,
             ))
             if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
-                _pace(gpus[-1], g, strag)
+                _pace(gpus[-1], g, strag, self.share_of if strag else None)
 
 
 CLOCK_STEP_MHZ = 15.0
@@ -647,8 +649,10 @@ def _pace_reasons(reasons: tuple) -> tuple[bool, bool]:
     return hit
 
 
-def _pace(gi: GpuInput, g, strag: str) -> None:
-    """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`)."""
+def _pace(gi: GpuInput, g, strag: str, share_of=None) -> None:
+    """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`); a straggler's
+    speed compares its step rate (its pace through its memory-bound share, ``share_of(key)``, when
+    known: :func:`coordinator.membound.rate_of_clock`) with its curve at its cap."""
     gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
     gi.pace_at_w = g.sample_enforced_w
     gi.draw_w = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else 0.0
@@ -665,7 +669,9 @@ def _pace(gi: GpuInput, g, strag: str) -> None:
         curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
         model = float(curve.rate(max(gi.max_cap_w, gi.min_cap_w)))  # at the cap it is held at
         gi.straggler = strag
-        gi.speed = min(1.0, max(0.05, gi.pace / model)) if model > 0 else 1.0
+        share = share_of(gi.key) if share_of is not None else None
+        rate = membound.rate_of_clock(gi.pace, share) if share and gi.pace > 0 else gi.pace
+        gi.speed = min(1.0, max(0.05, rate / model)) if model > 0 else 1.0
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:

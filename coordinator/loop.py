@@ -45,7 +45,7 @@ import uuid
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, decide, observe, observed, planner, tickphase
+from coordinator import allocation, decide, membound, observe, observed, planner, tickphase
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -665,6 +665,7 @@ class Coordinator:
             persistent_alerts=list(self.persistent_alerts.values()), alerts=list(alerts), inputs=inputs, out=out,
             desired=desired, tick_s=tick_s, plans_sent=plans_sent,
             curve_kind=self.models.curve_kinds(desired),
+            memory_bound=self.models.memory_bounds(),
         )
         self.view = LazyView(functools.partial(build_view, snap), tick_s, plans_sent)
 
@@ -957,6 +958,7 @@ class _Snapshot:
     tick_s: float
     plans_sent: int
     curve_kind: dict = dataclasses.field(default_factory=dict)  # GPU key -> "generic" | "learned"
+    memory_bound: dict = dataclasses.field(default_factory=dict)  # GPU key -> memory-bound share (membound)
 
 
 @dataclasses.dataclass
@@ -1040,11 +1042,14 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             detail=error if cap_state and cap_state not in capstates.NORMAL else tally.straggler.get(key, ""),
             flags=["STRAGGLER"] if key in tally.straggler else [],
             curve=snap.curve_kind.get(key, "") if snap.curve_kind else "",
+            memory_bound_fraction=snap.memory_bound.get(key),
             **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),
         )
         busy = util >= 20.0 and max_sm_clock > 0
         if busy and have_reading:
-            tally.clock_fraction[key] = observed.clock_fraction(sm_clock, max_sm_clock)
+            frac = observed.clock_fraction(sm_clock, max_sm_clock)
+            share = snap.memory_bound.get(key)  # the step rate at that clock (coordinator.membound)
+            tally.clock_fraction[key] = membound.rate_of_clock(frac, share) if share and frac > 0 else frac
         tally.extras.append(GpuExtra(
             node=name, index=idx, uuid=uuid_, job_id=job,
             thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,

@@ -21,6 +21,14 @@ average, close enough to the average over the interval for intervals of seconds)
 when every GPU of the node has a valid sample with a temperature (the registry keeps samples
 without a valid reading out altogether: zeros are never learned from).
 
+Memory-bound share (issue 12, item 8; :mod:`coordinator.membound`): the observations above are
+clock ratios, so the curves learned are clock curves, and a step that is partly memory-bound gains
+less rate per watt than its clock. Each GPU keeps a smoothed estimate ``m`` of its job's
+memory-bound share from NVML's memory utilization (one batched update per interval);
+:meth:`Models.curve` hands the allocator the curve with ``a`` times
+:func:`~coordinator.membound.curve_slope_factor` ``(m) = 1 - m`` (the one hook). Without an
+estimate (the agent reports no memory utilization) the curve is exactly the clock curve.
+
 The curve prior is the allocator's default for the device's model (:data:`DEFAULT_CURVES`,
 matched in the NVML product name); unknown products get the A40 curve mapped affinely onto the
 device's limit constraints (as the allocator does for H100/A100).
@@ -62,6 +70,7 @@ import numpy as np
 
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
+from coordinator import membound
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -234,6 +243,11 @@ class GpuModel:
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
         self.refits = 0
         self.job_id = ""  # the job whose samples this model holds ("" = none yet)
+        # memory-bound share of this job's step (coordinator.membound; Models.update keeps it):
+        # smoothed estimate and its sample weight; 0 / 0 = none (the curve as before)
+        self.mem_share = 0.0
+        self.mem_weight = 0.0
+        self.mem_curve: tuple | None = None  # (clock curve, share, rate curve) of the last call
 
     _scale_sum = _bank_field("scale_sum", float)
     _scale_wt = _bank_field("scale_wt", float)
@@ -477,6 +491,36 @@ REFIT_BUDGET_FRACTION = 0.1
 REFIT_BUDGET_MAX_S = 0.1
 
 
+def _with_memory_bound(m: GpuModel, c: CurveParams) -> CurveParams:
+    """The hook: GPU ``m``'s clock curve ``c`` as a step-rate curve for its memory-bound share
+    (:func:`coordinator.membound.curve_slope_factor`); ``c`` itself without an estimate."""
+    share = m.mem_share
+    if share <= 0.0:
+        return c
+    hit = m.mem_curve
+    if hit is not None and hit[0] is c and hit[1] == share:
+        return hit[2]
+    out = CurveParams(c.a * membound.curve_slope_factor(share), c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse,
+                      c.fit_max_err, f"{c.source}, memory-bound {share:.2f}")
+    m.mem_curve = (c, share, out)
+    return out
+
+
+def _update_memory_bound(work: list) -> None:
+    """One :func:`coordinator.membound.smooth` step of every GPU in ``work`` (``(GpuModel, sample,
+    max SM clock MHz)``: its latest sample of the interval) as arrays."""
+    n = len(work)
+    mem = np.fromiter((w[1].memory_utilization_pct for w in work), float, n)
+    util = np.fromiter((w[1].utilization_pct for w in work), float, n)
+    ratio = np.fromiter((w[1].sm_clock_mhz / w[2] if w[2] > 0 else np.nan for w in work), float, n)
+    mean, weight = membound.smooth(np.fromiter((w[0].mem_share for w in work), float, n),
+                                   np.fromiter((w[0].mem_weight for w in work), float, n),
+                                   membound.sample_share(mem, util, ratio))
+    for (model, _, _), m_i, w_i in zip(work, mean.tolist(), weight.tolist()):
+        model.mem_share = m_i
+        model.mem_weight = w_i
+
+
 def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]:
     """The thermal samples of one node: ``(time s, powers W, temps °C)`` for each telemetry time
     at which every GPU has a valid sample with a temperature (sorted). The samples of one
@@ -497,11 +541,12 @@ class CurveColumns:
     anchored ``scale``) and what rebuilds each one's ``CurveParams`` (:meth:`curve`): ``priors``
     (None: an unknown GPU), ``learned`` [G] bool and ``fit`` [G, 6] (the bank's learned fits)."""
 
-    __slots__ = ("a", "k_w", "sat_w", "valid_min_w", "scale", "priors", "learned", "fit")
+    __slots__ = ("a", "k_w", "sat_w", "valid_min_w", "scale", "priors", "learned", "fit", "mem_share")
 
-    def __init__(self, *, a, k_w, sat_w, valid_min_w, scale, priors, learned, fit) -> None:
+    def __init__(self, *, a, k_w, sat_w, valid_min_w, scale, priors, learned, fit, mem_share=None) -> None:
         self.a, self.k_w, self.sat_w, self.valid_min_w = a, k_w, sat_w, valid_min_w
         self.scale, self.priors, self.learned, self.fit = scale, priors, learned, fit
+        self.mem_share = mem_share  # [G] memory-bound share (coordinator.membound; 0: none) or None
 
     def curve(self, i: int) -> CurveParams | None:
         """GPU ``i``'s curve, equal to what ``GpuModel.curve()`` returned (a scaled prior as
@@ -514,15 +559,20 @@ class CurveColumns:
         priors = self.priors[pos].tolist() if isinstance(self.priors, np.ndarray) else [self.priors[i] for i in pos]
         learned = self.learned[pos].tolist()
         fits = self.fit[pos].tolist() if self.fit is not None else [None] * len(pos)
+        shares = self.mem_share[pos].tolist() if self.mem_share is not None else [0.0] * len(pos)
         out = []
-        for p, s, lf, f in zip(priors, self.scale[pos].tolist(), learned, fits):
+        for p, s, lf, f, share in zip(priors, self.scale[pos].tolist(), learned, fits, shares):
             if p is None:
-                out.append(None)
+                c = None
             elif lf:
-                out.append(CurveParams(f[0], f[1], f[2], f[3], f[4], f[5], "online fit"))
+                c = CurveParams(f[0], f[1], f[2], f[3], f[4], f[5], "online fit")
             else:
-                out.append(p if s == 1.0 else CurveParams(p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse,
-                                                          p.fit_max_err, f"prior scaled x{s:.3f} in power"))
+                c = p if s == 1.0 else CurveParams(p.a, p.k_w * s, p.sat_w * s, p.valid_min_w, p.fit_rmse,
+                                                   p.fit_max_err, f"prior scaled x{s:.3f} in power")
+            if c is not None and share > 0.0:  # as _with_memory_bound
+                c = CurveParams(c.a * membound.curve_slope_factor(share), c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse,
+                                c.fit_max_err, f"{c.source}, memory-bound {share:.2f}")
+            out.append(c)
         return out
 
 
@@ -563,6 +613,7 @@ class Models:
         batch = []  # (model, its one new sample, max SM clock MHz): fed on arrays (_add_batch)
         single = []  # (NodeThermal, position of its first GPU in batch): nodes with one sample per GPU
         cache = self._node_models
+        mem_work = []  # (GpuModel, its latest sample with a memory utilization, max SM clock MHz)
         for node_name, node in registry.nodes.items():
             gpus = node.gpus
             indices = tuple(sorted(gpus))
@@ -589,6 +640,8 @@ class Models:
                     else:
                         for smp in mine:
                             m.add(smp, g.max_sm_clock_mhz)
+                    if mine[-1].memory_utilization_pct == mine[-1].memory_utilization_pct:  # not NaN
+                        mem_work.append((m, mine[-1], g.max_sm_clock_mhz))
                 per_gpu.append(mine)
             if not per_gpu:
                 continue
@@ -602,6 +655,8 @@ class Models:
         self._add_batch(batch, cols)
         self._add_one_thermal(single, cols)
         self._add_thermal(thermal_work)
+        if mem_work:
+            _update_memory_bound(mem_work)
 
     @staticmethod
     def _batch_columns(batch: list) -> dict:
@@ -723,11 +778,21 @@ class Models:
         if m is None:
             return None
         if not m._full_fit_ready():
-            return m._anchored()  # what m.curve() returns then, without reading the clocks
+            return _with_memory_bound(m, m._anchored())  # what m.curve() returns then, without reading the clocks
         n = m.refits
         c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
         self.refits += m.refits - n
-        return c
+        return _with_memory_bound(m, c)
+
+    def memory_bound(self, key: tuple[str, int]) -> float | None:
+        """The GPU's smoothed memory-bound share of a step (0-0.9, :mod:`coordinator.membound`), or
+        None when it has none (no memory utilization reported since its job started)."""
+        m = self.gpus.get(key)
+        return m.mem_share if m is not None and m.mem_weight > 0 else None
+
+    def memory_bounds(self) -> dict[tuple[str, int], float]:
+        """GPU key -> :meth:`memory_bound` of every GPU that has an estimate."""
+        return {k: m.mem_share for k, m in self.gpus.items() if m.mem_weight > 0}
 
     def curve_arrays(self, keys) -> "CurveColumns":
         """The current rate curve of every GPU of ``keys`` as arrays (:class:`CurveColumns`),
@@ -738,7 +803,9 @@ class Models:
         gpus = self.gpus
         n = len(keys)
         bank = self.curve_bank
-        rows = np.fromiter(((m.row if m is not None else -1) for m in map(gpus.get, keys)), np.int64, n)
+        models = list(map(gpus.get, keys))
+        rows = np.fromiter(((m.row if m is not None else -1) for m in models), np.int64, n)
+        share = np.fromiter(((m.mem_share if m is not None and m.mem_weight > 0 else 0.0) for m in models), float, n)
         known = rows >= 0
         rows = np.where(known, rows, 0)
         ready = bank.ready[rows] & known
@@ -764,8 +831,12 @@ class Models:
             fit = bank.fit[rows[learned]]
             for j in range(4):
                 params[j][learned] = fit[:, j]
+        mem = share > 0.0  # the memory-bound hook (_with_memory_bound), on arrays
+        if mem.any():
+            params[0] = np.where(mem & known, params[0] * membound.curve_slope_factor(share), params[0])
         return CurveColumns(a=params[0], k_w=params[1], sat_w=params[2], valid_min_w=params[3], scale=scale,
-                            priors=priors, learned=learned, fit=bank.fit[rows] if learned.any() else None)
+                            priors=priors, learned=learned, fit=bank.fit[rows] if learned.any() else None,
+                            mem_share=np.where(known, share, 0.0) if mem.any() else None)
 
     def thermal_arrays(self, topology, skip=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(r_c_per_w, tau_s, inlet_c)`` [G] (°C/W, s, °C) of the GPU slots of ``topology``

@@ -8,8 +8,10 @@ GPU's maximum SM clock, the rate-curve model of :mod:`capctl.allocator.curves` (
 max SM clock for a compute-bound step; Zeus, Chung et al. NSDI'23). ``predicted_step_rate`` is the
 allocator's, from the curves at the caps it decided; ``measured_step_rate`` is the job's slowest
 busy GPU's ``sm_clock_mhz / max_sm_clock_mhz`` in its latest telemetry (a synchronous step runs at
-the pace of its slowest GPU). Memory-bound steps slow less than the clock: the measured figure is
-then a lower bound of the pace.
+the pace of its slowest GPU). Memory-bound steps slow less than the clock: where a GPU has a
+memory-bound share ``m`` estimated from NVML's memory utilization (:mod:`coordinator.membound`), its
+clock fraction ``r`` is taken through the same model as its rate curve, ``1 / (m + (1 - m) / r)``;
+without one the measured figure is the clock fraction (a lower bound of the pace).
 """
 
 from __future__ import annotations
@@ -65,8 +67,19 @@ def explain_lines(job, reply, gpus) -> list[str]:
     GPUs whose cap state or curve needs the admin's eye (``gpus``: ``(node, GpuStatus)`` pairs)."""
     lines = []
     if job.measured_step_rate > 0:
-        lines.append(f"Measured step rate {job.measured_step_rate:.3f} (slowest GPU's SM clock / max SM clock), "
+        how = ("slowest GPU's SM clock / max SM clock, through its memory-bound share" if any(
+            g.job_id == job.job_id and g.HasField("memory_bound_fraction") for _, g in gpus)
+            else "slowest GPU's SM clock / max SM clock")
+        lines.append(f"Measured step rate {job.measured_step_rate:.3f} ({how}), "
                      f"predicted {job.predicted_step_rate:.3f}.")
+    shares = [g.memory_bound_fraction for _, g in gpus
+              if g.job_id == job.job_id and g.HasField("memory_bound_fraction")]
+    if shares:
+        lo, hi = min(shares), max(shares)
+        lines.append(f"Memory-bound share of a step (NVML memory utilization at the measured clock): "
+                     + (f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}")
+                     + f" over {len(shares)} GPU(s); the rate curves count it (a memory-bound step gains "
+                     "less per watt than its clock).")
     for node, g in gpus:
         if g.job_id != job.job_id:
             continue

@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import math
 import time
 
 import numpy as np
@@ -82,6 +83,7 @@ class Sample:
     sm_clock_mhz: float
     reasons: tuple[str, ...]
     utilization_pct: float
+    memory_utilization_pct: float = math.nan  # NVML's memory utilization (%); NaN: not reported
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,6 +113,7 @@ class GpuObs:
     sm_clock_mhz: int = 0
     reasons: tuple[str, ...] = ()
     utilization_pct: float = 0.0
+    memory_utilization_pct: float = math.nan  # nvmlUtilization_t.memory (%); NaN: not reported
     energy_j: float = 0.0
     job_id: str = ""
     cap_state: str = ""
@@ -432,6 +435,8 @@ class Registry:
             g.sm_clock_mhz = sm_clock
             g.reasons = reasons
             g.utilization_pct = util
+            mem_pct = t.utilization_rates.memory_pct if t.HasField("utilization_rates") else math.nan
+            g.memory_utilization_pct = mem_pct
             g.job_id = t.job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
@@ -440,7 +445,8 @@ class Registry:
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
             if len(g.new_samples) < 1024:
-                g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util))
+                g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util,
+                                            mem_pct))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
             key = (node_name, index)
             prev = energy_seen.get(key)

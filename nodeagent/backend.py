@@ -104,7 +104,10 @@ class GpuSample:
     ``min_cap_w``/``max_cap_w`` (limit constraints), ``temp_c``, ``slowdown_temp_c``/
     ``shutdown_temp_c`` (device thresholds), ``sm_clock_mhz``/``max_sm_clock_mhz``,
     ``clocks_event_reasons`` (decoded names, see :func:`capctl.reasons.decode`),
-    ``utilization_pct`` (0-100), ``energy_j`` (since driver load), ``timestamp_s`` (host
+    ``utilization_pct`` (0-100, share of time a kernel ran), ``memory_utilization_pct`` (0-100,
+    share of time device memory was read or written; both ``nvmlDeviceGetUtilizationRates``, NaN
+    when the device does not report them or reported a value outside 0-100), ``energy_j`` (since
+    driver load), ``timestamp_s`` (host
     ``time.time()`` when the read started). When ``error`` is set the GPU could not be read
     (``error_type`` names the exception class, e.g. ``"GpuLostError"``) and numbers are NaN.
     """
@@ -126,6 +129,7 @@ class GpuSample:
     shutdown_temp_c: float = math.nan
     error: str | None = None
     error_type: str | None = None
+    memory_utilization_pct: float = math.nan
 
     @property
     def ok(self) -> bool:

@@ -127,11 +127,15 @@ def telemetry_state(sample: GpuSample, cap_state: str, safe_mode: bool) -> str:
 
 def gpu_telemetry(s: GpuSample, *, state: str, job_ids: Sequence[str], error: str, pre_job_cap_w: float):
     """``GpuTelemetry`` of one sample (W, °C, MHz, %, J); ``state`` from :func:`telemetry_state`;
-    ``error``: the sample's own error, else ``error`` (the GPU's last set-cap error)."""
+    ``error``: the sample's own error, else ``error`` (the GPU's last set-cap error).
+    ``utilization_rates`` is set only when both utilization values were read (finite)."""
     from capctl.v1 import capctl_pb2
 
+    util, mem = s.utilization_pct, getattr(s, "memory_utilization_pct", math.nan)
+    rates = (capctl_pb2.UtilizationRates(gpu_pct=util, memory_pct=mem)
+             if math.isfinite(util) and math.isfinite(mem) else None)
     return capctl_pb2.GpuTelemetry(
-        index=s.index, power_w=finite(s.power_w), cap_w=finite(s.cap_w), enforced_w=finite(s.enforced_w),
+        utilization_rates=rates, index=s.index, power_w=finite(s.power_w), cap_w=finite(s.cap_w), enforced_w=finite(s.enforced_w),
         temp_c=finite(s.temp_c), sm_clock_mhz=int(s.sm_clock_mhz or 0),
         clocks_event_reasons=list(s.clocks_event_reasons or ()), utilization_pct=finite(s.utilization_pct),
         energy_j=finite(s.energy_j), job_id=",".join(job_ids), **capstates.wire_fields(state),

@@ -27,7 +27,9 @@ nvmlDeviceGetTemperatureThreshold(SLOWDOWN,        thresholds read from the devi
 nvmlDeviceGetClockInfo / GetMaxClockInfo(SM)       SM clock and its maximum (MHz)
 nvmlDeviceGetCurrentClocksEventReasons             clocks event reasons (bit mask, decoded)
 nvmlDeviceGetTotalEnergyConsumption                energy counter (mJ since driver load)
-nvmlDeviceGetUtilizationRates                      GPU utilization (%)
+nvmlDeviceGetUtilizationRates                      GPU and memory utilization (%); NOT_SUPPORTED,
+                                                   an error or a value outside 0-100 leaves the
+                                                   value absent (NaN), never a failed sample
 =================================================  ===========================================
 
 Library selection and verification: the agent loads exactly one NVML library per process
@@ -287,6 +289,7 @@ class NvmlBackend:
         # one lock per GPU (set + read-backs are atomic per GPU): a stalled write on one GPU never
         # holds back another GPU's write (nodeagent.callguard)
         self._set_locks: dict[int, threading.Lock] = {}
+        self._util_logged: set[tuple[int, str]] = set()  # (GPU, problem) logged once until it clears
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -537,6 +540,7 @@ class NvmlBackend:
         info = self._devices[index]
         try:
             min_mw, max_mw = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+            util_pct, memory_pct = self._utilization_rates(h, index)
             sample = GpuSample(
                 index=index,
                 power_w=_mw_to_w(pynvml.nvmlDeviceGetPowerUsage(h)),
@@ -547,7 +551,8 @@ class NvmlBackend:
                 max_sm_clock_mhz=int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
                 clocks_event_reasons=decode_clocks_event_reasons(
                     int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(h))),
-                utilization_pct=float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                utilization_pct=util_pct,
+                memory_utilization_pct=memory_pct,
                 energy_j=pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
                 min_cap_w=_mw_to_w(min_mw),
                 max_cap_w=_mw_to_w(max_mw),
@@ -562,6 +567,41 @@ class NvmlBackend:
             sample = _replace(sample, slowdown_temp_c=info.slowdown_temp_c,
                               shutdown_temp_c=info.shutdown_temp_c)
         return sample
+
+    def _utilization_rates(self, h, index: int) -> tuple[float, float]:
+        """``(gpu_pct, memory_pct)`` of GPU ``index`` from ``nvmlDeviceGetUtilizationRates`` (NVML
+        API reference, ``nvmlUtilization_t``: percent of the driver's sample period during which a
+        kernel was executing / device memory was read or written). A value is NaN (absent) when
+        the call fails (NOT_SUPPORTED or any NVML error) or lies outside 0-100 (bad device data);
+        each such problem is logged once per GPU (naming the GPU, the value and the allowed
+        range) until it clears. Never raises for the device's answer."""
+        logged = self._util_logged
+        try:
+            rates = pynvml.nvmlDeviceGetUtilizationRates(h)
+        except pynvml.NVMLError as err:
+            if (index, "call") not in logged:
+                logged.add((index, "call"))
+                LOG.warning("%s; its utilization is left out of the reports until it answers",
+                            _translate(err, "nvmlDeviceGetUtilizationRates", index))
+            return math.nan, math.nan
+        logged.discard((index, "call"))
+        out = []
+        for field, raw in (("gpu", getattr(rates, "gpu", None)), ("memory", getattr(rates, "memory", None))):
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                value = math.nan
+            if 0.0 <= value <= 100.0:
+                logged.discard((index, field))
+                out.append(value)
+                continue
+            if (index, field) not in logged:
+                logged.add((index, field))
+                LOG.warning("GPU %d: nvmlDeviceGetUtilizationRates reported %s utilization %r %%, "
+                            "bad device data (allowed 0-100 %%): dropped from the reports until valid",
+                            index, field, raw)
+            out.append(math.nan)
+        return out[0], out[1]
 
     def telemetry_all(self) -> list[GpuSample]:
         """One sample per GPU, in index order; a GPU that fails yields :meth:`GpuSample.failed`."""

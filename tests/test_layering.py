@@ -20,6 +20,8 @@ Layers (one way only):
   (imports nothing of ours: the fast path hands it arrays).
 - the registry's columns (``coordinator/gpucolumns.py``) import only shared modules (``capctl.*``):
   the registry, the solver inputs and the planner read them, never the other way;
+- the memory-bound share estimate (``coordinator/membound.py``) is pure arrays (imports nothing of
+  ours: the models hand it NVML's utilization and clock ratios).
 - report timing: the agent's report clock (``nodeagent/reportclock.py``) and the coordinator's tick
   grid (``coordinator/tickphase.py``) are pure (import nothing of ours).
 - the coordinator's store worker (``coordinator/storeio.py``: store calls off the event loop) runs
@@ -171,6 +173,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                         "solver inputs and the planner: they import only shared modules")
             elif mod == "coordinator.storeio":
                 rule = "the store worker runs any store's calls: it imports nothing of ours"
+            elif mod == "coordinator.membound":
+                rule = "the memory-bound share estimate is pure arrays (imports nothing of ours)"
             elif mod in ("nodeagent.reportclock", "coordinator.tickphase"):
                 rule = "report timing (the agent's report clock, the coordinator's tick grid) is pure logic (imports nothing of ours)"
             elif mod == "coordinator.pacealign":
@@ -265,8 +269,10 @@ def test_the_ha_rules_catch_a_wrong_import():
     graph["nodeagent.reportclock"].add("nodeagent.link")
     graph["coordinator.tickphase"].add("capctl.v1")
     graph["coordinator.storeio"].add("coordinator.etcdstore")
+    graph["coordinator.membound"].add("coordinator.registry")
     bad = violations(graph)
     assert any(b.startswith("coordinator.storeio -> coordinator.etcdstore") for b in bad)
+    assert any(b.startswith("coordinator.membound -> coordinator.registry") for b in bad)
     assert any(b.startswith("nodeagent.callguard -> nodeagent.nvml") for b in bad)
     assert any(b.startswith("nodeagent.reportclock -> nodeagent.link") for b in bad)
     assert any(b.startswith("coordinator.tickphase -> capctl.v1") for b in bad)

@@ -37,7 +37,7 @@ from capctl.sim.workload import make_jobs, profiles_for
 
 _TELE_FIELDS = ("power_avg_w", "enforced_w", "limit_w", "temp_c", "sm_clock_mhz", "reasons", "utilization_pct",
                 "progress", "energy_j", "inlet_c", "thermal_resistance_c_per_w", "tau_s", "speed", "power_factor",
-                "slowdown_temp_c", "demand_w", "flags")
+                "slowdown_temp_c", "demand_w", "flags", "memory_bound_fraction")
 
 
 @dataclass

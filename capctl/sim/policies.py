@@ -27,7 +27,8 @@ What each one may observe is what it would observe on a real cluster:
    ``random.Random``); then the coordinator's :func:`coordinator.allocation.build_inputs`
    and :func:`~coordinator.allocation.solve` (fast allocator) and its two-phase planner with
    the deadband (:mod:`coordinator.planner`, its array versions, as the daemon's decision).
-   It sees only NVML telemetry — no step rates,
+   It sees only NVML telemetry (with NVML's memory utilization, as the agents report it:
+   :func:`nvml_memory_utilization_pct`) — no step rates,
    no speeds, no power factors; a GPU's power efficiency shows in its SM clock at the enforced cap.
 5. ``oracle`` — the same allocator given the truth: per GPU, the rate curve of its job's workload
    fitted to the physics' steady state (:func:`capctl.simgpu.node.steady_state`) and mapped in
@@ -211,6 +212,19 @@ class Balancer:
         return fit_to_domains(caps, t.min_cap_w, t)
 
 
+def nvml_memory_utilization_pct(tele, max_sm_clock_mhz: float) -> np.ndarray:
+    """What ``nvmlDeviceGetUtilizationRates().memory`` of the simulated driver returns for each GPU
+    of ``tele`` (fields ``utilization_pct``, ``memory_bound_fraction``, ``sm_clock_mhz``; [G]), in
+    percent: the memory-busy share of the step-time model at the GPU's clock ratio, rounded as
+    the driver's ``lround`` (csrc/simnvml/nvml.c, ``nvmlDeviceGetUtilizationRates``; tested equal
+    to what pynvml reads). ``max_sm_clock_mhz``: the device's maximum SM clock (MHz)."""
+    m = tele["memory_bound_fraction"].astype(float)
+    r = tele["sm_clock_mhz"].astype(float) / max_sm_clock_mhz if max_sm_clock_mhz > 0 else np.ones(len(tele))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(r > 0, m / (m + (1.0 - m) / np.where(r > 0, r, 1.0)), 0.0)
+    return np.floor(tele["utilization_pct"].astype(float) * share + 0.5)
+
+
 class _AllocatorPolicy:
     """Shared part of capctl and the oracle: the AllocationProblem from per-GPU arrays."""
 
@@ -326,6 +340,7 @@ class Capctl(_AllocatorPolicy):
         power, limit, enforced, temp, clock, util, bits_of = (
             tele[f].tolist() for f in ("power_avg_w", "limit_w", "enforced_w", "temp_c", "sm_clock_mhz",
                                        "utilization_pct", "reasons"))
+        mem_util = nvml_memory_utilization_pct(tele, float(self.ctx.profile.max_sm_clock_mhz)).tolist()
         t_s = obs.t_s
         for k, name in enumerate(self.ctx.topo.node_names):
             node = self.registry.nodes[name]
@@ -339,6 +354,7 @@ class Capctl(_AllocatorPolicy):
                 g.temp_c = float(temp[j])
                 g.sm_clock_mhz = int(clock[j])
                 g.utilization_pct = float(util[j])
+                g.memory_utilization_pct = mem_util[j]
                 bits = int(bits_of[j])
                 names = names_cache.get(bits)
                 if names is None:
@@ -348,7 +364,8 @@ class Capctl(_AllocatorPolicy):
                 g.slowdown_run = g.slowdown_run + 1 if (g.utilization_pct >= 20.0 and stuck_slowdown(names)) else 0
                 g.new_samples.append(Sample(time_s=t_s, power_w=g.power_w, enforced_w=g.enforced_w,
                                             temp_c=g.temp_c, sm_clock_mhz=float(clock[j]),
-                                            reasons=names, utilization_pct=g.utilization_pct))
+                                            reasons=names, utilization_pct=g.utilization_pct,
+                                            memory_utilization_pct=g.memory_utilization_pct))
         if obs.event or self._bound_jobs is None:
             for node in self.registry.nodes.values():
                 node.bindings.clear()

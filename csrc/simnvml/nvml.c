@@ -604,8 +604,15 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     if (!utilization)
         return bad_arg();
     ENTER_OR_RETURN(device, g);
+    /* memory: the share of the period device memory is busy.  The step-time model (physics.c)
+     * spends m of a step (at max clock) on memory, which does not scale with the SM clock, and
+     * (1 - m) / r on compute at clock ratio r: memory is busy m / (m + (1 - m) / r) of the time
+     * (m at max clock, less when the clock is capped lower: compute takes longer). */
+    double r = g->max_sm_clock_mhz > 0.0 ? g->sm_clock_mhz / g->max_sm_clock_mhz : 1.0;
+    double m = g->memory_bound_fraction;
+    double share = r > 0.0 ? m / (m + (1.0 - m) / r) : 0.0;
     utilization->gpu = (unsigned)lround(g->utilization_pct);
-    utilization->memory = (unsigned)lround(g->utilization_pct * g->memory_bound_fraction);
+    utilization->memory = (unsigned)lround(g->utilization_pct * share);
     done();
     return NVML_SUCCESS;
 }

@@ -100,10 +100,15 @@ def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
             assert 0.0 < job.measured_step_rate <= 1.0 and 0.0 < job.predicted_step_rate <= 1.0
 
             def measured_is_the_devices_pace():  # status is one report behind the devices: settle first
-                rate = next(j for j in c.status().jobs if j.job_id == "J").measured_step_rate
+                st = c.status()
+                rate = next(j for j in st.jobs if j.job_id == "J").measured_step_rate
                 slowest = min(sim.read(i)["sm_clock_mhz"] for i in range(4)) / sim.read(0)["max_sm_clock_mhz"]
-                return abs(rate - slowest) <= 0.02 or None
-            wait_for(measured_is_the_devices_pace, 10, "the measured step rate is the slowest GPU's clock fraction")
+                # the driver's default load is 0.3 memory-bound: the clock fraction through the share
+                # the coordinator estimated from NVML's memory utilization (coordinator.membound)
+                m = min(g.memory_bound_fraction for g in _gpus(st).values())
+                assert all(abs(g.memory_bound_fraction - 0.3) <= 0.02 for g in _gpus(st).values())
+                return abs(rate - 1.0 / (m + (1.0 - m) / slowest)) <= 0.02 or None
+            wait_for(measured_is_the_devices_pace, 10, "the measured step rate is the slowest GPU's step rate")
             text = c.explain("J").text
             assert "Measured step rate" in text and "cap 59" not in text
 
@@ -159,3 +164,35 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
             fams = {f.name: f for f in _observed_families(st)}
             assert [s.labels["gpu"] for s in fams["capctl_gpu_straggler"].samples] == ["0"]
             assert st.enforced_w <= budget + 1e-6
+
+
+def test_memory_utilization_reaches_the_coordinator_as_each_gpus_memory_bound_share(tmp_path):
+    """Issue 12, item 8: the agent reads nvmlDeviceGetUtilizationRates through the real pynvml on
+    the simulated driver; the coordinator estimates each busy GPU's memory-bound share from it
+    (coordinator.membound) and status / explain show it; an idle GPU has none."""
+    from capctl.statusview import explain_dict
+    from coordinator.client import AdminClient
+
+    shares = {0: 0.5, 1: 0.0, 2: 0.3}
+    with _cluster(tmp_path, budget_w=0.55 * 700.0 * 4) as cl:
+        sim = cl.sims["n1"]
+        for i, m in shares.items():
+            sim.set_load(i, 650.0, memory_bound_fraction=m)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2"]).ok
+
+            def estimated():
+                g = _gpus(c.status())
+                return (all(g[i].HasField("memory_bound_fraction")
+                            and abs(g[i].memory_bound_fraction - m) <= 0.03 for i, m in shares.items())
+                        and sim.read(0)["sm_clock_mhz"] < 0.9 * sim.read(0)["max_sm_clock_mhz"]) or None
+            # bound first: a GPU's models (its estimate too) start again with a new job
+            wait_for(lambda: any(j.job_id == "J" for j in c.status().jobs), 20, "J bound")
+            wait_for(estimated, 20, "each busy GPU's memory-bound share estimated at a capped clock")
+            assert not _gpus(c.status())[3].HasField("memory_bound_fraction")  # idle: no estimate
+            d = explain_dict(c.explain("J"))
+            got = {g["index"]: g["memory_bound_fraction"] for g in d["gpus"]}
+            assert all(abs(got[i] - m) <= 0.03 for i, m in shares.items())
+            assert "Memory-bound share of a step" in d["text"] and "over 3 GPU(s)" in d["text"]
+            assert "through its memory-bound share" in d["text"]

@@ -344,3 +344,66 @@ def test_gpu_lost_at_open_is_marked_and_read_again_later(make_node, open_backend
     again = backend.devices()[1]
     assert again.error is None and again.min_cap_w == 200.0 and again.uuid.startswith("GPU-")
     assert backend.telemetry(1).slowdown_temp_c == again.slowdown_temp_c
+
+
+# --- utilization rates (issue 12, item 8: the memory-bound share) -------------------------------
+
+
+def test_memory_utilization_is_the_memory_busy_share_of_the_step_at_its_clock(make_node, open_backend):
+    from capctl.sim.policies import nvml_memory_utilization_pct
+
+    node = make_node(gpus=3)
+    backend = open_backend()
+    node.set_load(0, demand_w=650.0, utilization_pct=100.0, memory_bound_fraction=0.4)
+    node.set_load(1, demand_w=650.0, utilization_pct=80.0, memory_bound_fraction=0.0)
+    backend.set_cap_w(0, 300.0)
+    node.advance(5.0)
+    s0, s1, idle = (backend.telemetry(i) for i in range(3))
+    r = node.read(0)["sm_clock_mhz"] / node.read(0)["max_sm_clock_mhz"]
+    assert r < 0.9  # capped: the clock is low, so the memory-busy share is below m
+    assert s0.memory_utilization_pct == round(100.0 * 0.4 / (0.4 + 0.6 / r)) < 40
+    assert (s1.utilization_pct, s1.memory_utilization_pct) == (80.0, 0.0)
+    assert idle.memory_utilization_pct == 0.0
+    # the what-if simulator's Capctl policy computes what this driver returns
+    state = node.state()
+    sim = nvml_memory_utilization_pct(state, float(state["max_sm_clock_mhz"][0]))
+    assert sim.tolist() == [s0.memory_utilization_pct, s1.memory_utilization_pct, idle.memory_utilization_pct]
+
+
+def test_utilization_not_supported_or_out_of_range_is_left_out_never_a_failed_sample(
+        make_node, open_backend, monkeypatch, caplog):
+    import pynvml
+
+    from nodeagent.messages import gpu_telemetry
+
+    make_node(gpus=2)
+    backend = open_backend()
+    real = pynvml.nvmlDeviceGetUtilizationRates
+    answers = {}
+
+    def fake(handle):
+        a = answers.get(pynvml.nvmlDeviceGetIndex(handle))
+        if isinstance(a, Exception):
+            raise a
+        return a if a is not None else real(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", fake)
+    answers[0] = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    answers[1] = pynvml.c_nvmlUtilization_t(gpu=90, memory=250)
+    with caplog.at_level(logging.WARNING, logger="capctl.nodeagent.nvml"):
+        for _ in range(3):
+            unsupported, bad = backend.telemetry(0), backend.telemetry(1)
+    assert unsupported.ok and bad.ok and unsupported.power_w >= 0 and bad.enforced_w > 0
+    assert math.isnan(unsupported.utilization_pct) and math.isnan(unsupported.memory_utilization_pct)
+    assert bad.utilization_pct == 90.0 and math.isnan(bad.memory_utilization_pct)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines  # one line per GPU and problem, not one per sample
+    assert "GPU 0" in lines[0] and "NVML_ERROR_NOT_SUPPORTED" in lines[0] and "capctl bug" not in lines[0]
+    assert "GPU 1" in lines[1] and "memory utilization 250" in lines[1] and "0-100" in lines[1]
+    for s in (unsupported, bad):  # the report leaves the field out
+        t = gpu_telemetry(s, state="OK", job_ids=(), error="", pre_job_cap_w=0.0)
+        assert not t.HasField("utilization_rates") and t.enforced_w > 0
+    answers.clear()  # the device answers again: the value is back
+    good = backend.telemetry(1)
+    t = gpu_telemetry(good, state="OK", job_ids=(), error="", pre_job_cap_w=0.0)
+    assert t.HasField("utilization_rates") and t.utilization_rates.memory_pct == good.memory_utilization_pct
