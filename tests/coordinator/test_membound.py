@@ -77,24 +77,25 @@ def _capped(t_s, cap_w, clock_ratio, mem_pct=math.nan):
 class _Reg:
     """The two things Models.update reads of a Registry: its nodes and the new samples."""
 
-    def __init__(self, samples):
+    def __init__(self):
         from coordinator.registry import GpuObs, NodeObs
 
         node = NodeObs(name="n1")
         node.gpus[0] = GpuObs(node="n1", index=0, name=H100, min_cap_w=200.0, max_cap_w=700.0,
                               max_sm_clock_mhz=int(MAX_CLK))
         self.nodes = {"n1": node}
-        self._samples = samples
 
-    def take_samples(self):
-        out, self._samples = self._samples, {}
-        return out
+    def feed(self, samples):
+        """The GPU's new samples, as Registry.on_telemetry leaves them for Models.update."""
+        self.nodes["n1"].gpus[0].new_samples = list(samples)
 
 
 def _models_after(batches):
     models = M.Models(clock=lambda: 0.0, budget_clock=lambda: 0.0)
+    reg = _Reg()
     for batch in batches:
-        models.update(_Reg({("n1", 0): batch}), 1.0)
+        reg.feed(batch)
+        models.update(reg, 1.0)
     return models
 
 
