@@ -709,8 +709,9 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     keys = c.keys
     caps = np.where(c.fixed, c.accounted_w, np.asarray(result.cap_w, dtype=float))
     desired = dict(zip(keys, caps.tolist()))
-    paced_split(inputs, desired)
+    aligned = paced_split(inputs, desired)
     idle_from_headroom(inputs, desired)
+    step_margin(inputs, desired, aligned)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -726,10 +727,11 @@ def solve(inputs: SolveInputs) -> SolveOutput:
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
 
 
-def paced_split(inputs: SolveInputs, desired: dict) -> None:
+def paced_split(inputs: SolveInputs, desired: dict) -> set:
     """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
     job, keeping a job's correction only when every limited domain stays within its limit (domain
-    sums on arrays: :func:`domain_levels`)."""
+    sums on arrays: :func:`domain_levels`). Returns the jobs put on one clock step whose caps were
+    kept (for :func:`step_margin`)."""
     from coordinator import paceloop
 
     limited, levels = domain_levels(inputs)
@@ -773,9 +775,10 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
         granted_w[members[0].job] = (mine, grant)
         return grant
 
-    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w)
+    aligned: list = []
+    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned)
     if not moved:
-        return
+        return set()
     job_of = {g.key: g.job for g in gpus}
     by_job: dict = {}
     for k, cap in moved.items():
@@ -787,6 +790,9 @@ def paced_split(inputs: SolveInputs, desired: dict) -> None:
         if bool(np.all(load + delta <= lims + 1e-6)):
             desired.update(caps)
             load += delta
+        else:
+            aligned = [j for j in aligned if j != job_of[next(iter(caps))]]
+    return set(aligned)
 
 
 def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:
@@ -853,6 +859,52 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
 
 LIMIT_SLACK_W = 0.01
 """Watts kept unallocated in each domain by :func:`idle_from_headroom` (float rounding)."""
+
+
+def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
+    """Hand the headroom left after the pace loop and the idle GPUs to the GPUs of the ``aligned``
+    jobs (put on one clock step by :func:`paced_split`) as margin within their step, in place on
+    ``desired`` (GPU key -> W).
+
+    The alignment gives a job the watts of the highest whole clock step it can afford and no more
+    (:mod:`coordinator.pacealign`); what is left once every job has taken its step buys no job a
+    step (each was offered it) and no idle GPU wants it, so it would sit unallocated: up to one
+    step's power per GPU of the last job (measured: 15 W of a 2,400 W budget over 8 GPUs,
+    tests/coordinator/test_real_agents.py). Here it raises each aligned GPU's cap toward
+    :func:`coordinator.pacealign.step_top_w` (7/8 of its step: no GPU reaches the next step), in
+    proportion to that room, one pass with each GPU's grant the smallest of its limited domains'
+    ratios (as :func:`idle_from_headroom`): no domain exceeds its limit, and the clocks (so draw
+    and pace) stay where the alignment put them, with more margin against draw noise."""
+    from coordinator import pacealign
+
+    limited, levels = domain_levels(inputs)
+    n = len(limited)
+    if not aligned or not n or not levels.shape[1]:
+        return
+    c = columns_of(inputs)
+    keys = c.keys
+    jobs = np.array([name in aligned for name in c.job_names] + [False])
+    strag = np.zeros(len(keys), bool)
+    if c.straggler:
+        strag[np.fromiter(c.straggler, np.int64, len(c.straggler))] = True
+    rows = np.nonzero(jobs[c.job] & ~c.fixed & ~strag & c.paced)[0]
+    if not rows.size:
+        return
+    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, len(keys))
+    hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, np.where(np.isfinite(c.thermal_ceiling_w),
+                                                                 c.thermal_ceiling_w, np.inf)))[rows]
+    top = pacealign.step_top_w(c.pace[rows], c.pace_step[rows], c.draw_w[rows], c.pace_at_w[rows],
+                               pacealign.STATIC_FRACTION * c.max_cap_w[rows], d[rows])
+    room = np.zeros(len(keys))
+    room[rows] = np.maximum(np.minimum(top, hi) - d[rows], 0.0)
+    wanted = _domain_sums(levels, room, n)
+    head = np.array([lim for _, lim in limited]) - _domain_sums(levels, d, n) - LIMIT_SLACK_W
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(wanted > 0, np.clip(head / wanted, 0.0, 1.0), 1.0)
+    factor = np.append(ratio, 1.0)[levels[rows]].min(axis=1)  # index -1 (padding): no limit
+    for i, r, f in zip(rows.tolist(), room[rows].tolist(), factor.tolist()):
+        if r * f > 0.0:
+            desired[keys[i]] += r * f
 
 
 def build_problem(inputs: SolveInputs):

@@ -343,7 +343,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
     candidates: frozenset = frozenset()
     early: tuple = ()
     if mode == APPLY:
-        sel, caps_w = planner.plan_decreases_arrays(pa)
+        sel, caps_w = planner.plan_decreases_arrays(pa, doms=doms)
         decreases = dict(sorted(by_node(keys, sel.tolist(), caps_w.tolist()).items()))
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)

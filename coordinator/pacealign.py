@@ -163,3 +163,36 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
             # for a rising demand)
             return None if x >= 1.0 - 1e-9 and np.all(uncapped) else caps
     return None
+
+
+MARGIN_BAND = 0.875
+"""Highest point of its clock step (fraction of one step above the step's clock) that
+:func:`step_top_w` lets a GPU's cap reach: an eighth of a step (~1 W on A100/H100) below the next
+step's power, so an error of the draw estimate under that does not lift one GPU a step above its
+job-mates (where it would burn watts at the barrier)."""
+
+
+def step_top_w(pace, pace_step, draw_w, cap_w, static_w, new_cap_w, band: float = MARGIN_BAND) -> np.ndarray:
+    """The highest cap (W, shape [N]) that keeps each GPU on the clock step ``new_cap_w`` gives it.
+
+    Inputs as :func:`align_caps` (``pace``, ``pace_step``, ``draw_w``, ``cap_w``: the operating
+    point measured at enforced limit ``cap_w``; ``static_w``), all [N], plus ``new_cap_w`` [N] (its
+    planned cap, W). The step under ``new_cap_w`` is the highest clock of the grid anchored at the
+    max clock whose power by the cube law (module docstring) fits under it; the result is the power
+    at ``band`` of that step, never below ``new_cap_w``. A GPU at its max clock (``pace`` >= 0.99),
+    or one with a non-positive pace, step or dynamic draw, gets ``new_cap_w`` (no room). Raises
+    nothing for values."""
+    f = np.asarray(pace, float)
+    step = np.asarray(pace_step, float)
+    new = np.asarray(new_cap_w, float)
+    ok = (f > 0) & (f < 0.99) & (step > 0) & np.isfinite(new)
+    f1 = np.where(ok, f, 1.0)
+    s1 = np.where(ok, step, 1.0)
+    d = settled_draw_w(f1, s1, np.asarray(draw_w, float), np.asarray(cap_w, float), np.asarray(static_w, float))
+    ps = np.minimum(np.asarray(static_w, float), 0.9 * d)
+    ok &= d > ps
+    dyn = np.where(ok, d - ps, 1.0)
+    y = f1 * np.cbrt(np.maximum(new - ps, 0.0) / dyn)  # the pace new_cap_w reaches (continuous)
+    x = 1.0 - np.ceil((1.0 - y) / s1 - 1e-9) * s1  # the grid clock it runs at
+    top = ps + dyn * ((x + band * s1) / f1) ** 3
+    return np.where(ok, np.maximum(top, new), new)

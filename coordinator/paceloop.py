@@ -59,7 +59,7 @@ def _slope(g) -> float:
     return slope_w(_op_w(g), g.pace)
 
 
-def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
+def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
     """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
     moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
 
@@ -72,6 +72,7 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
     current split scaled to the job's total (the curves alone never move it). Other jobs keep the
     solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
     add to the solve's total (headroom the solve left, which the measured clocks say it can use).
+    ``aligned``: a list the jobs put on one clock step (:func:`_align`) are appended to, or None.
     """
     by_job: dict = {}
     for g in gpus:
@@ -95,6 +96,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
         elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU
             caps = _align(members, solve_w + avail)  # on one step, with the watts it needs at most
             total = solve_w + avail if caps is not None else total
+            if caps is not None and aligned is not None:
+                aligned.append(job)
         if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
             caps = _hold(members, total, grow=current)
         if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:

@@ -267,10 +267,32 @@ def _floor_mw(value):
     return np.trunc(value * 1000.0) / 1000.0
 
 
-def plan_decreases_arrays(p: PlanArrays, deadband_w: float = DEADBAND_W) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`plan_decreases` on arrays: ``(positions, new caps W)``."""
+UNBLOCK_DEADBAND_W = 0.1
+"""Deadband (W) of a decrease in a domain whose wanted increases exceed its headroom
+(:func:`plan_decreases_arrays` with ``doms``): there the watts a sub-deadband decrease holds are
+what blocks the increase, so it is sent; a tenth of a watt keeps float noise from being sent."""
+
+
+def plan_decreases_arrays(p: PlanArrays, deadband_w: float = DEADBAND_W,
+                          doms: list[tuple[float, np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`plan_decreases` on arrays: ``(positions, new caps W)``.
+
+    With ``doms`` (:func:`domain_index`): in a domain whose wanted increases (the candidates of
+    :func:`plan_increases_arrays`, from the accounted caps after these decreases) exceed its
+    headroom, decreases down to :data:`UNBLOCK_DEADBAND_W` are sent too. Without it, a fully
+    allocated domain whose new split lowers some GPUs by less than the deadband and raises others
+    by more never got there: phase 2 had no headroom and phase 1 sent nothing (seen with the real
+    agent, tests/coordinator/test_real_agents.py: a 2 x 5 W raise held by 6 x 1.7 W decreases)."""
     want = _clamp_arrays(p.desired_w, p.min_cap_w, p.max_cap_w)
-    sel = np.nonzero(p.live & (want < p.accounted_w - deadband_w))[0]
+    dec = p.live & (want < p.accounted_w - deadband_w)
+    small = p.live & ~dec & (want < p.accounted_w - UNBLOCK_DEADBAND_W)
+    if doms and small.any():
+        acc = np.where(dec, want, p.accounted_w)
+        need = np.where(p.live & (want > p.observed_w + deadband_w) & (want > acc), want - acc, 0.0)
+        for lim, idx in doms:
+            if idx.size and float(need[idx].sum()) > max(0.0, lim - HEADROOM_MARGIN_W - float(acc[idx].sum())) + 1e-9:
+                dec[idx] |= small[idx]
+    sel = np.nonzero(dec)[0]
     return sel, want[sel]
 
 

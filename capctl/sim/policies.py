@@ -413,7 +413,8 @@ class Capctl(_AllocatorPolicy):
         lo, hi, none = t.min_cap_w[pos], t.max_cap_w[pos], np.zeros(len(keys))
         caps = enforced.copy()
         now = enforced[pos]
-        sel, caps_w = plan_decreases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none))
+        sel, caps_w = plan_decreases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none),
+                                            doms=self._plan_doms)
         caps[pos[sel]] = caps_w
         now = caps[pos]
         sel, caps_w = plan_increases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none), self._plan_doms)

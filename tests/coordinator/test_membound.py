@@ -121,3 +121,46 @@ def test_models_without_memory_utilization_keep_the_clock_curve_and_with_it_flat
     x = 1.0 - clock.rate(p)  # first order: above the model's rate by at most (1-m) m x^2 / (1 - m x)
     assert np.all(rate.rate(p) - truth <= (1 - est) * est * x ** 2 / (1 - est * x) + 1e-9)
     assert seen.curve(key) is rate  # cached while nothing changed
+
+
+def test_column_path_gives_the_per_gpu_paths_memory_bound_curves():
+    # the solver reads curves as arrays (Models.curve_arrays, CurveColumns.curves_at); with shares
+    # estimated they must equal the per-GPU hook (Models.curve) within 1e-9, the hook applied once
+    # (a = clock curve's a x (1 - share)), learned and prior curves both
+    import random
+
+    from tests.coordinator.test_columns import _close, _registry, _sample
+
+    rng = random.Random(5)
+    reg = _registry(rng, nodes=10, per_node=4)
+    models = M.Models(clock=lambda: 1e6, budget_clock=lambda: 0.0, rng=random.Random(0))
+    share_of = {g.key: rng.choice([None, 0.0, 0.2, 0.55, 0.85]) for n in reg.nodes.values() for g in n.gpus.values()}
+    for step in range(30):
+        for node in reg.nodes.values():
+            for g in node.gpus.values():
+                smp = _sample(rng, float(step))
+                m, r = share_of[g.key], smp.sm_clock_mhz / g.max_sm_clock_mhz
+                if m is not None and r > 0:
+                    smp.memory_utilization_pct = float(round(smp.utilization_pct * _busy_share(m, r)))
+                g.new_samples = [smp]
+        models.update(reg, 1.0)
+    keys = sorted(models.gpus) + [("unknown", 0)]
+    arrays = models.curve_arrays(keys)
+    rows = arrays.curves_at(list(range(len(keys))))
+    with_share = learned = 0
+    for i, key in enumerate(keys):
+        want = models.curve(key)
+        assert rows[i] == arrays.curve(i)
+        if want is None:
+            assert rows[i] is None
+            continue
+        got = rows[i]
+        assert _close([got.a, got.k_w, got.sat_w, got.valid_min_w], [want.a, want.k_w, want.sat_w, want.valid_min_w])
+        assert _close([arrays.a[i], arrays.k_w[i], arrays.sat_w[i], arrays.valid_min_w[i]],
+                      [want.a, want.k_w, want.sat_w, want.valid_min_w]), key
+        share = models.memory_bound(key) or 0.0
+        clock = models.gpus[key].curve(now_mono=1e6, allow_refit=False)
+        assert math.isclose(want.a, clock.a * (1.0 - share), rel_tol=1e-12, abs_tol=1e-15), key  # once
+        with_share += share > 0.05
+        learned += share > 0.05 and bool(arrays.learned[i])
+    assert with_share >= 10 and learned >= 1  # the comparison covers shares on priors and learned fits
