@@ -497,6 +497,7 @@ class Coordinator:
         """Feed the telemetry received since the last interval to the models, then snapshot the problem."""
         policy = self.policy
         reg = self.registry
+        self.models.memory_bound_share = getattr(getattr(policy, "models", None), "memory_bound_share", "estimate")
         self.models.update(reg, policy.interval_s)
         self.models.forget_missing(reg)
         return observe.problem(reg, self.models, policy, reg.clock(), self.lease_s, self.ack_memory_s())

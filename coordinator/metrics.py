@@ -108,6 +108,8 @@ def _gpu_families(view, rows):
             "Fraction of telemetry samples in the last 60 s with a power-cap reason (0..1).", GPU_LABELS)
     energy = CounterMetricFamily("capctl_gpu_energy_joules", "NVML total energy counter of the GPU since driver load (J).",
                                  labels=GPU_LABELS)
+    mem = g("capctl_gpu_memory_bound_ratio", "Memory-bound share of the GPU's step, from NVML memory utilization "
+            "(0..0.9; absent without an estimate; policy models.memory_bound_share).", GPU_LABELS)
     extra = {(e.node, e.index): e for e in view.gpus} if rows else {}
     # samples appended directly, one label dict per GPU shared by its 11 series: add_metric builds a
     # dict per series (4.4 us each, 87,000 calls per scrape at 8,000 GPUs); same exposition
@@ -122,6 +124,8 @@ def _gpu_families(view, rows):
         add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
         if gs.thermal_ceiling_w > 0:
             add[5](Sample(names[5], lab, gs.thermal_ceiling_w))
+        if gs.HasField("memory_bound_fraction"):
+            mem.samples.append(Sample(mem.name, lab, gs.memory_bound_fraction))
         e = extra.get((node, gs.index))
         if e is not None:
             if not math.isnan(e.hotspot_margin_c):
@@ -130,7 +134,7 @@ def _gpu_families(view, rows):
             add[8](Sample(names[8], lab, e.thermal_fraction))
             add[9](Sample(names[9], lab, e.power_fraction))
             add[10](Sample(names[10], lab, e.energy_j))
-    return (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy)
+    return (cap, ecap, pw, tmp, clk, ceil, margin, inten, thf, pwf, energy, mem)
 
 
 def _agent_families(st):

@@ -521,6 +521,14 @@ def _update_memory_bound(work: list) -> None:
         model.mem_weight = w_i
 
 
+def _drop_memory_bound(models) -> None:
+    """Forget the memory-bound share of every :class:`GpuModel` in ``models`` (policy ``zero``)."""
+    for m in models:
+        if m.mem_weight:
+            m.mem_share = 0.0
+            m.mem_weight = 0.0
+
+
 def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]:
     """The thermal samples of one node: ``(time s, powers W, temps °C)`` for each telemetry time
     at which every GPU has a valid sample with a temperature (sorted). The samples of one
@@ -601,6 +609,10 @@ class Models:
         self._rng = rng if rng is not None else random
         self.refits = 0
         """Full (3-parameter) curve refits done so far."""
+        self.memory_bound_share = "estimate"
+        """Policy ``models.memory_bound_share`` (the caller sets it): ``estimate`` keeps each GPU's
+        share (:func:`_update_memory_bound`), ``zero`` keeps none: the next :meth:`update` drops
+        every estimate, so both curve paths give the clock curves."""
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's
@@ -655,7 +667,9 @@ class Models:
         self._add_batch(batch, cols)
         self._add_one_thermal(single, cols)
         self._add_thermal(thermal_work)
-        if mem_work:
+        if self.memory_bound_share == "zero":
+            _drop_memory_bound(self.gpus.values())
+        elif mem_work:
             _update_memory_bound(mem_work)
 
     @staticmethod

@@ -9,7 +9,7 @@ Public API (see docs/policy.md for every YAML key, its unit and default)::
     PolicyError(UserInputError): .errors / .warnings, lines "file:line:col: message"
     DEFAULT_POLICY, DEFAULT_POLICY_YAML: the demo cluster (4 nodes x 8 H100, 17,920 W)
     Policy, Domain, ThermalPolicy, FailsafePolicy, PrologPolicy, Weights, AgentPolicy,
-    CoordinatorPolicy, MetricsPolicy: frozen dataclasses
+    CoordinatorPolicy, MetricsPolicy, ModelsPolicy: frozen dataclasses
 """
 
 from capctl.policy.default import DEFAULT_POLICY_YAML
@@ -21,6 +21,7 @@ from capctl.policy.model import (
     Domain,
     FailsafePolicy,
     MetricsPolicy,
+    ModelsPolicy,
     Policy,
     PrologPolicy,
     ThermalPolicy,
@@ -51,6 +52,7 @@ __all__ = [
     "Domain",
     "FailsafePolicy",
     "MetricsPolicy",
+    "ModelsPolicy",
     "Policy",
     "PolicyError",
     "PrologPolicy",

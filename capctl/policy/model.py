@@ -192,6 +192,25 @@ class MetricsPolicy:
         return "all" if n_gpus <= self.all_up_to_gpus else "flagged"
 
 
+MEMORY_BOUND_SHARE = ("estimate", "zero")
+"""Values of ``models.memory_bound_share`` (docs/policy.md, ``models``)."""
+
+
+@dataclass(frozen=True)
+class ModelsPolicy:
+    """The coordinator's per-GPU models.
+
+    ``memory_bound_share``: ``estimate`` (default) keeps each GPU's memory-bound share of a step
+    from NVML's memory utilization and flattens its rate curve by it
+    (:mod:`coordinator.membound`); ``zero`` takes every step as compute-bound (share 0, no
+    estimate kept): the rate curves are the clock curves (as before issue 12 item 8), e.g. for a
+    plant whose memory utilization does not follow the step-time model. (Not ``off``: YAML reads
+    an unquoted ``off`` as a boolean.)
+    """
+
+    memory_bound_share: str = "estimate"
+
+
 @dataclass(frozen=True)
 class Policy:
     """A validated capctl policy (version 1). See docs/policy.md for every field.
@@ -202,7 +221,8 @@ class Policy:
         budget_ceiling_w: the root domain's ``limit_w`` from the file (the most ``with_budget``
             accepts), or None.
         interval_s, objective, thermal, slew_w, idle_cap_w, start_cap_w, min_cap_w, failsafe,
-        prolog, dry_run, weights, agent, coordinator, metrics: as in the YAML (defaults filled in).
+        prolog, dry_run, weights, agent, coordinator, metrics, models: as in the YAML (defaults
+            filled in).
         domains: root :class:`Domain`.
         source: file the policy came from (``"<string>"``/``"<default>"`` otherwise).
         warnings: ``"file:line:col: warning: ..."`` lines found while validating.
@@ -226,6 +246,7 @@ class Policy:
     agent: AgentPolicy = AgentPolicy()
     coordinator: CoordinatorPolicy = CoordinatorPolicy()
     metrics: MetricsPolicy = MetricsPolicy()
+    models: ModelsPolicy = ModelsPolicy()
     budget_ceiling_w: float | None = None
     source: str = field(default="<string>", compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -314,6 +335,7 @@ class Policy:
                     "lease_ttl_s": self.coordinator.etcd.lease_ttl_s},
             },
             "metrics": {"per_gpu_series": self.metrics.per_gpu_series, "all_up_to_gpus": self.metrics.all_up_to_gpus},
+            "models": {"memory_bound_share": self.models.memory_bound_share},
         }
 
     def with_budget(self, budget_w: float) -> Policy:

@@ -227,6 +227,9 @@ def _type_message(err: jsonschema.ValidationError, name: str, unit: str | None, 
             text += f"; {hint}"
     elif isinstance(instance, bool) and "number" in str(err.validator_value):
         text += " (a boolean is not a number)"
+    elif isinstance(instance, bool) and isinstance(err.schema, dict) and err.schema.get("enum"):
+        text += (f"; allowed: {', '.join(_show(a) for a in err.schema['enum'])} (YAML reads an unquoted "
+                 "yes/no/on/off as a boolean)")
     return text
 
 
@@ -716,6 +719,7 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
     prolog = data.get("prolog") or {}
     coordinator = data.get("coordinator") or {}
     metrics = data.get("metrics") or {}
+    models = data.get("models") or {}
     return model.Policy(
         version=1,
         budget_w=float(budget_w),
@@ -748,6 +752,7 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
         ),
         metrics=model.MetricsPolicy(per_gpu_series=metrics.get("per_gpu_series", "auto"),
                                     all_up_to_gpus=int(metrics.get("all_up_to_gpus", 4096))),
+        models=model.ModelsPolicy(memory_bound_share=models.get("memory_bound_share", "estimate")),
         budget_ceiling_w=_f(root_limit, None),
         source=source,
     )

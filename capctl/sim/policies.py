@@ -383,6 +383,7 @@ class Capctl(_AllocatorPolicy):
         pol = self.ctx.policy
         self._now = obs.t_s
         self._sync_registry(obs)
+        self.models.memory_bound_share = getattr(getattr(pol, "models", None), "memory_bound_share", "estimate")
         self.models.update(self.registry, float(pol.interval_s))
         # the coordinator's own snapshot -> problem -> fast allocator (ack memory = one interval,
         # as Coordinator.ack_memory_s)

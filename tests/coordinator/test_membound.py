@@ -164,3 +164,25 @@ def test_column_path_gives_the_per_gpu_paths_memory_bound_curves():
         with_share += share > 0.05
         learned += share > 0.05 and bool(arrays.learned[i])
     assert with_share >= 10 and learned >= 1  # the comparison covers shares on priors and learned fits
+
+
+def test_policy_zero_keeps_no_estimate_and_drops_one_kept_before():
+    caps = [(400.0, 0.80), (450.0, 0.86), (500.0, 0.91)]
+    batches = [[_capped(float(t), c, r, round(100 * _busy_share(0.4, r)))] for t, (c, r) in enumerate(caps * 4)]
+    key = ("n1", 0)
+    models = M.Models(clock=lambda: 0.0, budget_clock=lambda: 0.0)
+    reg = _Reg()
+    for batch in batches[:6]:
+        reg.feed(batch)
+        models.update(reg, 1.0)
+    assert models.memory_bound(key) == pytest.approx(0.4, abs=0.01)  # estimated (the default)
+    models.memory_bound_share = "zero"  # policy models.memory_bound_share: zero (a reload)
+    for batch in batches[6:]:
+        reg.feed(batch)
+        models.update(reg, 1.0)
+        assert models.memory_bound(key) is None and models.memory_bounds() == {}
+    rate = models.curve(key)
+    clock = models.gpus[key].curve(now_mono=0.0, allow_refit=False)
+    assert rate is clock  # the clock curve itself, on both paths
+    arrays = models.curve_arrays([key])
+    assert arrays.a[0] == clock.a and arrays.mem_share is None

@@ -41,8 +41,9 @@ def _status():
                           domains=[pb.DomainStatus(name="c", kind="cluster", limit_w=8000.0)])
 
 
-def _scrape(**metrics):
-    """Families of one scrape: name -> list of samples, under a policy with ``metrics`` set."""
+def _scrape(status=None, **metrics):
+    """Families of one scrape: name -> list of samples, under a policy with ``metrics`` set (of
+    ``status``, default :func:`_status`)."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -50,7 +51,7 @@ def _scrape(**metrics):
     from coordinator.metrics import Metrics
 
     policy = dataclasses.replace(DEFAULT_POLICY, metrics=dataclasses.replace(DEFAULT_POLICY.metrics, **metrics))
-    m = Metrics(_Coord(_status(), policy))
+    m = Metrics(_Coord(status if status is not None else _status(), policy))
     text = generate_latest(m.registry).decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
@@ -112,3 +113,14 @@ def yaml_dump(data) -> str:
     import yaml
 
     return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize("mode, expected", [("all", {"GPU-n1-0": 0.25, "GPU-n1-2": 0.6}),
+                                            ("flagged", {"GPU-n1-2": 0.6}), ("none", {})])
+def test_memory_bound_share_gauge_follows_the_per_gpu_rule_and_only_where_estimated(mode, expected):
+    st = _status()
+    st.nodes[0].gpus[0].memory_bound_fraction = 0.25  # OK
+    st.nodes[0].gpus[2].memory_bound_fraction = 0.6  # FOREIGN_WRITER: flagged
+    fams = _scrape(st, per_gpu_series=mode)
+    got = {s.labels["uuid"]: s.value for s in fams.get("capctl_gpu_memory_bound_ratio", [])}
+    assert got == expected  # GPUs without an estimate have no series (not a 0)

@@ -202,3 +202,20 @@ def test_error_count_is_bounded() -> None:
 def test_default_lease_follows_the_interval() -> None:
     assert parse_policy(BASE + "interval_s: 60\n").failsafe.lease_s == 180.0
     assert parse_policy(BASE + "interval_s: 2\n").failsafe.lease_s == 30.0
+
+
+def test_models_memory_bound_share_values_default_and_errors(tmp_path):
+    from capctl.policy import parse_policy
+    from capctl.policy.validate import check_text
+
+    base = 'version: 1\nbudget_w: 20000\ndomains: {name: c, nodes: "gpu[01-04]"}\n'
+    assert parse_policy(base).models.memory_bound_share == "estimate"
+    assert parse_policy(base + "models:\n  memory_bound_share: zero\n").models.memory_bound_share == "zero"
+    bad = check_text(base + "models:\n  memory_bound_share: estmate\n", "p.yaml")
+    assert bad.errors == ["p.yaml:5:23: models.memory_bound_share: 'estmate' is not allowed; "
+                          "allowed: 'estimate', 'zero' (did you mean 'estimate'?)"]
+    off = check_text(base + "models:\n  memory_bound_share: off\n", "p.yaml")  # YAML 1.1: a boolean
+    assert off.errors == ["p.yaml:5:23: models.memory_bound_share: expected a string, got false; allowed: "
+                          "'estimate', 'zero' (YAML reads an unquoted yes/no/on/off as a boolean)"]
+    unknown = check_text(base + "models:\n  memory_bound: zero\n", "p.yaml")
+    assert len(unknown.errors) == 1 and "memory_bound" in unknown.errors[0]
