@@ -20,7 +20,10 @@ Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and a
 ``CapAck`` (read-back), decoded and recorded by ``Coordinator.on_ack`` during the phase-1 wait.
 Loads: every job alternates a heavy phase (650 W demand) and a light one (320 W) every few
 intervals at its own offset; each GPU has a power factor (Sinha et al. SC'22: +-10 %), so caps
-move; its SM clock follows the DVFS cube law at the power it draws; 1 % of the GPUs run hot.
+move; its SM clock follows the DVFS cube law at the power it draws; 1 % of the GPUs run hot. Each
+job has a memory-bound share (uniform in [0, :data:`MAX_MEMORY_SHARE`]) and its GPUs report NVML's
+utilization rates as the simulated driver does (memory = util x m / (m + (1 - m) / r)), so
+``models`` includes the memory-bound share update (``memory_bound_gpus``: GPUs with an estimate).
 
 Measured: CPU seconds (``time.process_time``, the whole process) of each stage of the timed
 intervals, per GPU per interval (us):
@@ -69,6 +72,9 @@ INTERVAL_S = 1.0
 HEAVY_W, LIGHT_W = 650.0, 320.0
 PHASE_INTERVALS = 4
 """A job's load changes every this many intervals."""
+MAX_MEMORY_SHARE = 0.6
+"""Jobs' memory-bound shares are drawn uniformly in [0, this] (the what-if workloads' range of
+``memory_bound_fraction`` reaches 0.9, capctl/sim/workload.py; most training steps are below 0.6)."""
 STAGES = ("ingest", "models", "inputs", "build", "solve", "pace", "idle", "solve_rest", "plan", "send", "after",
           "view")
 
@@ -135,6 +141,9 @@ class Fleet:
         for j, (first, count) in enumerate(self.jobs):
             self.job_of_node[first:first + count] = j
         self.offset = rng.integers(0, 2 * PHASE_INTERVALS, len(self.jobs))
+        # each job's memory-bound share of a step (coordinator/membound.py's model), so the
+        # telemetry carries NVML's utilization rates and the models' share update is in the cost
+        self.mem_share = rng.uniform(0.0, MAX_MEMORY_SHARE, len(self.jobs))
         self.seq = 0
         self.agent_cpu_s = 0.0  # CPU of the stand-in agents inside the coordinator's stages (subtracted)
 
@@ -171,6 +180,11 @@ class Fleet:
         pb = self.pb
         busy = self.job_of_node[k] >= 0
         job = f"job{self.job_of_node[k]}" if busy else ""
+        util = 100.0 if busy else 0.0
+        # NVML's memory utilization as the simulated driver reports it: util x m / (m + (1 - m) / r)
+        m = float(self.mem_share[self.job_of_node[k]]) if busy else 0.0
+        r = self.clock[k] / MAX_CLOCK_MHZ
+        mem_pct = np.floor(util * m / (m + (1.0 - m) / r) + 0.5).tolist()
         rows = []
         for i in range(GPUS_PER_NODE):
             p, e = float(self.power[k, i]), float(self.enforced[k, i])
@@ -181,7 +195,8 @@ class Fleet:
                 reasons.append("SW_THERMAL_SLOWDOWN")
             rows.append(pb.GpuTelemetry(index=i, power_w=p, cap_w=e, enforced_w=e, temp_c=float(self.temp[k, i]),
                                         sm_clock_mhz=int(self.clock[k, i]), clocks_event_reasons=reasons,
-                                        utilization_pct=100.0 if busy else 0.0, energy_j=float(self.energy[k, i]),
+                                        utilization_pct=util, energy_j=float(self.energy[k, i]),
+                                        utilization_rates=pb.UtilizationRates(gpu_pct=util, memory_pct=mem_pct[i]),
                                         job_id=job, cap_state="OK", pre_job_cap_w=TDP_W))
         return rows
 
@@ -385,6 +400,7 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
             "view_read_us": round(per["view"], 2),
             "interval_cpu_s": round(sum(sw.cpu.values()) / intervals, 3),
             "refits": bench.coord.models.refits, "modes": sorted(set(modes)),
+            "memory_bound_gpus": len(bench.coord.models.memory_bounds()),
             "enforced_over_budget": round(float(bench.fleet.enforced.sum()) / bench.policy.budget_w, 4)}
 
 
