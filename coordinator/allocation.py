@@ -710,8 +710,8 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     caps = np.where(c.fixed, c.accounted_w, np.asarray(result.cap_w, dtype=float))
     desired = dict(zip(keys, caps.tolist()))
     aligned = paced_split(inputs, desired)
-    idle_from_headroom(inputs, desired)
     step_margin(inputs, desired, aligned)
+    idle_from_headroom(inputs, desired)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -862,15 +862,15 @@ LIMIT_SLACK_W = 0.01
 
 
 def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
-    """Hand the headroom left after the pace loop and the idle GPUs to the GPUs of the ``aligned``
-    jobs (put on one clock step by :func:`paced_split`) as margin within their step, in place on
-    ``desired`` (GPU key -> W).
+    """Hand the headroom left after the pace loop to the GPUs of the ``aligned`` jobs (put on one
+    clock step by :func:`paced_split`) as margin within their step, in place on ``desired`` (GPU
+    key -> W); before :func:`idle_from_headroom` (running jobs first, the policy's idle rule).
 
     The alignment gives a job the watts of the highest whole clock step it can afford and no more
     (:mod:`coordinator.pacealign`); what is left once every job has taken its step buys no job a
-    step (each was offered it) and no idle GPU wants it, so it would sit unallocated: up to one
-    step's power per GPU of the last job (measured: 15 W of a 2,400 W budget over 8 GPUs,
-    tests/coordinator/test_real_agents.py). Here it raises each aligned GPU's cap toward
+    step (each was offered it), so it would sit unallocated (or go to idle GPUs while a job is
+    capped): up to one step's power per GPU of the last job (measured: 15 W of a 2,400 W budget
+    over 8 GPUs, tests/coordinator/test_real_agents.py). Here it raises each aligned GPU's cap toward
     :func:`coordinator.pacealign.step_top_w` (7/8 of its step: no GPU reaches the next step), in
     proportion to that room, one pass with each GPU's grant the smallest of its limited domains'
     ratios (as :func:`idle_from_headroom`): no domain exceeds its limit, and the clocks (so draw

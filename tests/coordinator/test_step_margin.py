@@ -36,7 +36,6 @@ def test_the_alignments_leftover_is_handed_out_within_each_gpus_step(extra_w):
     after_align = dict(desired)
     assert sum(after_align.values()) < limit - 2.0  # the alignment keeps what buys no step
     clocks = {k: _clock(c, d) for (k, c), d in zip(after_align.items(), DYN)}
-    allocation.idle_from_headroom(inputs, desired)
     allocation.step_margin(inputs, desired, aligned)
     total = sum(desired.values())
     assert total <= limit + 1e-9  # never above the domain's limit
