@@ -62,6 +62,7 @@ import numpy as np
 
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
+from coordinator.paceslope import PaceSlopes
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -551,6 +552,8 @@ class Models:
         self._rng = rng if rng is not None else random
         self.refits = 0
         """Full (3-parameter) curve refits done so far."""
+        self.pace_slopes = PaceSlopes()
+        """Each GPU's measured slope of power over pace (the pace loop's; fed by the solver inputs)."""
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's

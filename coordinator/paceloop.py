@@ -31,6 +31,7 @@ held, scaled to the job's total.
 from __future__ import annotations
 
 import math
+import statistics
 
 GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
@@ -38,6 +39,9 @@ PACE_DEADBAND = 0.016
 """Pace differences (fraction of max clock) up to this are noise: two 15 MHz steps of a ~2 GHz
 part (the clock is quantized to 15 MHz; a one-step difference is what equal caps give)."""
 _PASSES = 4
+MAX_MISMATCH = 20.0
+"""Most the measured slope lowers the model's (factor): the range of plants the loop is stable
+on (module docstring); beyond it a bad reading cannot make the step vanish."""
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
@@ -55,8 +59,39 @@ def slope_w(at_w: float, pace: float) -> float:
 
 def _slope(g) -> float:
     """The loop's slope (W per unit pace) for ``g``: :func:`slope_w` at its operating point
-    (:func:`_op_w`)."""
-    return slope_w(_op_w(g), g.pace)
+    (:func:`_op_w`), bounded by ``g``'s measured slope (:func:`loop_slope_w`)."""
+    return loop_slope_w(slope_w(_op_w(g), g.pace), getattr(g, "pace_slope_w", math.nan))
+
+
+def _measured(g) -> bool:
+    m = getattr(g, "pace_slope_w", math.nan)
+    return m > 0.0 and math.isfinite(m)
+
+
+def _gains(members) -> dict:
+    """GPU key -> ``GAIN`` times the loop's slope (W per unit pace) of each of one job's GPUs:
+    :func:`_slope` for a GPU with a measured slope; one without takes its model slope times the
+    median ratio (:func:`_slope` / model) of its job-mates that have one (a job runs on one product:
+    the plant's shape is shared, its scale is the GPU's own; mixing model and measured slopes in
+    one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope."""
+    model = {g.key: slope_w(_op_w(g), g.pace) for g in members}
+    own = {g.key: _slope(g) for g in members if _measured(g)}
+    ratio = 1.0
+    if own and len(own) < len(members):
+        ratio = statistics.median(own[k] / model[k] for k in own if model[k] > 0) if any(
+            model[k] > 0 for k in own) else 1.0
+    return {g.key: GAIN * own.get(g.key, model[g.key] * ratio) for g in members}
+
+
+def loop_slope_w(model_w: float, measured_w: float) -> float:
+    """The slope the loop steps by (W per unit pace): the model's (``model_w``, :func:`slope_w`)
+    bounded from above by the GPU's measured one (``measured_w``, :mod:`coordinator.paceslope`;
+    NaN or not positive: none, the model's), never below ``model_w / MAX_MISMATCH``. Only lowers:
+    a measured slope above the model's (a plant flatter than the cube law) keeps the model's, on
+    which the loop is already overdamped (see the module docstring)."""
+    if not (measured_w > 0.0 and math.isfinite(measured_w)):
+        return model_w
+    return min(model_w, max(measured_w, model_w / MAX_MISMATCH))
 
 
 def correct(gpus, desired: dict, jobs, extra_w=None) -> dict:
@@ -126,11 +161,14 @@ def _align(members, total_w: float):
     if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
         return None
     held = {g.key: _hi(g) for g in strag}
+    static = [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest]
+    gains = _gains(members)
+    n = pacealign.exponent_from_slope([gains[g.key] / GAIN for g in rest], [g.pace for g in rest],
+                                      [g.draw_w for g in rest], static)
     caps = pacealign.align_caps(
         [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
         [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
-        [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest], total_w - sum(held.values()),
-        min([1.0] + [g.pace for g in strag]))
+        static, total_w - sum(held.values()), min([1.0] + [g.pace for g in strag]), n)
     if caps is None:
         return None
     held.update({g.key: float(c) for g, c in zip(rest, caps)})
@@ -169,7 +207,7 @@ def _hold(members, total_w: float, grow: bool = True) -> dict:
 def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s = {g.key: GAIN * _slope(g) for g in members}
+    s = _gains(members)
     reaches = {g.key: g.pace + (_hi(g) - _op_w(g)) / s[g.key] for g in at_hi if s[g.key] > 0}
     reach = min(reaches.values(), default=math.inf)
     reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
@@ -195,7 +233,7 @@ def _split(members, total_w: float) -> dict:
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s = {g.key: GAIN * _slope(g) for g in members}
+    s = _gains(members)
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
