@@ -11,21 +11,41 @@ the pair is consistent), for GPUs whose clock the power cap sets (``SW_POWER_CAP
 The correction is one damped Newton step toward equal pace at the job's total ``T`` (the solve's
 sum over the job's GPUs)::
 
-    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's curve at f_g  (W per unit pace)
+    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's plant at f_g  (W per unit pace)
     f*  chosen so that sum_g c_g = T         (closed form; clipped GPUs fixed, a few passes)
 
 so GPUs measurably faster than the pace-setter come down, the slower go up within their ceilings,
 and a job's GPUs converge to equal pace even where the curves are wrong.
 
-Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * s_g / s_true) x``
-with ``s_true`` the device's real slope. :func:`slope_w` bounds ``s_true`` from above by the factor
-``P / (P - P_static)`` (1.1-1.4 for a busy GPU: static power 10-30 % of the draw), so with
-``GAIN = 0.7`` the loop factor is ``1 - 0.7 * (1.1..1.4)`` = 0.02..0.3: overdamped (no sign
-change, so a GPU's cap changes direction at most once after a step) and stable (|factor| < 1) for
-any slope overestimate below 2.9x. Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock
-steps: the clock is quantized), and no Newton step from a sample older than the current cap
-(:data:`AT_CAP_TOLERANCE_W`: the loop delay would apply one correction twice); the split is then
-held, scaled to the job's total.
+Slope. ``s_g`` is the model's, :func:`slope_w` (the cube law's, ``3 P / f``), bounded from above by
+the GPU's measured slope (:mod:`coordinator.paceslope`: the power law through two of its operating
+points at least four clock steps apart, at its latest point): :func:`loop_slope_w`. A GPU without
+a measurement takes its model slope times the median ratio of its job-mates that have one.
+
+Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * rho) x`` with
+``rho = s_g / s_true`` (``s_true`` the device's local slope): overdamped (no sign change, so a
+cap changes direction at most once after a step) for ``rho < 1 / GAIN = 1.43``, stable for
+``rho < 2 / GAIN = 2.86``. With ``GAIN = 0.7``:
+
+- a cube-law plant (the simulated driver, DVFS parts): :func:`slope_w` bounds ``s_true`` by the
+  factor ``P / (P - P_static)`` (1.1-1.4, static power 10-30 % of the draw), and a measured slope
+  is the power law's exact slope: ``rho`` 0.8-1.4, factor 0.02-0.44;
+- a plant flatter than the cube law (clock ~ P^k, k < 1/3): the model's slope is the lower one and
+  is kept: ``rho < 1``, overdamped, factor ``1 - 0.7 s_model / s_true`` (k = 1/4: ~0.4);
+- a plant steeper (k up to 1, the clock at a voltage floor; the fake agent's curve below ~430 W,
+  5x at 300 W): the true slope is 1/3-1/20 of the model's; the measured one replaces it down to
+  ``s_model / MAX_MISMATCH``: ``rho`` is the measurement's error, 0.8-1.33 from reading the clock
+  (n >= 4 steps known to one step) times the plant's deviation from the two-point power law, so
+  overdamped while that deviation stays under 7 %, stable under 2.1x; a plant steeper than 20x
+  the model keeps ``s_model / 20``: overdamped to 28x, stable to 57x.
+- before its first measurement on a new plant (a new job, a load change) a GPU steps by the
+  model's slope: where the plant is more than 1.43x steeper than that, this first step overshoots
+  once (the one direction change the criterion allows), and the measurement taken across it sets
+  the slope of every later step.
+
+Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock steps: the clock is quantized),
+and no Newton step from a sample older than the current cap (:data:`AT_CAP_TOLERANCE_W`: the loop
+delay would apply one correction twice); the split is then held, scaled to the job's total.
 """
 
 from __future__ import annotations
@@ -40,8 +60,9 @@ PACE_DEADBAND = 0.016
 part (the clock is quantized to 15 MHz; a one-step difference is what equal caps give)."""
 _PASSES = 4
 MAX_MISMATCH = 20.0
-"""Most the measured slope lowers the model's (factor): the range of plants the loop is stable
-on (module docstring); beyond it a bad reading cannot make the step vanish."""
+"""Most the measured slope lowers the model's (factor; module docstring, "Stability"): the fake
+agent's curve (the allocator's H100 prior) is 11x steeper than the cube law's bound at 250 W (44x
+at 210 W, pace 0.12); below it a bad reading cannot make the step vanish."""
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
