@@ -97,10 +97,8 @@ def _gains(members) -> dict:
     one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope."""
     model = {g.key: slope_w(_op_w(g), g.pace) for g in members}
     own = {g.key: _slope(g) for g in members if _measured(g)}
-    ratio = 1.0
-    if own and len(own) < len(members):
-        ratio = statistics.median(own[k] / model[k] for k in own if model[k] > 0) if any(
-            model[k] > 0 for k in own) else 1.0
+    ratios = [own[k] / model[k] for k in own if model[k] > 0] if len(own) < len(members) else []
+    ratio = statistics.median(ratios) if ratios else 1.0
     return {g.key: GAIN * own.get(g.key, model[g.key] * ratio) for g in members}
 
 
