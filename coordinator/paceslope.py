@@ -8,25 +8,31 @@ clock ~ P^k with k > 1/3) has a true slope several times lower, and a step by th
 overshoots by that factor: the loop diverged there. This module measures the slope from the
 GPU's own samples, so the loop can bound the model's slope by it.
 
-The measurement is a secant between two of the GPU's operating points on one plant (the same
-job and load), each a consistent pair (enforced limit ``op_w``, pace ``f`` measured at it)::
+The measurement is the power law ``P = P_s + D f^n`` (the DVFS form, with ``P_s`` the alignment's
+static power estimate, :data:`coordinator.pacealign.STATIC_FRACTION` of the maximum limit) through
+two of the GPU's operating points on one plant, each a consistent pair (enforced limit ``op_w``,
+pace ``f`` measured at it)::
 
-    s = |op_w - anchor_w| / |f - anchor_f|      when |f - anchor_f| >= MIN_STEPS clock steps
+    n = ln((op_w - P_s) / (anchor_w - P_s)) / ln(f / anchor_f)    when |f - anchor_f| >= MIN_STEPS steps
+    s = n (op_w - P_s) / f                                          (its slope at the latest point)
 
-By the mean value theorem a secant of a monotone plant is its slope somewhere between the two
-points. The clock is read in steps (15 MHz, ``pace_step``): a pace change of n steps is known to
-within one step, so the secant is within ``n / (n +- 1)`` of the true one: at least
-:data:`MIN_STEPS` (4) steps keeps it within -20 % / +33 %. Smaller changes do not move the anchor
-(they accumulate to a readable one). Robustness:
+For a power-law plant this is its exact slope wherever the GPU moves (a secant would lag the
+curvature between the points); for another monotone plant it is the slope of the power law
+through both points, by the mean value theorem that of the plant somewhere between them. The clock
+is read in steps (15 MHz on the grid, one MHz off it: :func:`_resolution`): a pace change of n
+steps is known to within one step, so ``n`` is within about ``n / (n +- 1)`` of the plant's: at
+least :data:`MIN_STEPS` (4) steps keeps it within -20 % / +33 %. Smaller changes do not move the
+anchor (they accumulate to a readable one); one that shows a steeper slope than measured (the
+least its reading allows) raises it (a plant flattening toward its max clock). Robustness:
 
-- a new plant resets the measurement (anchor at the new point, no slope): the pace moved by more
-  than two steps while the limit did not (a load change), or against the limit (a monotone plant
-  never does that: the load changed under a cap change);
-- a GPU whose sample is not a cap-set operating point (not ``paced``, or at its max clock, where
-  the clock says nothing of the slope) has no anchor and no slope: a new job or a new phase starts
-  from the model's slope.
+- a load change re-anchors the measurement and keeps the exponent (a load scales ``D`` in
+  ``P = P_s + D f^n``, not ``n``; a secant across it read a slope several times off): the pace
+  moved by more than two steps while the limit did not, or against the limit (a monotone plant
+  never does that); so does a sample at the max clock (the clock says nothing of the slope there);
+- a GPU whose sample is not a busy, cap-responsive one (not ``paced``: idle, a new job, a slowdown)
+  forgets its measurement: it starts from the model's slope.
 
-State: per GPU key, ``(anchor_w, anchor_f, slope_w)``, held as arrays in the order of the keys
+State: per GPU key, :data:`STATE_FIELDS`, held as arrays in the order of the keys
 handed in (the solver inputs' order); a change of the keys tuple remaps them by key (GPUs no
 longer present are forgotten, so memory is bounded by the fleet). An unchanged sample changes
 nothing (idempotent: several builds of the inputs per interval are one observation).
@@ -39,12 +45,12 @@ import numpy as np
 from coordinator.pacealign import CLOCK_STEP_MHZ, GRID_TOLERANCE
 
 MIN_STEPS = 4.0
-"""Pace change (clock steps) a secant needs: its reading error is then within -20 % / +33 %."""
+"""Pace change (clock steps) a measurement needs: its reading error is then within -20 % / +33 %."""
 SAME_W = 1.0
 """Limits within this (W) are one operating point (the pace loop's ``AT_CAP_TOLERANCE_W``)."""
 JUMP_STEPS = 2.0
 """A pace move (clock steps) the limit does not explain: more than this at the same limit, or
-against the limit's move, is a new plant (load change); the measurement restarts."""
+against the limit's move, is a load change: the measurement re-anchors (keeping the exponent)."""
 DEFAULT_STEP = 15.0 / 1980.0
 """One clock step as a fraction of the max clock where the GPU's is unknown (15 MHz of H100's
 1,980 MHz: the finer grid of A100/H100, so the conservative one for :data:`MIN_STEPS`)."""
@@ -100,8 +106,8 @@ def secant_update(state: tuple, op_w, pace, valid, pace_step, static_w) -> tuple
     move = (ok & ~np.isfinite(aw)) | jump | meas | grow
     aw, af = np.where(move, w, aw), np.where(move, f, af)
     lw, lf = np.where(new_pt, w, lw), np.where(new_pt, f, lf)
-    n = np.where(jump | ~v, np.nan, n)
-    aw, af, lw, lf = (np.where(v, a, np.nan) for a in (aw, af, lw, lf))
+    n = np.where(v, n, np.nan)  # the shape outlives a load change (it scales D, not n); idle: gone
+    aw, af, lw, lf = (np.where(ok, a, np.nan) for a in (aw, af, lw, lf))  # at the max clock: re-anchor
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.where(ok, n * dyn / f, np.nan)
     return (aw, af, lw, lf, n), slope

@@ -55,20 +55,26 @@ def test_small_moves_accumulate_and_an_unchanged_sample_changes_nothing():
     assert math.isfinite(got[2]) and got[2] == got[3] == got[4]  # idempotent: several builds per interval
 
 
-def test_a_load_change_resets_and_a_max_clock_sample_keeps_the_measurement():
+def test_a_load_change_re_anchors_keeping_the_shape_and_idle_forgets():
     a, b = 300.0, 420.0
     fa, fb = _law(a, 1.0), _law(b, 1.0)
     base = [(a, fa, True), (b, fb, True)]
-    # the pace drops 10 steps at the same limit: a new load, the slope no longer applies
-    assert math.isnan(_feed(base + [(b, fb - 10 * STEP, True)])[-1])
-    # the pace falls while the limit rises: a monotone plant never does that
-    assert math.isnan(_feed(base + [(b + 30.0, fb - 5 * STEP, True)])[-1])
+    n = _feed(base)[-1] * fb / (b - STATIC_W)  # the measured exponent
+    # a new load (the pace drops 10 steps at the same limit): the law's shape holds (the load
+    # scales D, not n), its slope read at the new point; the next secant starts there
+    f2 = fb - 10 * STEP
+    got = _feed(base + [(b, f2, True), (b + 2.0, f2 - 2 * STEP, True)])
+    assert got[2] == pytest.approx(n * (b - STATIC_W) / f2)
+    assert got[3] == pytest.approx(n * (b + 2.0 - STATIC_W) / (f2 - 2 * STEP))  # no secant across the change
+    # the pace falls while the limit rises (a monotone plant never does that): the same
+    got = _feed(base + [(b + 30.0, fb - 5 * STEP, True)])
+    assert got[-1] == pytest.approx(n * (b + 30.0 - STATIC_W) / (fb - 5 * STEP))
     # idle (not paced): forgotten
     assert math.isnan(_feed(base + [(b, 0.2, False), (b, fb, True)])[-1])
-    # at its max clock below the cap: the clock says nothing of the slope; back under the cap the
-    # measurement holds (the slope read at the new point by the same law)
+    # at its max clock below the cap the clock says nothing of the slope (none reported); back
+    # under the cap the shape holds
     got = _feed(base + [(690.0, 1.0, True), (b, fb, True)])
-    assert got[-1] == pytest.approx(got[1])
+    assert math.isnan(got[2]) and got[3] == pytest.approx(got[1])
 
 
 def test_states_follow_their_gpus_when_the_keys_change():
