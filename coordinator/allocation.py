@@ -73,6 +73,7 @@ class GpuInput:
     speed: float = 1.0  # pace of a straggler relative to its curve at its cap (allocator ``speed``)
     draw_w: float = 0.0  # measured power of that sample (W; 0: unknown) (coordinator.pacealign)
     pace_step: float = 0.0  # one SM clock step as a fraction of the max clock (0: unknown)
+    pace_slope_w: float = math.nan  # measured dP/d(pace) (W per unit pace; NaN: none) (coordinator.paceslope)
 
 
 @dataclasses.dataclass
@@ -107,6 +108,7 @@ class InputColumns:
     curve_sat_w: np.ndarray
     curve_min_w: np.ndarray
     curves: object
+    pace_slope_w: np.ndarray | None = None  # measured slope (W per unit pace, NaN: none); None: none at all
 
     def curve(self, i: int):
         c = self.curves
@@ -123,7 +125,7 @@ class InputColumns:
         cols = [np.asarray(a)[pos].tolist() for a in (
             self.min_cap_w, self.max_cap_w, self.fixed, self.accounted_w, self.observed_w, self.thermal_ceiling_w,
             self.idle_cap_w, self.idle_target_w, self.pace, self.pace_at_w, self.paced, self.speed,
-            self.draw_w, self.pace_step)]
+            self.draw_w, self.pace_step, self._slopes())]
         keys, dnames, jnames, strag = self.keys, self.domain_names, self.job_names, self.straggler
         c = self.curves
         if not with_curves:
@@ -131,11 +133,16 @@ class InputColumns:
         else:
             curves = [c[i] for i in pos.tolist()] if isinstance(c, list) else c.curves_at(pos)
         out = []
-        for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed, draw, step in zip(
+        for p, d, j, cv, lo, hi, fx, acc, obs, ceil, idle, tgt, pace, at, paced, speed, draw, step, sl in zip(
                 pos.tolist(), self.domain[pos].tolist(), self.job[pos].tolist(), curves, *cols):
             out.append(GpuInput(keys[p], dnames[d], lo, hi, fx, acc, obs, jnames[j] if j >= 0 else None,
-                                cv, ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed, draw, step))
+                                cv, ceil, idle, tgt, pace, at, paced, strag.get(p, ""), speed, draw, step, sl))
         return out
+
+    def _slopes(self) -> np.ndarray:
+        """``pace_slope_w`` [G] (NaN where none was measured or the column is absent)."""
+        s = self.pace_slope_w
+        return np.full(len(self.keys), math.nan) if s is None else s
 
     def rows(self) -> list[GpuInput]:
         """Every GPU as a :class:`GpuInput` (cold paths: explain, tests)."""
@@ -197,7 +204,8 @@ def _columns_from_rows(gpus: list[GpuInput]) -> InputColumns:
         draw_w=col("draw_w"), pace_step=col("pace_step"),
         curve_a=np.fromiter((c.a for c in curves), f, G), curve_k_w=np.fromiter((c.k_w for c in curves), f, G),
         curve_sat_w=np.fromiter((c.sat_w for c in curves), f, G),
-        curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G), curves=[g.curve for g in gpus])
+        curve_min_w=np.fromiter((c.valid_min_w for c in curves), f, G), curves=[g.curve for g in gpus],
+        pace_slope_w=col("pace_slope_w"))
 
 
 @dataclasses.dataclass
@@ -454,6 +462,13 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
     pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler)
+    # each GPU's measured slope of power over pace (coordinator.paceslope; its state is the models')
+    tracker = getattr(models, "pace_slopes", None)
+    slope = None
+    if tracker is not None:
+        from coordinator import pacealign
+
+        slope = tracker.observe(table.keys, pace_at, pace, paced, step, pacealign.STATIC_FRACTION * hi)
     speed = np.ones(G)
     for i in strag_pos:
         cv = curves.curve(i)
@@ -465,7 +480,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         fixed=fixed, accounted_w=acc, observed_w=np.where(have, enforced, acc), thermal_ceiling_w=ceiling,
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
         straggler=straggler, draw_w=draw, pace_step=step, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
-        curve_min_w=curves.valid_min_w, curves=curves)
+        curve_min_w=curves.valid_min_w, curves=curves, pace_slope_w=slope)
 
 
 def _idle_rule(policy, pre_job_cap_w: np.ndarray, acc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:

@@ -71,6 +71,7 @@ import numpy as np
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
 from coordinator import membound
+from coordinator.paceslope import PaceSlopes
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -613,6 +614,8 @@ class Models:
         """Policy ``models.memory_bound_share`` (the caller sets it): ``estimate`` keeps each GPU's
         share (:func:`_update_memory_bound`), ``zero`` keeps none: the next :meth:`update` drops
         every estimate, so both curve paths give the clock curves."""
+        self.pace_slopes = PaceSlopes()
+        """Each GPU's measured slope of power over pace (the pace loop's; fed by the solver inputs)."""
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's

@@ -51,6 +51,25 @@ MAX_STEPS = 8
 Newton step of :mod:`coordinator.paceloop` moves the caps (the power law is extrapolated further)."""
 
 
+MIN_EXPONENT = 0.3
+"""Smallest power-law exponent used (clock ~ P^3.3): the pace loop's slope is at least a tenth
+of the cube law's (:data:`coordinator.paceloop.MAX_MISMATCH`)."""
+
+
+def exponent_from_slope(slope_w, pace, draw_w, static_w) -> np.ndarray:
+    """The power law's exponent (shape [N]) that has the slope ``slope_w`` (W per unit pace, the
+    pace loop's, :func:`coordinator.paceloop.loop_slope_w`) at the operating point (``pace``,
+    ``draw_w`` W, static power ``static_w`` W): ``n = s f / (P - P_s)``, at most 3 (the cube law's:
+    the loop's slope only lowers the model's), at least :data:`MIN_EXPONENT`. Where the draw does not
+    exceed the static power, 3. Raises nothing."""
+    f = np.asarray(pace, float)
+    dyn = np.asarray(draw_w, float) - np.asarray(static_w, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = np.asarray(slope_w, float) * f / dyn
+    n = np.where((dyn > 0) & np.isfinite(n), n, 3.0)
+    return np.clip(n, MIN_EXPONENT, 3.0)
+
+
 def on_grid(pace, pace_step, tolerance: float = GRID_TOLERANCE) -> bool:
     """Whether a job's GPUs report SM clocks on one step grid anchored at the max clock.
 
@@ -74,7 +93,7 @@ def on_grid(pace, pace_step, tolerance: float = GRID_TOLERANCE) -> bool:
     return bool(np.all(np.abs(k - np.round(k)) <= tolerance))
 
 
-def settled_draw_w(pace, pace_step, draw_w, cap_w, static_w) -> np.ndarray:
+def settled_draw_w(pace, pace_step, draw_w, cap_w, static_w, exponent=3.0) -> np.ndarray:
     """The draw (W, shape [N]) of each GPU at its measured clock, bounded by what its cap says.
 
     A GPU whose clock its cap sets (``pace`` < 0.99) runs at the highest step whose power fits
@@ -85,16 +104,18 @@ def settled_draw_w(pace, pace_step, draw_w, cap_w, static_w) -> np.ndarray:
     below it after an increase; clipped to that band, a stale reading costs at most one step's
     power instead of a move of several steps (measured: ``bench/load_step.py`` on parts of unequal
     power factors turned caps 3 times in 5 intervals without it). A GPU at its max clock draws what
-    its work needs: only ``<= cap`` applies. Inputs as :func:`align_caps`; raises nothing."""
+    its work needs: only ``<= cap`` applies. Inputs as :func:`align_caps` (``exponent``: the
+    power law's, 3 the cube law); raises nothing."""
     f = np.asarray(pace, float)
     cap = np.asarray(cap_w, float)
     d = np.minimum(np.asarray(draw_w, float), cap)
-    one_step = 3.0 * np.maximum(cap - np.asarray(static_w, float), 0.0) * np.asarray(pace_step, float) / f
+    one_step = np.asarray(exponent, float) * np.maximum(cap - np.asarray(static_w, float), 0.0) * np.asarray(
+        pace_step, float) / f
     return np.where(f < 0.99, np.maximum(d, cap - one_step), d)
 
 
 def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: float,
-               max_pace: float = 1.0) -> np.ndarray | None:
+               max_pace: float = 1.0, exponent=3.0) -> np.ndarray | None:
     """Caps (W, shape [N]) that put the N GPUs of one job on one clock step, or None.
 
     Inputs, all shape [N]: ``pace`` (SM clock / max SM clock, measured), ``pace_step`` (one clock
@@ -102,7 +123,9 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     the pace or the GPU runs at its max clock below it), ``cap_w`` (its enforced limit now, W),
     ``lo_w`` / ``hi_w`` (the range it may be planned in, ceilings included, W), ``static_w``
     (static power estimate, W). ``total_w``: the job's watts; ``max_pace``: a bound on the target
-    (a straggler's pace, 1.0 otherwise).
+    (a straggler's pace, 1.0 otherwise). ``exponent`` (scalar or [N]): the power law's exponent
+    ``n`` in ``P(x) = P_s + (P - P_s) (x / f)^n``, 3 (the cube law) unless the GPU's measured slope
+    says its clock rises faster with power (:func:`exponent_from_slope`).
 
     The target is the highest pace ``x`` on the fastest GPU's step grid, less than
     :data:`MAX_STEPS` above the fastest and at most :data:`MAX_STEPS` below the slowest, such that
@@ -123,7 +146,10 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     hi = np.maximum(np.asarray(hi_w, float), lo)
     if not (np.all(f > 0) and np.all(step > 0) and np.all(draw > 0) and np.all(np.isfinite(cap))):
         return None
-    draw = settled_draw_w(f, step, draw, cap, np.asarray(static_w, float))
+    n = np.broadcast_to(np.asarray(exponent, float), f.shape)
+    if not np.all(np.isfinite(n) & (n > 0)):
+        return None
+    draw = settled_draw_w(f, step, draw, cap, np.asarray(static_w, float), n)
     ps = np.minimum(np.asarray(static_w, float), 0.9 * draw)
     top = float(f.max())
     grid = float(step[int(np.argmax(f))])
@@ -132,7 +158,7 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
     for k in range(MAX_STEPS, -k_low - 1, -1):
         if k == MAX_STEPS:  # the job's watts reach further than a few steps: not an alignment
             x = top + k * grid  # (the caller scales its split to them; this aligns next interval)
-            need = ps + (draw - ps) * ((x + 0.5 * step) / f) ** 3
+            need = ps + (draw - ps) * ((x + 0.5 * step) / f) ** n
             if x <= min(max_pace, 1.0) + 1e-9 and np.all(need <= hi + 1e-9) and float(
                     np.minimum(np.maximum(need, lo), hi).sum()) <= total_w + 1e-6:
                 return None
@@ -140,7 +166,7 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
         x = top + k * grid
         if x > max_pace + 1e-9 or x > 1.0 + 1e-9 or x <= 0:
             continue
-        mid = ps + (draw - ps) * ((x + 0.5 * step) / f) ** 3
+        mid = ps + (draw - ps) * ((x + 0.5 * step) / f) ** n
         caps = np.maximum(mid, lo)
         at_or_above = f >= x - 1e-9
         caps = np.where(at_or_above, np.minimum(caps, cap), caps)
@@ -149,12 +175,12 @@ def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: fl
         # holds watts it does not use and goes to mid-step. A drift of the draw estimate inside
         # the band moves nothing, so a GPU does not flip between steps.
         on_x = np.abs(f - x) <= 1e-9
-        lower = ps + (draw - ps) * ((x + KEEP_BAND[0] * step) / f) ** 3
-        upper = ps + (draw - ps) * ((x + KEEP_BAND[1] * step) / f) ** 3
+        lower = ps + (draw - ps) * ((x + KEEP_BAND[0] * step) / f) ** n
+        upper = ps + (draw - ps) * ((x + KEEP_BAND[1] * step) / f) ** n
         caps = np.where(on_x & (cap >= lower) & (cap <= upper), np.maximum(cap, lo), caps)
         caps = np.where(on_x & (cap < lower), np.maximum(mid, lo), caps)
         caps = np.where(uncapped & (np.abs(f - x) <= 1e-9), cap, caps)
-        reach = ps + (draw - ps) * ((x + 0.25 * step) / f) ** 3  # a quarter step into x's step
+        reach = ps + (draw - ps) * ((x + 0.25 * step) / f) ** n  # a quarter step into x's step
         if np.any(~at_or_above & (reach > hi + 1e-9)):
             continue  # some GPU cannot get there within its range
         caps = np.minimum(caps, hi)

@@ -11,26 +11,47 @@ the pair is consistent), for GPUs whose clock the power cap sets (``SW_POWER_CAP
 The correction is one damped Newton step toward equal pace at the job's total ``T`` (the solve's
 sum over the job's GPUs)::
 
-    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's curve at f_g  (W per unit pace)
+    c_g = e_g + GAIN * s_g * (f* - f_g),     s_g = dP/df of g's plant at f_g  (W per unit pace)
     f*  chosen so that sum_g c_g = T         (closed form; clipped GPUs fixed, a few passes)
 
 so GPUs measurably faster than the pace-setter come down, the slower go up within their ceilings,
 and a job's GPUs converge to equal pace even where the curves are wrong.
 
-Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * s_g / s_true) x``
-with ``s_true`` the device's real slope. :func:`slope_w` bounds ``s_true`` from above by the factor
-``P / (P - P_static)`` (1.1-1.4 for a busy GPU: static power 10-30 % of the draw), so with
-``GAIN = 0.7`` the loop factor is ``1 - 0.7 * (1.1..1.4)`` = 0.02..0.3: overdamped (no sign
-change, so a GPU's cap changes direction at most once after a step) and stable (|factor| < 1) for
-any slope overestimate below 2.9x. Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock
-steps: the clock is quantized), and no Newton step from a sample older than the current cap
-(:data:`AT_CAP_TOLERANCE_W`: the loop delay would apply one correction twice); the split is then
-held, scaled to the job's total.
+Slope. ``s_g`` is the model's, :func:`slope_w` (the cube law's, ``3 P / f``), bounded from above by
+the GPU's measured slope (:mod:`coordinator.paceslope`: the power law through two of its operating
+points at least four clock steps apart, at its latest point): :func:`loop_slope_w`. A GPU without
+a measurement takes its model slope times the median ratio of its job-mates that have one.
+
+Stability: for the pace error ``x_g = f_g - f*`` the step gives ``x' = (1 - GAIN * rho) x`` with
+``rho = s_g / s_true`` (``s_true`` the device's local slope): overdamped (no sign change, so a
+cap changes direction at most once after a step) for ``rho < 1 / GAIN = 1.43``, stable for
+``rho < 2 / GAIN = 2.86``. With ``GAIN = 0.7``:
+
+- a cube-law plant (the simulated driver, DVFS parts): :func:`slope_w` bounds ``s_true`` by the
+  factor ``P / (P - P_static)`` (1.1-1.4, static power 10-30 % of the draw), and a measured slope
+  is the power law's exact slope: ``rho`` 0.8-1.4, factor 0.02-0.44;
+- a plant flatter than the cube law (clock ~ P^k, k < 1/3): the model's slope is the lower one and
+  is kept: ``rho < 1``, overdamped, factor ``1 - 0.7 s_model / s_true`` (k = 1/4: ~0.4);
+- a plant steeper (k up to 1, the clock at a voltage floor; the fake agent's curve below ~430 W,
+  5x at 300 W): the true slope is 1/3-1/20 of the model's; the measured one replaces it down to
+  ``s_model / MAX_MISMATCH``: ``rho`` is the measurement's error, 0.8-1.33 from reading the clock
+  (n >= 4 steps known to one step) times the plant's deviation from the two-point power law, so
+  overdamped while that deviation stays under 7 %, stable under 2.1x; a plant steeper than 20x
+  the model keeps ``s_model / 20``: overdamped to 28x, stable to 57x.
+- before its first measurement on a new plant (a new job, a load change) a GPU steps by the
+  model's slope: where the plant is more than 1.43x steeper than that, this first step overshoots
+  once (the one direction change the criterion allows), and the measurement taken across it sets
+  the slope of every later step.
+
+Damping: no move up to :data:`PACE_DEADBAND` (two 15 MHz clock steps: the clock is quantized),
+and no Newton step from a sample older than the current cap (:data:`AT_CAP_TOLERANCE_W`: the loop
+delay would apply one correction twice); the split is then held, scaled to the job's total.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
@@ -38,6 +59,10 @@ PACE_DEADBAND = 0.016
 """Pace differences (fraction of max clock) up to this are noise: two 15 MHz steps of a ~2 GHz
 part (the clock is quantized to 15 MHz; a one-step difference is what equal caps give)."""
 _PASSES = 4
+MAX_MISMATCH = 20.0
+"""Most the measured slope lowers the model's (factor; module docstring, "Stability"): the fake
+agent's curve (the allocator's H100 prior) is 11x steeper than the cube law's bound at 250 W (44x
+at 210 W, pace 0.12); below it a bad reading cannot make the step vanish."""
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
@@ -55,8 +80,37 @@ def slope_w(at_w: float, pace: float) -> float:
 
 def _slope(g) -> float:
     """The loop's slope (W per unit pace) for ``g``: :func:`slope_w` at its operating point
-    (:func:`_op_w`)."""
-    return slope_w(_op_w(g), g.pace)
+    (:func:`_op_w`), bounded by ``g``'s measured slope (:func:`loop_slope_w`)."""
+    return loop_slope_w(slope_w(_op_w(g), g.pace), getattr(g, "pace_slope_w", math.nan))
+
+
+def _measured(g) -> bool:
+    m = getattr(g, "pace_slope_w", math.nan)
+    return m > 0.0 and math.isfinite(m)
+
+
+def _gains(members) -> dict:
+    """GPU key -> ``GAIN`` times the loop's slope (W per unit pace) of each of one job's GPUs:
+    :func:`_slope` for a GPU with a measured slope; one without takes its model slope times the
+    median ratio (:func:`_slope` / model) of its job-mates that have one (a job runs on one product:
+    the plant's shape is shared, its scale is the GPU's own; mixing model and measured slopes in
+    one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope."""
+    model = {g.key: slope_w(_op_w(g), g.pace) for g in members}
+    own = {g.key: _slope(g) for g in members if _measured(g)}
+    ratios = [own[k] / model[k] for k in own if model[k] > 0] if len(own) < len(members) else []
+    ratio = statistics.median(ratios) if ratios else 1.0
+    return {g.key: GAIN * own.get(g.key, model[g.key] * ratio) for g in members}
+
+
+def loop_slope_w(model_w: float, measured_w: float) -> float:
+    """The slope the loop steps by (W per unit pace): the model's (``model_w``, :func:`slope_w`)
+    bounded from above by the GPU's measured one (``measured_w``, :mod:`coordinator.paceslope`;
+    NaN or not positive: none, the model's), never below ``model_w / MAX_MISMATCH``. Only lowers:
+    a measured slope above the model's (a plant flatter than the cube law) keeps the model's, on
+    which the loop is already overdamped (see the module docstring)."""
+    if not (measured_w > 0.0 and math.isfinite(measured_w)):
+        return model_w
+    return min(model_w, max(measured_w, model_w / MAX_MISMATCH))
 
 
 def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
@@ -129,11 +183,14 @@ def _align(members, total_w: float):
     if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
         return None
     held = {g.key: _hi(g) for g in strag}
+    static = [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest]
+    gains = _gains(members)
+    n = pacealign.exponent_from_slope([gains[g.key] / GAIN for g in rest], [g.pace for g in rest],
+                                      [g.draw_w for g in rest], static)
     caps = pacealign.align_caps(
         [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
         [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
-        [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest], total_w - sum(held.values()),
-        min([1.0] + [g.pace for g in strag]))
+        static, total_w - sum(held.values()), min([1.0] + [g.pace for g in strag]), n)
     if caps is None:
         return None
     held.update({g.key: float(c) for g, c in zip(rest, caps)})
@@ -172,7 +229,7 @@ def _hold(members, total_w: float, grow: bool = True) -> dict:
 def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s = {g.key: GAIN * _slope(g) for g in members}
+    s = _gains(members)
     reaches = {g.key: g.pace + (_hi(g) - _op_w(g)) / s[g.key] for g in at_hi if s[g.key] > 0}
     reach = min(reaches.values(), default=math.inf)
     reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
@@ -198,7 +255,7 @@ def _split(members, total_w: float) -> dict:
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s = {g.key: GAIN * _slope(g) for g in members}
+    s = _gains(members)
     lo = {g.key: g.min_cap_w for g in members}
     hi = {g.key: _hi(g) for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below

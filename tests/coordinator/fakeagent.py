@@ -13,7 +13,10 @@ GPU physics (units W, degC, MHz, s): power = min(demand, enforced cap) when busy
 idle; temperature relaxes to ``inlet_c + r_c_per_w * power`` with time constant ``tau_s``; the SM
 clock is ``max_sm_clock_mhz * rho(enforced)`` where rho is the allocator's H100 default curve
 (so the coordinator's online fit agrees with the prior); at or above the slowdown temperature the
-clock drops 30 % and the reason HW_THERMAL_SLOWDOWN is reported.
+clock drops 30 % and the reason HW_THERMAL_SLOWDOWN is reported. ``power_factor`` (default 1: every
+GPU the same plant) varies the plant per GPU: a part with factor ``p`` needs ``p`` times the
+dynamic power (above ``idle_w``) of a nominal one for the same clock, ``rho(idle + (enforced -
+idle) / p)``, as parts of one product differ (issue 12: power factors 0.9-1.3).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class FakeGpu:
     tau_s: float = 2.0
     demand_w: float = 650.0
     idle_w: float = 70.0
+    power_factor: float = 1.0
     busy: bool = False
     temp_c: float = 0.0
     power_w: float = 0.0
@@ -110,7 +114,8 @@ class FakeGpu:
             return 345, ["GPU_IDLE"]
         reasons = []
         curve = DEFAULT_CURVES["H100"]
-        rho = float(curve.rate(self.enforced_w)) if self.enforced_w < self.demand_w else 1.0
+        nominal_w = self.idle_w + (self.enforced_w - self.idle_w) / self.power_factor
+        rho = float(curve.rate(nominal_w)) if self.enforced_w < self.demand_w else 1.0
         if self.enforced_w < self.demand_w:
             reasons.append("SW_POWER_CAP")
         clock = self.max_sm_clock_mhz * min(1.0, rho)
