@@ -8,6 +8,7 @@ Area-specific fixtures live in each ``tests/<area>/conftest.py``; reusable helpe
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -30,6 +31,17 @@ def require(condition: bool, reason: str) -> None:
 
 CURRENT_TEST_ENV = "CAPCTL_TEST_CURRENT_FILE"
 """When set, the id of the running test is kept in this file (.ci/run names it if the run dies)."""
+
+
+def pytest_configure(config):
+    """Children get SIGINT at its default disposition: a run started in the background by a shell
+    without job control (``make test &``, ``(cmd &)``) inherits SIGINT *ignored*, the daemons and the
+    demo started from it would then never see Ctrl-C, and the tests that send it
+    (tests/demo ``test_demo_ctrl_c_stops_everything``, tests/cli ``test_watch``) would time out
+    after 30 s, twice. An ignored disposition survives exec; a handler does not, so the children
+    start with the default and Python installs its KeyboardInterrupt handler."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_runtest_logstart(nodeid, location):
