@@ -412,9 +412,11 @@ class CapManager:
             return self._fail(index, action, cap_w, err, RESTORE_FAILED if action == "restore" else SET_FAILED)
         rt.cap_w, rt.enforced_w, rt.message = res.cap_w, res.enforced_w, None
         if action == "restore":
-            if _mw(res.cap_w) != _mw(cap_w):
+            # against the value written (whole mW, rounded down inside the constraints), not the
+            # float asked for: a held restore at an allowance of 348.2347 W writes 348.234 W
+            if _mw(res.cap_w) != _mw(res.written_w):
                 err = NvmlError(
-                    f"GPU {index}: restore to {cap_w:.3f} W read back {res.cap_w:.3f} W (another "
+                    f"GPU {index}: restore to {res.written_w:.3f} W read back {res.cap_w:.3f} W (another "
                     "writer?); will retry",
                     gpu_index=index,
                 )

@@ -40,7 +40,7 @@ from capctl.capstates import of as cap_state_of
 from capctl.demo.processes import CoordinatorProc, ProcessGroup, start_agent, wait_until
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
-from tests.support.processes import require_coordinator, sim_node
+from tests.support.processes import require_coordinator, sim_node, stop_group
 
 NODES = {"n1": 4, "n2": 4}
 DOMAINS = {"cluster": (2800.0, ("n1", "n2")), "rack-a": (1500.0, ("n1",)), "rack-b": (1500.0, ("n2",))}
@@ -301,7 +301,7 @@ class FaultRig:
         for name, paused in self.paused.items():
             if paused and self.agents.get(name) is not None:
                 self.agents[name].signal(__import__("signal").SIGCONT)
-        self.group.stop_all()
+        stop_group(self.group)
         for sim in self.sims.values():
             sim.close()
 

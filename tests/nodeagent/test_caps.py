@@ -322,3 +322,23 @@ def test_restore_is_held_below_the_coordinators_allowance_then_completes(site_no
     assert retried[0].ok and node.read(0)["limit_w"] == 250.0  # the site limit, never 300 W
     assert mgr.saved_limits_w() == {}
     assert mgr.states()[0] == OK
+
+
+def test_a_restore_held_at_a_fractional_milliwatt_allowance_succeeds(site_node, tmp_path):
+    """The coordinator's allowances are floats (348.2347 W): the backend writes them rounded DOWN to
+    whole mW (348234 mW, never above the allowance). The restore checks the read-back against what
+    it wrote, so such a held restore is a success, not a "another writer?" failure retried forever
+    (the flake of tests/agent/test_agent_coordinator.py's JobEnd: 348.235 W vs 348.234 W)."""
+    node, backend = site_node
+    mgr = CapManager(backend, tmp_path / "state")
+    mgr.bind("job-1", [0, 1])
+    assert all(r.ok for r in mgr.set_caps({0: 200.0, 1: 200.0}).values())
+    restored = mgr.release("job-1", ceiling_w={0: 248.2347, 1: 230.0004})  # 248234.7 and 230000.4 mW
+    assert [restored[i].ok for i in (0, 1)] == [True, True], restored
+    assert node.read(0)["limit_w"] == 248.234 and node.read(1)["limit_w"] == 230.0  # rounded down
+    assert mgr.states()[0] == OK and mgr.states()[1] == OK
+    assert mgr.saved_limits_w() == {0: 250.0, 1: 250.0}  # held below the site limit: still pending
+    assert mgr.retry_pending() == {}  # held at the allowance: nothing to write again
+    mgr.set_restore_ceiling(0, 260.0004)  # above the saved limit: the restore completes at 250 W
+    assert mgr.retry_pending()[0].ok and node.read(0)["limit_w"] == 250.0
+    assert mgr.saved_limits_w() == {1: 250.0}
