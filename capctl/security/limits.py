@@ -111,9 +111,39 @@ def validate_binding(b, node: str | None = None, field: str = "binding") -> str:
     return ""
 
 
+_CLEAN_MAX = 4096
+"""Most entries of each memo of :func:`validate_gpu_telemetry` (cleared when full)."""
+_CLEAN_LABELS: set = set()
+"""``(cap_state_name, job_id)`` pairs found acceptable (a fleet reports a few distinct pairs)."""
+_CLEAN_REASONS: set = set()
+"""Clocks-event-reason tuples found acceptable (a fleet reports a few distinct sets)."""
+
+
 def validate_gpu_telemetry(g, field: str = "gpus") -> str:
     """A ``GpuTelemetry``: index, string lengths, reason count. Numbers are not judged here
-    (the coordinator treats non-finite readings as missing)."""
+    (the coordinator treats non-finite readings as missing).
+
+    Every GPU of every report and acknowledgement comes through here: a reading whose labels and
+    reason set were already found acceptable is passed on a memo (two set lookups,
+    :data:`_CLEAN_LABELS`, :data:`_CLEAN_REASONS`; bounded by :data:`_CLEAN_MAX`); anything
+    else takes the full checks below (:func:`_gpu_telemetry_problem`), whose verdict is the one
+    returned (tested equal on random readings, tests/security/test_limits.py)."""
+    reasons = tuple(g.clocks_event_reasons)
+    labels = (g.cap_state_name, g.job_id)
+    if (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN and labels in _CLEAN_LABELS
+            and (not reasons or reasons in _CLEAN_REASONS)):
+        return ""
+    problem = _gpu_telemetry_problem(g, field)
+    if not problem:
+        for memo, key in ((_CLEAN_LABELS, labels), (_CLEAN_REASONS, reasons)):
+            if len(memo) >= _CLEAN_MAX:
+                memo.clear()
+            memo.add(key)
+    return problem
+
+
+def _gpu_telemetry_problem(g, field: str) -> str:
+    """The full checks of :func:`validate_gpu_telemetry` ("" when acceptable)."""
     if g.index >= MAX_GPUS_PER_NODE:
         return f"{field}.index {g.index}: at most {MAX_GPUS_PER_NODE - 1}"
     if len(g.clocks_event_reasons) > MAX_CLOCK_REASONS:
