@@ -398,6 +398,9 @@ class Registry:
         if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
             job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
         state_of = _cap_state_name
+        constraints_problem = _constraints_problem
+        unsupported = capstates.UNSUPPORTED_CONSTRAINTS
+        window_s = THROTTLE_WINDOW_S
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
@@ -415,10 +418,10 @@ class Registry:
             g.have_reading = True
             g.cap_w = t.cap_w
             g.enforced_w = enforced_w
-            if state:
+            if constraints_problem(g.min_cap_w, g.max_cap_w):
+                g.cap_state = unsupported
+            elif state:
                 g.cap_state = state
-            if _constraints_problem(g.min_cap_w, g.max_cap_w):
-                g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
             g.pre_job_cap_w = t.pre_job_cap_w
             error = t.error
             power_w = t.power_w
@@ -435,7 +438,18 @@ class Registry:
             g.job_id = t.job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
-            g.add_throttle(now, thermal, power)
+            # g.add_throttle(now, thermal, power), inlined
+            hist = g.throttle_hist
+            sums = g.throttle_sums
+            if len(hist) == hist.maxlen:
+                g._drop_oldest()
+            hist.append((now, thermal, power))
+            sums[0] += 1
+            sums[1] += thermal
+            sums[2] += power
+            if now - hist[0][0] > window_s:
+                while hist and now - hist[0][0] > window_s:
+                    g._drop_oldest()
             g.sample_enforced_w = enforced_w
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
@@ -463,20 +477,26 @@ class Registry:
         now = self.clock()
         node.last_report_mono = now
         seen = set()
+        gpus = node.gpus
+        reading = self._reading
         for t in ack.gpus:
-            g = node.gpus.get(t.index)
+            index = t.index
+            g = gpus.get(index)
             if g is None:
                 continue
-            if not self._reading(g, t):
+            if not reading(g, t):
                 continue  # not read back: the cap sent keeps counting (below)
-            seen.add(t.index)
-            g.last_ack_w = t.enforced_w
+            seen.add(index)
+            g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now
-        for idx, g in node.gpus.items():
-            sent = g.pending.pop(ack.seq, None)
-            if sent is not None and idx not in seen:
-                g.last_ack_w = max(g.enforced_w, sent)
-                g.last_ack_mono = now
+        seq = ack.seq
+        for idx, g in gpus.items():
+            pending = g.pending
+            if pending:  # (most GPUs of most plans: nothing sent, nothing to pop)
+                sent = pending.pop(seq, None)
+                if sent is not None and idx not in seen:
+                    g.last_ack_w = max(g.enforced_w, sent)
+                    g.last_ack_mono = now
 
     def _reading(self, g: GpuObs, t) -> bool:
         """Apply one read-back (telemetry or ack) to ``g``; False when it holds no valid reading.
@@ -487,22 +507,23 @@ class Registry:
         and a GPU that never had a reading stays fixed at its accounted cap."""
         state = _cap_state_name(t.cap_state, t.cap_state_name)  # capstates.of(t), memoized
         enforced_w = t.enforced_w
+        error = t.error
         if not enforced_w > 0:
             if state:
                 g.cap_state = state
-            g.error = t.error or g.error
+            g.error = error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
         g.enforced_w = enforced_w
-        if state:
-            g.cap_state = state
         if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
             # holds the GPU
             g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
+        elif state:
+            g.cap_state = state
         g.pre_job_cap_w = t.pre_job_cap_w
-        if t.error:
-            g.error = t.error
+        if error:
+            g.error = error
         return True
 
     def on_job_started(self, node_name: str, binding_msg) -> None:
