@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import operator
 import time
 
 import numpy as np
@@ -299,6 +300,8 @@ class GpuTable:
     node_of: np.ndarray
     gpus: list
     nodes: list
+    static: dict | None = None
+    """:data:`coordinator.gpucolumns.STATIC` field -> read-only array [G] of ``gpus`` (W, °C, MHz)."""
 
 
 class Registry:
@@ -313,6 +316,8 @@ class Registry:
         # node -> monotonic times at which a hello replaced a still-open stream of that node
         self.replaced_mono: dict[str, collections.deque] = {}
         self._table_cache: tuple | None = None  # (topology, keys, node_of) of gpu_table()
+        self._hellos = 0  # hellos so far: a hello rewrites its GPUs' static facts (gpu_table's static columns)
+        self._static_cache: tuple | None = None  # (hellos, records, static columns) of gpu_table()
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -322,6 +327,7 @@ class Registry:
         kept (the GPU did not change its cap by reconnecting). Returns the node.
         """
         now = self.clock()
+        self._hellos += 1
         node = self.nodes.get(hello.node)
         if node is None:
             node = NodeObs(name=hello.node)
@@ -622,7 +628,23 @@ class Registry:
         topology, keys, node_of = cached
         gpus = [g for name, indices in topology for g in map(nodes[name].gpus.__getitem__, indices)]
         return GpuTable(topology=topology, keys=keys, node_of=node_of, gpus=gpus,
-                        nodes=[nodes[name] for name in names])
+                        nodes=[nodes[name] for name in names], static=self._static_columns(gpus))
+
+    def _static_columns(self, gpus: list) -> dict:
+        """The :data:`coordinator.gpucolumns.STATIC` fields of the records ``gpus`` as read-only
+        arrays, re-read when a record was replaced or a hello came since the last read (only a
+        hello writes them; the records are kept so that a new one is never taken for an old one)."""
+        from coordinator import gpucolumns
+
+        cached = self._static_cache
+        if (cached is not None and cached[0] == self._hellos and len(cached[1]) == len(gpus)
+                and all(map(operator.is_, cached[1], gpus))):
+            return cached[2]
+        static = gpucolumns.gather((), gpus, gpucolumns.STATIC).col
+        for arr in static.values():
+            arr.setflags(write=False)
+        self._static_cache = (self._hellos, gpus, static)
+        return static
 
     def all_gpus(self) -> list[GpuObs]:
         """Every known GPU, ordered by (node, index)."""
