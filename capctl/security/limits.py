@@ -128,11 +128,10 @@ def validate_gpu_telemetry(g, field: str = "gpus") -> str:
     :data:`_CLEAN_LABELS`, :data:`_CLEAN_REASONS`; bounded by :data:`_CLEAN_MAX`); anything
     else takes the full checks below (:func:`_gpu_telemetry_problem`), whose verdict is the one
     returned (tested equal on random readings, tests/security/test_limits.py)."""
+    if _known_clean(g):
+        return ""
     reasons = tuple(g.clocks_event_reasons)
     labels = (g.cap_state_name, g.job_id)
-    if (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN and labels in _CLEAN_LABELS
-            and (not reasons or reasons in _CLEAN_REASONS)):
-        return ""
     problem = _gpu_telemetry_problem(g, field)
     if not problem:
         for memo, key in ((_CLEAN_LABELS, labels), (_CLEAN_REASONS, reasons)):
@@ -140,6 +139,28 @@ def validate_gpu_telemetry(g, field: str = "gpus") -> str:
                 memo.clear()
             memo.add(key)
     return problem
+
+
+def _known_clean(g) -> bool:
+    """True when ``g`` (a ``GpuTelemetry``) passes on the memo of :func:`validate_gpu_telemetry`."""
+    reasons = g.clocks_event_reasons
+    return (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
+            and (g.cap_state_name, g.job_id) in _CLEAN_LABELS and (not reasons or tuple(reasons) in _CLEAN_REASONS))
+
+
+def _gpus_problem(gpus, field: str) -> str:
+    """:func:`validate_gpu_telemetry` of each of ``gpus``: the first problem, "" when none (the
+    memo's check inlined: every GPU of every report and acknowledgement)."""
+    clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
+    for g in gpus:
+        reasons = g.clocks_event_reasons
+        if (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
+                and (g.cap_state_name, g.job_id) in clean_labels and (not reasons or tuple(reasons) in clean_reasons)):
+            continue
+        p = validate_gpu_telemetry(g, field)
+        if p:
+            return p
+    return ""
 
 
 def _gpu_telemetry_problem(g, field: str) -> str:
@@ -206,11 +227,7 @@ def validate_telemetry(t, node: str | None = None) -> str:
         return f"NodeTelemetry.node {_show(t.node)} on the stream of {_show(node)}"
     if len(t.gpus) > MAX_GPUS_PER_NODE:
         return f"NodeTelemetry.gpus: {len(t.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
-    for g in t.gpus:
-        p = validate_gpu_telemetry(g, "NodeTelemetry.gpus")
-        if p:
-            return p
-    return ""
+    return _gpus_problem(t.gpus, "NodeTelemetry.gpus")
 
 
 def validate_ack(ack) -> str:
@@ -219,11 +236,7 @@ def validate_ack(ack) -> str:
         return f"CapAck.gpus: {len(ack.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
     if len(ack.error) > 16 * MAX_ERROR_LEN:
         return f"CapAck.error: {len(ack.error)} characters, at most {16 * MAX_ERROR_LEN}"
-    for g in ack.gpus:
-        p = validate_gpu_telemetry(g, "CapAck.gpus")
-        if p:
-            return p
-    return ""
+    return _gpus_problem(ack.gpus, "CapAck.gpus")
 
 
 def validate_job_start(req) -> str:
