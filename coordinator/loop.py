@@ -570,7 +570,8 @@ class Coordinator:
         """Rewrite the node ledger when due, forget long-silent nodes."""
         reg = self.registry
         nodes = reg.nodes
-        reporting = frozenset(n for n, node in nodes.items() if any(g.have_reading for g in node.gpus.values()))
+        have = _HAVE_READING
+        reporting = frozenset([n for n, node in nodes.items() if any(map(have, node.gpus.values()))])
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
             self._ledger_nodes = reporting
@@ -656,8 +657,9 @@ class Coordinator:
         nodes = []
         for name in sorted(reg.nodes):
             node = reg.nodes[name]
+            gpus = node.gpus
             rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), g.throttle_counts(now))
-                    for _, g in sorted(node.gpus.items())]
+                    for g in map(gpus.__getitem__, sorted(gpus))]
             nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
                           tuple(node.bindings.values()), rows))
         snap = _Snapshot(
@@ -931,6 +933,7 @@ class Coordinator:
         return pb.ReloadPolicyReply(ok=True, message=msg)
 
 
+_HAVE_READING = operator.attrgetter("have_reading")
 _GPU_FIELDS = operator.attrgetter(
     "index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz", "reasons",
     "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error",

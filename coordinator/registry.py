@@ -311,7 +311,7 @@ class Registry:
         self.nodes: dict[str, NodeObs] = {}
         self.clock = clock
         self.job_energy_j: dict[str, float] = collections.defaultdict(float)
-        self._energy_seen: dict[tuple[str, int], float] = {}
+        self._energy_seen: dict[str, dict[int, float]] = {}  # node -> GPU index -> last energy counter (J)
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         # node -> monotonic times at which a hello replaced a still-open stream of that node
         self.replaced_mono: dict[str, collections.deque] = {}
@@ -399,7 +399,9 @@ class Registry:
         """The GPU readings of one ``NodeTelemetry`` (:meth:`on_telemetry`) at ``now`` (s)."""
         node_name = node.name
         gpus = node.gpus
-        energy_seen = self._energy_seen
+        energy_seen = self._energy_seen.get(node_name)
+        if energy_seen is None:
+            energy_seen = self._energy_seen[node_name] = {}
         job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
         if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
             job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
@@ -462,9 +464,8 @@ class Registry:
             if len(g.new_samples) < 1024:
                 g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
-            key = (node_name, index)
-            prev = energy_seen.get(key)
-            energy_seen[key] = energy_j
+            prev = energy_seen.get(index)
+            energy_seen[index] = energy_j
             g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
                 job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
