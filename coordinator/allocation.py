@@ -409,7 +409,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
                         job_names.append(jid)
                     job[start + p] = q
         start += len(indices)
-    c = gpucolumns.gather(table.keys, table.gpus)
+    c = gpucolumns.gather(table.keys, table.gpus, static=table.static)
     cols = _input_columns(c, table, policy, models, now_mono, ack_memory_s, stale[table.node_of] if len(stale) else
                           np.zeros(0, bool))
     dom_names = [node_domain[name] for name, _ in topology]

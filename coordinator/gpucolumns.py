@@ -54,6 +54,10 @@ ACCOUNTING = ("have_reading", "enforced_w", "min_cap_w", "max_cap_w", "default_c
 
 _DTYPE = dict(COLUMNS)
 
+STATIC = ("min_cap_w", "max_cap_w", "default_cap_w", "slowdown_temp_c", "max_sm_clock_mhz")
+"""The gathered fields only a hello writes (a GPU's limit constraints and device facts): read once
+per topology and hello (:meth:`coordinator.registry.Registry.gpu_table`, ``GpuTable.static``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Columns:
@@ -70,15 +74,19 @@ class Columns:
         return len(self.keys)
 
 
-def gather(keys, gpus: list, names=None) -> Columns:
+def gather(keys, gpus: list, names=None, static: dict | None = None) -> Columns:
     """The fields ``names`` (default: all of :data:`COLUMNS`) of the ``GpuObs`` records ``gpus``
     (aligned with ``keys``) as columns: one pass per field (``np.fromiter`` over an
     ``operator.attrgetter`` map; measured faster than one pass of all fields at once and a
-    transpose: the fields' values are objects scattered in memory)."""
+    transpose: the fields' values are objects scattered in memory). ``static``: field -> read-only
+    array [G] of these same records (:data:`STATIC`, ``GpuTable.static``), used as they are."""
     names = tuple(n for n, _ in COLUMNS) if names is None else tuple(names)
     n = len(gpus)
     col: dict = {}
     for name in names:
+        if static is not None and name in static:
+            col[name] = static[name]
+            continue
         dt = _DTYPE[name]
         values = map(operator.attrgetter(name), gpus)
         col[name] = tuple(values) if dt is object else np.fromiter(values, dt, n)
@@ -105,7 +113,7 @@ def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.nd
     ``max(enforced read-back, pending caps, the last acknowledged read-back within ack_memory_s)``;
     without a reading its maximum limit (unusable constraints, ``problem``: the highest value it
     reported, at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W`)."""
-    value = c["enforced_w"].copy()
+    value = c["enforced_w"]
     top = pending_top_w(c["pending"])
     value = np.where(top > value, top, value)
     ack = c["last_ack_w"]

@@ -45,7 +45,7 @@ import uuid
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, decide, membound, observe, observed, planner, tickphase
+from coordinator import allocation, decide, membound, observe, observed, planmsg, planner, tickphase
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -99,6 +99,7 @@ class Coordinator:
         self._wall0_s = time.time()
         self._mono0_s = time.monotonic()
         self.registry = Registry()
+        self._safe_caps_cache = planmsg.SafeCapsCache()  # each node's last failsafe caps, serialized (send_plan)
         self.energy_book = JobEnergyBook()  # running jobs' energy per node (coordinator.jobenergy)
         self.finished = finished if finished is not None else MemoryFinishedJobs()
         self.recent_finished: tuple = ()  # (job id, energy J, end Unix s), newest first: for the metrics thread
@@ -344,11 +345,10 @@ class Coordinator:
         seq = node.next_seq
         node.next_seq += 1
         now = self.registry.clock()
-        plan = pb.CapPlan(
+        msg = planmsg.cap_plan(
+            self._safe_caps_cache, node_name, caps, safe,
             seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
             dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s,
-            caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(caps.items())],
-            safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in sorted(safe.items())],
         )
         for i, c in caps.items():
             g = node.gpus.get(i)
@@ -373,7 +373,7 @@ class Coordinator:
             w = session.waiters.pop(old, None)
             if w is not None and not w.done():
                 w.set_result(None)
-        if not session.send(pb.CoordinatorMessage(plan=plan)):
+        if not session.send(msg):
             return None
         if self.metrics is not None:
             self.metrics.plan_sent(phase)
@@ -571,11 +571,13 @@ class Coordinator:
         """Rewrite the node ledger when due, forget long-silent nodes."""
         reg = self.registry
         nodes = reg.nodes
-        reporting = frozenset(n for n, node in nodes.items() if any(g.have_reading for g in node.gpus.values()))
+        have = _HAVE_READING
+        reporting = frozenset([n for n, node in nodes.items() if any(map(have, node.gpus.values()))])
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
             self._ledger_nodes = reporting
         for name in reg.forget_silent(NODE_FORGET_S):
+            self._safe_caps_cache.forget(name)
             log.warning("node %s forgotten: no agent contact for %.0f s", name, NODE_FORGET_S)
 
     def _watch_alerts(self, now: float) -> list[str]:
@@ -656,8 +658,9 @@ class Coordinator:
         nodes = []
         for name in sorted(reg.nodes):
             node = reg.nodes[name]
+            gpus = node.gpus
             rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), g.throttle_counts(now))
-                    for _, g in sorted(node.gpus.items())]
+                    for g in map(gpus.__getitem__, sorted(gpus))]
             nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
                           tuple(node.bindings.values()), rows))
         snap = _Snapshot(
@@ -932,6 +935,7 @@ class Coordinator:
         return pb.ReloadPolicyReply(ok=True, message=msg)
 
 
+_HAVE_READING = operator.attrgetter("have_reading")
 _GPU_FIELDS = operator.attrgetter(
     "index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz", "reasons",
     "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error",

@@ -281,14 +281,18 @@ class GpuModel:
         self.curve_fit.add(enforced_w, rho)
         b = int(round(enforced_w))
         if b not in self._caps and enforced_w >= self.prior.valid_min_w:
-            caps = self._caps
-            caps.add(b)
-            self._cap_lo = min(self._cap_lo, b)
-            self._cap_hi = max(self._cap_hi, b)
-            bank, row = self.bank, self.row
-            bank.new_caps[row] += 1
-            # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
-            bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and self._cap_hi - self._cap_lo >= FULL_FIT_MIN_SPAN_W
+            self._new_cap(b)
+
+    def _new_cap(self, b: int) -> None:
+        """A cap bin (W) this GPU was never seen at, at or above its prior's ``valid_min_w``."""
+        caps = self._caps
+        caps.add(b)
+        self._cap_lo = min(self._cap_lo, b)
+        self._cap_hi = max(self._cap_hi, b)
+        bank, row = self.bank, self.row
+        bank.new_caps[row] += 1
+        # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
+        bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and self._cap_hi - self._cap_lo >= FULL_FIT_MIN_SPAN_W
 
     @property
     def kind(self) -> str:
@@ -599,7 +603,7 @@ class Models:
         clocks and a seeded ``random.Random`` (deterministic runs)."""
         self.gpus: dict[tuple[str, int], GpuModel] = {}
         self.curve_bank = CurveBank()  # the per-sample state of every GpuModel of ``gpus``
-        self._node_models: dict[str, tuple] = {}  # node -> (signature, [(key, model)]) (update)
+        self._node_models: dict[str, tuple] = {}  # node -> (signature, [(key, model)], keys, models) (update)
         self.nodes: dict[str, NodeThermal] = {}
         self._banks: dict[int, ThermalBank] = {}  # GPUs per node -> the thermal rows of such nodes
         self._thermal_cache = None  # per interval: bank id -> (r, tau, inlet) of all its rows
@@ -629,6 +633,7 @@ class Models:
         single = []  # (NodeThermal, position of its first GPU in batch): nodes with one sample per GPU
         cache = self._node_models
         mem_work = []  # (GpuModel, its latest sample with a memory utilization, max SM clock MHz)
+        models_get = self.gpus.get
         for node_name, node in registry.nodes.items():
             gpus = node.gpus
             indices = tuple(sorted(gpus))
@@ -638,15 +643,17 @@ class Models:
                     nt.bank.release(nt.row)
                 nt = NodeThermal(indices, interval_s, self._bank(len(indices)))
                 self.nodes[node_name] = nt
-            glist = [gpus[i] for i in indices]
+            glist = list(map(gpus.__getitem__, indices))
             sig = (node, indices, tuple(map(id, glist)),
-                   tuple((b.job_id, b.gpu_indices) for b in node.bindings.values()))
+                   tuple([(b.job_id, b.gpu_indices) for b in node.bindings.values()]))
             hit = cache.get(node_name)
-            if hit is None or hit[0] != sig or any(self.gpus.get(m_key) is not m for m_key, m in hit[1]):
-                hit = cache[node_name] = (sig, self._node_gpu_models(node_name, node, indices, glist))
+            # (the models still the ones kept: a list compare, element by element identity first)
+            if hit is None or hit[0] != sig or list(map(models_get, hit[2])) != hit[3]:
+                pairs = self._node_gpu_models(node_name, node, indices, glist)
+                hit = cache[node_name] = (sig, pairs, [k for k, _ in pairs], [m for _, m in pairs])
             per_gpu = []
             start = len(batch)
-            for g, (_key, m) in zip(glist, hit[1]):  # Registry.take_samples, inlined
+            for g, m in zip(glist, hit[3]):  # Registry.take_samples, inlined
                 mine = g.new_samples
                 if mine:
                     g.new_samples = []
@@ -747,12 +754,18 @@ class Models:
         if not sel.size:
             return
         models = [batch[i][0] for i in sel.tolist()]
-        for m, e, r in zip(models, enforced[sel].tolist(), rho[sel].tolist()):
-            m.observe_cap(e, r)
         bank = self.curve_bank
         rows_ = np.fromiter((m.row for m in models), np.int64, len(models))
         a, k, sat = bank.prior[rows_, 0], bank.prior[rows_, 1], bank.prior[rows_, 2]
         e, p, r = enforced[sel], power[sel], rho[sel]
+        # GpuModel.observe_cap of each, its checks on arrays: the 1 W bin int(round(e)) (both round
+        # half to even), at or above the prior's valid_min_w (the curve fit's prior is the model's)
+        bins = np.rint(e).astype(np.int64).tolist()
+        in_range = (e >= bank.prior[rows_, 3]).tolist()
+        OnlineCurveFit.add_binned([m.curve_fit for m in models], bins, r.tolist(), in_range)
+        for m, b, ok in zip(models, bins, in_range):
+            if ok and b not in m._caps:
+                m._new_cap(b)
         with np.errstate(divide="ignore", invalid="ignore"):
             ref = sat - k * np.log1p((1.0 - r) / a)  # cap_for_rate
             s = np.where(r < 1.0, np.where(ref > 0, e / ref, np.nan),

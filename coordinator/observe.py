@@ -86,7 +86,7 @@ def gpu_arrays(registry, inputs, now: float, lease_s: float, ack_memory_s: float
 def _gpu_columns(table, fixed: np.ndarray, now: float, lease_s: float,
                  ack_memory_s: float) -> tuple[planner.PlanArrays, np.ndarray]:
     """:func:`gpu_arrays` of the registry's GPU slots ``table`` (the problem's GPUs, in order)."""
-    c = gpucolumns.gather(table.keys, table.gpus, gpucolumns.ACCOUNTING)
+    c = gpucolumns.gather(table.keys, table.gpus, gpucolumns.ACCOUNTING, table.static)
     problem = gpucolumns.constraints_unusable(c["min_cap_w"], c["max_cap_w"])
     acc = gpucolumns.accounted_w(c, now, ack_memory_s, problem)
     node_live = np.fromiter((n.session is not None and not n.stale(now, lease_s) for n in table.nodes), bool,

@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 import time
 
 import numpy as np
@@ -302,6 +303,8 @@ class GpuTable:
     node_of: np.ndarray
     gpus: list
     nodes: list
+    static: dict | None = None
+    """:data:`coordinator.gpucolumns.STATIC` field -> read-only array [G] of ``gpus`` (W, °C, MHz)."""
 
 
 class Registry:
@@ -311,11 +314,13 @@ class Registry:
         self.nodes: dict[str, NodeObs] = {}
         self.clock = clock
         self.job_energy_j: dict[str, float] = collections.defaultdict(float)
-        self._energy_seen: dict[tuple[str, int], float] = {}
+        self._energy_seen: dict[str, dict[int, float]] = {}  # node -> GPU index -> last energy counter (J)
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         # node -> monotonic times at which a hello replaced a still-open stream of that node
         self.replaced_mono: dict[str, collections.deque] = {}
         self._table_cache: tuple | None = None  # (topology, keys, node_of) of gpu_table()
+        self._hellos = 0  # hellos so far: a hello rewrites its GPUs' static facts (gpu_table's static columns)
+        self._static_cache: tuple | None = None  # (hellos, records, static columns) of gpu_table()
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -325,6 +330,7 @@ class Registry:
         kept (the GPU did not change its cap by reconnecting). Returns the node.
         """
         now = self.clock()
+        self._hellos += 1
         node = self.nodes.get(hello.node)
         if node is None:
             node = NodeObs(name=hello.node)
@@ -396,11 +402,16 @@ class Registry:
         """The GPU readings of one ``NodeTelemetry`` (:meth:`on_telemetry`) at ``now`` (s)."""
         node_name = node.name
         gpus = node.gpus
-        energy_seen = self._energy_seen
+        energy_seen = self._energy_seen.get(node_name)
+        if energy_seen is None:
+            energy_seen = self._energy_seen[node_name] = {}
         job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
         if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
             job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
         state_of = _cap_state_name
+        constraints_problem = _constraints_problem
+        unsupported = capstates.UNSUPPORTED_CONSTRAINTS
+        window_s = THROTTLE_WINDOW_S
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
@@ -418,10 +429,10 @@ class Registry:
             g.have_reading = True
             g.cap_w = t.cap_w
             g.enforced_w = enforced_w
-            if state:
+            if constraints_problem(g.min_cap_w, g.max_cap_w):
+                g.cap_state = unsupported
+            elif state:
                 g.cap_state = state
-            if _constraints_problem(g.min_cap_w, g.max_cap_w):
-                g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
             g.pre_job_cap_w = t.pre_job_cap_w
             error = t.error
             power_w = t.power_w
@@ -440,7 +451,18 @@ class Registry:
             g.job_id = t.job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
-            g.add_throttle(now, thermal, power)
+            # g.add_throttle(now, thermal, power), inlined
+            hist = g.throttle_hist
+            sums = g.throttle_sums
+            if len(hist) == hist.maxlen:
+                g._drop_oldest()
+            hist.append((now, thermal, power))
+            sums[0] += 1
+            sums[1] += thermal
+            sums[2] += power
+            if now - hist[0][0] > window_s:
+                while hist and now - hist[0][0] > window_s:
+                    g._drop_oldest()
             g.sample_enforced_w = enforced_w
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
@@ -448,9 +470,8 @@ class Registry:
                 g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util,
                                             mem_pct))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
-            key = (node_name, index)
-            prev = energy_seen.get(key)
-            energy_seen[key] = energy_j
+            prev = energy_seen.get(index)
+            energy_seen[index] = energy_j
             g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
                 job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
@@ -469,20 +490,26 @@ class Registry:
         now = self.clock()
         node.last_report_mono = now
         seen = set()
+        gpus = node.gpus
+        reading = self._reading
         for t in ack.gpus:
-            g = node.gpus.get(t.index)
+            index = t.index
+            g = gpus.get(index)
             if g is None:
                 continue
-            if not self._reading(g, t):
+            if not reading(g, t):
                 continue  # not read back: the cap sent keeps counting (below)
-            seen.add(t.index)
-            g.last_ack_w = t.enforced_w
+            seen.add(index)
+            g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now
-        for idx, g in node.gpus.items():
-            sent = g.pending.pop(ack.seq, None)
-            if sent is not None and idx not in seen:
-                g.last_ack_w = max(g.enforced_w, sent)
-                g.last_ack_mono = now
+        seq = ack.seq
+        for idx, g in gpus.items():
+            pending = g.pending
+            if pending:  # (most GPUs of most plans: nothing sent, nothing to pop)
+                sent = pending.pop(seq, None)
+                if sent is not None and idx not in seen:
+                    g.last_ack_w = max(g.enforced_w, sent)
+                    g.last_ack_mono = now
 
     def _reading(self, g: GpuObs, t) -> bool:
         """Apply one read-back (telemetry or ack) to ``g``; False when it holds no valid reading.
@@ -493,22 +520,23 @@ class Registry:
         and a GPU that never had a reading stays fixed at its accounted cap."""
         state = _cap_state_name(t.cap_state, t.cap_state_name)  # capstates.of(t), memoized
         enforced_w = t.enforced_w
+        error = t.error
         if not enforced_w > 0:
             if state:
                 g.cap_state = state
-            g.error = t.error or g.error
+            g.error = error or g.error
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
         g.enforced_w = enforced_w
-        if state:
-            g.cap_state = state
         if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
             # holds the GPU
             g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
+        elif state:
+            g.cap_state = state
         g.pre_job_cap_w = t.pre_job_cap_w
-        if t.error:
-            g.error = t.error
+        if error:
+            g.error = error
         return True
 
     def on_job_started(self, node_name: str, binding_msg) -> None:
@@ -607,7 +635,23 @@ class Registry:
         topology, keys, node_of = cached
         gpus = [g for name, indices in topology for g in map(nodes[name].gpus.__getitem__, indices)]
         return GpuTable(topology=topology, keys=keys, node_of=node_of, gpus=gpus,
-                        nodes=[nodes[name] for name in names])
+                        nodes=[nodes[name] for name in names], static=self._static_columns(gpus))
+
+    def _static_columns(self, gpus: list) -> dict:
+        """The :data:`coordinator.gpucolumns.STATIC` fields of the records ``gpus`` as read-only
+        arrays, re-read when a record was replaced or a hello came since the last read (only a
+        hello writes them; the records are kept so that a new one is never taken for an old one)."""
+        from coordinator import gpucolumns
+
+        cached = self._static_cache
+        if (cached is not None and cached[0] == self._hellos and len(cached[1]) == len(gpus)
+                and all(map(operator.is_, cached[1], gpus))):
+            return cached[2]
+        static = gpucolumns.gather((), gpus, gpucolumns.STATIC).col
+        for arr in static.values():
+            arr.setflags(write=False)
+        self._static_cache = (self._hellos, gpus, static)
+        return static
 
     def all_gpus(self) -> list[GpuObs]:
         """Every known GPU, ordered by (node, index)."""

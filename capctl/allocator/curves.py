@@ -203,6 +203,21 @@ class OnlineCurveFit:
         self._wt[b] = self._wt.get(b, 0.0) * self._decay + 1.0
         self._dirty = True
 
+    @staticmethod
+    def add_binned(fits: list, bins: list, rates: list, in_range: list) -> None:
+        """:meth:`add` of one observation to each fit of ``fits``, its checks done by the caller
+        on arrays: ``bins`` the caps' 1 W bins (``int(round(cap_w))``), ``rates`` the finite
+        relative rates, ``in_range`` whether the cap is at least the fit's ``prior.valid_min_w``
+        (lists aligned with ``fits``; each fit at most once). The same state as ``add`` per fit."""
+        for fit, b, r, ok in zip(fits, bins, rates, in_range):
+            fit.n_samples += 1
+            if ok:
+                decay = fit._decay
+                sums, wts = fit._sum, fit._wt
+                sums[b] = sums.get(b, 0.0) * decay + r
+                wts[b] = wts.get(b, 0.0) * decay + 1.0
+                fit._dirty = True
+
     def params(self) -> CurveParams:
         """Current curve (the prior until samples at >= 3 distinct caps exist)."""
         if not self._dirty:

@@ -111,9 +111,60 @@ def validate_binding(b, node: str | None = None, field: str = "binding") -> str:
     return ""
 
 
+_CLEAN_MAX = 4096
+"""Most entries of each memo of :func:`validate_gpu_telemetry` (cleared when full)."""
+_CLEAN_LABELS: set = set()
+"""``(cap_state_name, job_id)`` pairs found acceptable (a fleet reports a few distinct pairs)."""
+_CLEAN_REASONS: set = set()
+"""Clocks-event-reason tuples found acceptable (a fleet reports a few distinct sets)."""
+
+
 def validate_gpu_telemetry(g, field: str = "gpus") -> str:
     """A ``GpuTelemetry``: index, string lengths, reason count. Numbers are not judged here
-    (the coordinator treats non-finite readings as missing)."""
+    (the coordinator treats non-finite readings as missing).
+
+    Every GPU of every report and acknowledgement comes through here: a reading whose labels and
+    reason set were already found acceptable is passed on a memo (two set lookups,
+    :data:`_CLEAN_LABELS`, :data:`_CLEAN_REASONS`; bounded by :data:`_CLEAN_MAX`); anything
+    else takes the full checks below (:func:`_gpu_telemetry_problem`), whose verdict is the one
+    returned (tested equal on random readings, tests/security/test_limits.py)."""
+    if _known_clean(g):
+        return ""
+    reasons = tuple(g.clocks_event_reasons)
+    labels = (g.cap_state_name, g.job_id)
+    problem = _gpu_telemetry_problem(g, field)
+    if not problem:
+        for memo, key in ((_CLEAN_LABELS, labels), (_CLEAN_REASONS, reasons)):
+            if len(memo) >= _CLEAN_MAX:
+                memo.clear()
+            memo.add(key)
+    return problem
+
+
+def _known_clean(g) -> bool:
+    """True when ``g`` (a ``GpuTelemetry``) passes on the memo of :func:`validate_gpu_telemetry`."""
+    reasons = g.clocks_event_reasons
+    return (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
+            and (g.cap_state_name, g.job_id) in _CLEAN_LABELS and (not reasons or tuple(reasons) in _CLEAN_REASONS))
+
+
+def _gpus_problem(gpus, field: str) -> str:
+    """:func:`validate_gpu_telemetry` of each of ``gpus``: the first problem, "" when none (the
+    memo's check inlined: every GPU of every report and acknowledgement)."""
+    clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
+    for g in gpus:
+        reasons = g.clocks_event_reasons
+        if (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
+                and (g.cap_state_name, g.job_id) in clean_labels and (not reasons or tuple(reasons) in clean_reasons)):
+            continue
+        p = validate_gpu_telemetry(g, field)
+        if p:
+            return p
+    return ""
+
+
+def _gpu_telemetry_problem(g, field: str) -> str:
+    """The full checks of :func:`validate_gpu_telemetry` ("" when acceptable)."""
     if g.index >= MAX_GPUS_PER_NODE:
         return f"{field}.index {g.index}: at most {MAX_GPUS_PER_NODE - 1}"
     if len(g.clocks_event_reasons) > MAX_CLOCK_REASONS:
@@ -176,11 +227,7 @@ def validate_telemetry(t, node: str | None = None) -> str:
         return f"NodeTelemetry.node {_show(t.node)} on the stream of {_show(node)}"
     if len(t.gpus) > MAX_GPUS_PER_NODE:
         return f"NodeTelemetry.gpus: {len(t.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
-    for g in t.gpus:
-        p = validate_gpu_telemetry(g, "NodeTelemetry.gpus")
-        if p:
-            return p
-    return ""
+    return _gpus_problem(t.gpus, "NodeTelemetry.gpus")
 
 
 def validate_ack(ack) -> str:
@@ -189,11 +236,7 @@ def validate_ack(ack) -> str:
         return f"CapAck.gpus: {len(ack.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
     if len(ack.error) > 16 * MAX_ERROR_LEN:
         return f"CapAck.error: {len(ack.error)} characters, at most {16 * MAX_ERROR_LEN}"
-    for g in ack.gpus:
-        p = validate_gpu_telemetry(g, "CapAck.gpus")
-        if p:
-            return p
-    return ""
+    return _gpus_problem(ack.gpus, "CapAck.gpus")
 
 
 def validate_job_start(req) -> str:

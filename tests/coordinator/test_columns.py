@@ -142,3 +142,33 @@ def test_constraints_unusable_is_constraints_problem():
     want = [bool(devicedata.constraints_problem(a, b)) for a, b in zip(lo.ravel(), hi.ravel())]
     assert got.tolist() == want
     assert 0 < sum(want) < len(want)
+
+
+def test_static_columns_follow_hellos_and_replaced_records():
+    """``GpuTable.static`` (limit constraints, device facts read once per topology and hello) equals
+    the records' fields after a hello rewrites them and after a record is replaced."""
+    from capctl.v1 import capctl_pb2 as pb
+
+    reg = Registry(clock=lambda: 0.0)
+
+    def hello(max_w: float):
+        return pb.AgentHello(node="n1", gpus=[pb.GpuInfo(index=i, min_cap_w=200.0, max_cap_w=max_w + i,
+                                                         default_cap_w=max_w, slowdown_temp_c=87.0,
+                                                         max_sm_clock_mhz=1980) for i in range(4)])
+
+    def check():
+        t = reg.gpu_table()
+        c = gpucolumns.gather(t.keys, t.gpus, static=t.static)
+        for name in gpucolumns.STATIC:
+            assert c[name].tolist() == [float(getattr(g, name)) for g in t.gpus], name
+        return t
+
+    reg.on_hello(hello(700.0), session=object())
+    first = check().static
+    assert check().static is first  # nothing changed: the same arrays
+    reg.on_hello(hello(600.0), session=object())  # same records, new facts
+    assert check().static["max_cap_w"].tolist() == [600.0, 601.0, 602.0, 603.0]
+    reg.nodes["n1"].gpus[2] = GpuObs(node="n1", index=2, min_cap_w=100.0, max_cap_w=300.0)
+    assert check().static["max_cap_w"].tolist() == [600.0, 601.0, 300.0, 603.0]
+    with pytest.raises(ValueError):
+        reg.gpu_table().static["min_cap_w"][0] = 1.0  # read-only: no caller changes them in place

@@ -90,3 +90,24 @@ def test_clip_and_options():
     assert limits.clip("short") == "short"
     opts = dict(limits.server_options())
     assert opts["grpc.max_receive_message_length"] == limits.MAX_MESSAGE_BYTES == 4 << 20
+
+
+def test_gpu_telemetry_memo_gives_the_full_checks_verdict():
+    """validate_gpu_telemetry's memo of acceptable labels and reason sets returns exactly what the
+    full checks return, on random readings mixing good and bad values (repeats hit the memo)."""
+    import random
+
+    rng = random.Random(7)
+    states = ["OK", "CLAMPED", "x" * 129, "bad\x07", ""]
+    jobs = ["", "42", "1,2", "j" * 1025, "7\n"]
+    reason_sets = [[], ["SW_POWER_CAP"], ["SW_THERMAL_SLOWDOWN", "SW_POWER_CAP"], ["r"] * 33, ["x" * 129]]
+    seen = set()
+    for _ in range(3000):
+        g = pb.GpuTelemetry(index=rng.choice([0, 7, 63, 64, 100]), cap_state_name=rng.choice(states),
+                            job_id=rng.choice(jobs), clocks_event_reasons=rng.choice(reason_sets),
+                            error=rng.choice(["", "lost", "e" * 1025]))
+        expect = limits._gpu_telemetry_problem(g, "gpus")
+        assert limits.validate_gpu_telemetry(g, "gpus") == expect
+        seen.add(bool(expect))
+    assert seen == {True, False}
+    assert limits._CLEAN_LABELS and limits._CLEAN_REASONS  # the memo was used
