@@ -75,14 +75,27 @@ KEEP_LOG = None
 LOAD_PERIOD_S = 4.0
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
+BUDGET_FRACTION = 0.6
+"""Default budget as a fraction of the fleet's TDP (W/W). The jobs run in antiphase pairs (job 2k
+heavy while job 2k+1 is light: :func:`load_offset_s`), so half the GPUs (within one job) are heavy
+at any instant and the fleet's demand is ~(650 + 320) / 2 = 485 W per GPU whatever the run's start
+time: 0.6 x 700 W = 420 W per GPU binds in every interval of every run (with 0.8, i.e. 560 W, it
+bound only when independent job phases lined up: 0 to ~1,400 plans with caps per run)."""
 
 
 def node_name(i: int) -> str:
     return f"bn{i + 1:05d}"
 
 
-def write_policy(path: Path, n: int) -> float:
-    budget = 0.8 * n * GPUS * TDP_W
+def load_offset_s(job_index: int) -> float:
+    """Phase offset (s) of job ``job_index``'s heavy/light square wave: one random offset per pair
+    of jobs (seeded by the pair), the odd job of a pair half a cycle (one :data:`LOAD_PERIOD_S`)
+    later, so exactly one job of each pair is heavy at any instant (deterministic total demand)."""
+    return random.Random(f"pair{job_index // 2}").uniform(0, 2 * LOAD_PERIOD_S) + (job_index % 2) * LOAD_PERIOD_S
+
+
+def write_policy(path: Path, n: int, budget_fraction: float = BUDGET_FRACTION) -> float:
+    budget = budget_fraction * n * GPUS * TDP_W
     racks = []
     for r in range(0, n, 32):
         hi = min(n, r + 32)
@@ -118,7 +131,7 @@ def write_policy(path: Path, n: int) -> float:
 
 
 async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list, stats: dict,
-                 acted: list, stepped: list, follow_advice: bool = True) -> None:
+                 acted: list, stepped: list, follow_advice: bool = True, delivered: list | None = None) -> None:
     import grpc
 
     from capctl.v1 import capctl_pb2 as pb
@@ -129,7 +142,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
     enforced = [TDP_W] * GPUS
     temp = [45.0 + rng.uniform(-5, 15) for _ in range(GPUS)]
     job = f"job{idx // 8 + 1}"
-    load_offset_s = random.Random(job).uniform(0, 2 * LOAD_PERIOD_S)  # one phase per job
+    offset_s = load_offset_s(idx // 8)  # one phase per job, jobs of a pair in antiphase
     demand = [HEAVY_W] * GPUS
     steps: list = []  # send times of first reports after a load step, not yet followed by a cap change
     queue: asyncio.Queue = asyncio.Queue()
@@ -173,7 +186,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
             return
         for i in range(GPUS):
             temp[i] = min(86.0, max(35.0, temp[i] + rng.uniform(-1.5, 1.5)))
-        heavy = int((time.monotonic() + load_offset_s) / LOAD_PERIOD_S) % 2 == 0
+        heavy = int((time.monotonic() + offset_s) / LOAD_PERIOD_S) % 2 == 0
         step = demand[0] != (HEAVY_W if heavy else LIGHT_W)
         demand[:] = [HEAVY_W if heavy else LIGHT_W] * GPUS
         seq[0] += 1
@@ -228,6 +241,8 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                 made = (plan.snapshot_time_s or plan.lease_expiry_s - plan.lease_s) + wall_to_mono
                 if plan.snapshot_time_s:
                     stats["snapshot_basis"] = 1
+                    if delivered is not None and now >= t_measure:
+                        delivered.append(time.time() - plan.snapshot_time_s)  # snapshot -> receipt (same host)
                 while reports and reports[0] <= made:
                     r = reports.popleft()
                     if r >= t_measure:
@@ -250,17 +265,18 @@ def _agents_proc(indices, addr, t_end_wall, t_measure_wall, conn, follow_advice=
         out: list = []
         acted: list = []
         stepped: list = []
+        delivered: list = []
         stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0}
         await asyncio.gather(*[_agent(i, addr, t_end_wall + off, t_measure_wall + off, out, stats, acted, stepped,
-                                      follow_advice) for i in indices])
-        return out, stats, acted, stepped
+                                      follow_advice, delivered) for i in indices])
+        return out, stats, acted, stepped, delivered
 
     try:
-        out, stats, acted, stepped = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
+        out, stats, acted, stepped, delivered = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
     except Exception as exc:  # noqa: BLE001
-        out, stats, acted, stepped = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200],
-                                          "snapshot_basis": 0}, [], []
-    conn.send((out, stats, acted, stepped))
+        out, stats, acted, stepped, delivered = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200],
+                                                     "snapshot_basis": 0}, [], [], []
+    conn.send((out, stats, acted, stepped, delivered))
     conn.close()
 
 
@@ -291,7 +307,20 @@ def _thread_cpu_s(proc) -> dict:
     return out
 
 
-def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice: bool = True) -> dict:
+def _procs_cpu_s(procs) -> float:
+    """CPU seconds (user + system) of the agent processes ``procs`` (psutil; 0 for one gone)."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except Exception:  # noqa: BLE001 (psutil.Error: the process ended)
+            continue
+        total += t.user + t.system
+    return total
+
+
+def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice: bool = True,
+            budget_fraction: float = BUDGET_FRACTION) -> dict:
     import psutil
 
     tmp = Path(tempfile.mkdtemp(prefix="capctl-bench-"))
@@ -299,7 +328,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
     workers = []
     try:
         policy = tmp / "policy.yaml"
-        budget = write_policy(policy, n)
+        budget = write_policy(policy, n, budget_fraction)
         ready = tmp / "ready.json"
         exe = shutil.which("capctl-coordinator", path=str(Path(sys.executable).parent)) or "capctl-coordinator"
         log = open(tmp / "coordinator.log", "w")
@@ -331,6 +360,8 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             time.sleep(0.05)
         cpu0 = proc.cpu_times()
         threads0 = _thread_cpu_s(proc)
+        agent_procs = [psutil.Process(p.pid) for p, _a in workers]
+        agents_cpu0 = _procs_cpu_s(agent_procs)
         w0 = time.time()
         rss_peak = proc.memory_info().rss
         while time.time() < t_end:
@@ -338,13 +369,15 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             rss_peak = max(rss_peak, proc.memory_info().rss)
         cpu1 = proc.cpu_times()
         threads1 = _thread_cpu_s(proc)
+        agents_cpu1 = _procs_cpu_s(agent_procs)
         w1 = time.time()
-        lat, lat_caps, recv, acted, stepped = [], [], [], [], []
+        lat, lat_caps, recv, acted, stepped, delivered = [], [], [], [], [], []
         stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0}
         for p, a in workers:
             if a.poll(max(1.0, t_end - time.time() + 40)):
-                out, st, acted_p, stepped_p = a.recv()
+                out, st, acted_p, stepped_p, delivered_p = a.recv()
                 acted.extend(acted_p)
+                delivered.extend(delivered_p)
                 stepped.extend(stepped_p)
                 for dt, has_caps, t_wall in out:
                     lat.append(dt)
@@ -383,6 +416,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             "latency_caps_p50_s": _r(_pct(lat_caps, 50)), "latency_caps_p99_s": _r(_pct(lat_caps, 99)),
             "tick_spread_p50_s": _r(_pct(spread, 50)), "tick_spread_p99_s": _r(_pct(spread, 99)),
             "plans_measured": len(lat), "plans_with_caps": len(lat_caps),
+            "snapshot_to_receipt_p50_s": _r(_pct(delivered, 50)), "snapshot_to_receipt_p99_s": _r(_pct(delivered, 99)),
             "load_steps": len(stepped), "load_steps_acted": len(step_lat),
             "telemetry_to_enforced_p50_s": _r(_pct(step_lat, 50)), "telemetry_to_enforced_p99_s": _r(_pct(step_lat, 99)),
             "telemetry_to_enforced_max_s": _r(max(step_lat) if step_lat else None),
@@ -391,6 +425,8 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             "coordinator_rss_mib": round(rss_peak / 2**20, 1),
             "coordinator_thread_cores": {k: round((threads1.get(k, 0.0) - threads0.get(k, 0.0)) / max(1e-9, w1 - w0), 3)
                                          for k in sorted(threads1) if threads1.get(k, 0.0) - threads0.get(k, 0.0) > 0.005},
+            "agents_cpu_cores": round((agents_cpu1 - agents_cpu0) / max(1e-9, w1 - w0), 3),
+            "budget_fraction": budget_fraction,
             "host_load_1m": round(os.getloadavg()[0], 2),
             # the goal read plainly: p99 report -> ack within one interval (the wait for the next
             # tick alone is uniform in [0, interval), so this leaves the tick's work little room)
@@ -426,6 +462,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--procs", type=int, default=min(4, os.cpu_count() or 1), help="agent processes")
     ap.add_argument("--keep-log", metavar="DIR", help="copy each coordinator log into DIR")
+    ap.add_argument("--budget-fraction", type=float, default=BUDGET_FRACTION,
+                    help="budget as a fraction of the fleet's TDP (default %(default)s: binds in every interval, "
+                         "the fleet's demand being ~0.69 of TDP)")
     ap.add_argument("--advice", default="follow", choices=("follow", "ignore", "both"),
                     help="agents follow the coordinator's report timing (CapPlan.report_in_s), ignore it "
                          "(report on their own phase, as before it), or both, one run after the other")
@@ -435,14 +474,18 @@ def main(argv=None) -> int:
     results = []
     modes = {"follow": [True], "ignore": [False], "both": [False, True]}[args.advice]
     for n, follow in [(int(x), f) for x in args.agents.split(",") if x.strip() for f in modes]:
-        r = run_one(n, args.measure_s, args.warmup_s, max(1, args.procs), follow)
+        if not 0.0 < args.budget_fraction <= 1.0:
+            ap.error(f"--budget-fraction {args.budget_fraction}: need a fraction in (0, 1]")
+        r = run_one(n, args.measure_s, args.warmup_s, max(1, args.procs), follow, args.budget_fraction)
         results.append(r)
         print(f"N={n:5d} ({'following' if follow else 'ignoring'} advice): report -> ack p50 {r['report_to_ack_p50_s']} s, p99 {r['report_to_ack_p99_s']} s "
               f"({r['reports_within_one_interval']} within one interval); "
               f"latency p50 {r['latency_p50_s']} s, p99 {r['latency_p99_s']} s "
               f"(plans with caps p99 {r['latency_caps_p99_s']} s, {r['plans_with_caps']} plans); telemetry -> enforced "
               f"after a load step p50 {r['telemetry_to_enforced_p50_s']} s, p99 {r['telemetry_to_enforced_p99_s']} s "
-              f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, coordinator {r['coordinator_cpu_cores']} cores, "
+              f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, "
+              f"snapshot -> receipt p50/p99 {r['snapshot_to_receipt_p50_s']}/{r['snapshot_to_receipt_p99_s']} s, "
+              f"coordinator {r['coordinator_cpu_cores']} cores (agents {r['agents_cpu_cores']}), "
               f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents, {r['agent_errors']} errors, "
               f"load {r['host_load_1m']}; threads {r['coordinator_thread_cores']}",
               flush=True)
