@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -72,6 +73,8 @@ INTERVAL_S = 1.0
 TDP_W = 700.0
 MIN_W = 200.0
 KEEP_LOG = None
+CONNECT_BOUND_S = 120.0
+"""Longest wait (s) for every agent's welcome before the warm-up starts anyway."""
 LOAD_PERIOD_S = 4.0
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
@@ -130,7 +133,7 @@ def write_policy(path: Path, n: int, budget_fraction: float = BUDGET_FRACTION) -
 # ------------------------------------------------------------------------------------ agents
 
 
-async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list, stats: dict,
+async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                  acted: list, stepped: list, follow_advice: bool = True, delivered: list | None = None) -> None:
     import grpc
 
@@ -181,7 +184,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
         """Send one report, then schedule the next at a fixed rate, as the real agent
         (nodeagent/loop.py: one interval after the last, or when the coordinator's latest advice
         says), so that this process's own event-loop lag does not stretch the reporting period."""
-        if time.monotonic() >= t_end:
+        if time.monotonic() >= win["end"]:
             queue.put_nowait(None)
             return
         for i in range(GPUS):
@@ -193,7 +196,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
         last_tele[0] = time.monotonic()
         reports.append(last_tele[0])
         if step:
-            if steps and steps[0] >= t_measure:
+            if steps and steps[0] >= win["measure"]:
                 stepped.append(None)  # the previous step saw no cap change before this one
             steps[:] = [last_tele[0]]
         queue.put_nowait(pb.AgentMessage(telemetry=pb.NodeTelemetry(
@@ -219,6 +222,8 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                     stats["welcomed"] += 1
                     if timer["handle"] is None:  # first report at a random phase, as agents started at any time
                         schedule(now + rng.uniform(0, INTERVAL_S))
+                        with win["welcomed"].get_lock():  # the parent starts the window once all are in
+                            win["welcomed"].value += 1
                     continue
                 if not msg.HasField("plan"):
                     continue
@@ -229,10 +234,10 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                     enforced[c.index] = c.cap_w
                 await queue.put(pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True,
                                                               gpus=[gpu_tele(i) for i in range(GPUS)])))
-                if now >= t_measure and last_tele[0] > 0:
+                if now >= win["measure"] and last_tele[0] > 0:
                     out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
                 if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
-                    if steps[0] >= t_measure:
+                    if steps[0] >= win["measure"]:
                         stepped.append(now - steps[0])
                     steps.clear()
                 # every report sent before the snapshot this plan was decided from (its
@@ -241,14 +246,14 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                 made = (plan.snapshot_time_s or plan.lease_expiry_s - plan.lease_s) + wall_to_mono
                 if plan.snapshot_time_s:
                     stats["snapshot_basis"] = 1
-                    if delivered is not None and now >= t_measure:
+                    if delivered is not None and now >= win["measure"]:
                         delivered.append(time.time() - plan.snapshot_time_s)  # snapshot -> receipt (same host)
                 while reports and reports[0] <= made:
                     r = reports.popleft()
-                    if r >= t_measure:
+                    if r >= win["measure"]:
                         acted.append(now - r)
                 stats["plans"] += 1
-                if now >= t_end:
+                if now >= win["end"]:
                     break
             call.cancel()
             if timer["handle"] is not None:
@@ -258,21 +263,33 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
         stats["last_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
-def _agents_proc(indices, addr, t_end_wall, t_measure_wall, conn, follow_advice=True) -> None:
+def _agents_proc(indices, addr, window, welcomed, bound_s, conn, follow_advice=True) -> None:
+    """One agent process: ``indices``' agents until the window ends. ``window``: shared array of the
+    window's start and end (Unix s; +inf until the parent sets them, once every agent of the run was
+    welcomed: ``welcomed``, a shared counter); ``bound_s``: bound on the whole process (s)."""
     async def main():
-        # convert wall-clock deadlines (shared across processes) to this process's monotonic clock
+        # wall-clock window (shared across processes) on this process's monotonic clock, polled
         off = time.monotonic() - time.time()
+        win = {"measure": math.inf, "end": math.inf, "welcomed": welcomed}
+
+        async def poll_window():
+            while not math.isfinite(win["end"]):
+                win["measure"], win["end"] = window[0] + off, window[1] + off
+                await asyncio.sleep(0.05)
+
         out: list = []
         acted: list = []
         stepped: list = []
         delivered: list = []
         stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0}
-        await asyncio.gather(*[_agent(i, addr, t_end_wall + off, t_measure_wall + off, out, stats, acted, stepped,
+        poller = asyncio.ensure_future(poll_window())
+        await asyncio.gather(*[_agent(i, addr, win, out, stats, acted, stepped,
                                       follow_advice, delivered) for i in indices])
+        poller.cancel()
         return out, stats, acted, stepped, delivered
 
     try:
-        out, stats, acted, stepped, delivered = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
+        out, stats, acted, stepped, delivered = asyncio.run(asyncio.wait_for(main(), timeout=bound_s))
     except Exception as exc:  # noqa: BLE001
         out, stats, acted, stepped, delivered = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200],
                                                      "snapshot_basis": 0}, [], [], []
@@ -347,15 +364,25 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
         addr = f"127.0.0.1:{info['port']}"
         proc = psutil.Process(coord.pid)
         t0 = time.time()
-        t_measure = t0 + warmup_s
-        t_end = t_measure + measure_s
         ctx = mp.get_context("spawn")
+        window = ctx.Array("d", [math.inf, math.inf], lock=False)  # measure start, end (Unix s), set below
+        welcomed = ctx.Value("i", 0)
+        bound_s = CONNECT_BOUND_S + warmup_s + measure_s + 30
         for k in range(procs):
             idx = list(range(k, n, procs))
             a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_agents_proc, args=(idx, addr, t_end, t_measure, b, follow_advice), daemon=True)
+            p = ctx.Process(target=_agents_proc, args=(idx, addr, window, welcomed, bound_s, b, follow_advice),
+                            daemon=True)
             p.start()
             workers.append((p, a))
+        # the warm-up starts once every agent was welcomed (a window with half the agents still queued
+        # in the server's accept measured ~550 nodes, not N: a loaded event loop accepts streams slowly)
+        while welcomed.value < n and time.time() < t0 + CONNECT_BOUND_S:
+            time.sleep(0.05)
+        connect_s = time.time() - t0
+        t_measure = time.time() + warmup_s
+        t_end = t_measure + measure_s
+        window[0], window[1] = t_measure, t_end
         while time.time() < t_measure:
             time.sleep(0.05)
         cpu0 = proc.cpu_times()
@@ -405,6 +432,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
         step_lat = [x for x in stepped if x is not None]
         return {
             "agents": n, "gpus": n * GPUS, "agents_follow_advice": follow_advice,
+            "all_welcomed_s": round(connect_s, 2), "welcomed_before_window": welcomed.value,
             "report_to_ack_basis": "snapshot" if stats["snapshot_basis"] else "plan made", "budget_w": budget, "interval_s": INTERVAL_S,
             "measure_s": round(w1 - w0, 2), "agents_welcomed": stats["welcomed"], "agent_errors": stats["errors"],
             "last_agent_error": stats["last_error"], "coordinator_log_tail": log_tail,
@@ -486,7 +514,8 @@ def main(argv=None) -> int:
               f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, "
               f"snapshot -> receipt p50/p99 {r['snapshot_to_receipt_p50_s']}/{r['snapshot_to_receipt_p99_s']} s, "
               f"coordinator {r['coordinator_cpu_cores']} cores (agents {r['agents_cpu_cores']}), "
-              f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents, {r['agent_errors']} errors, "
+              f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents ({r['welcomed_before_window']} in "
+              f"{r['all_welcomed_s']} s before the window), {r['agent_errors']} errors, "
               f"load {r['host_load_1m']}; threads {r['coordinator_thread_cores']}",
               flush=True)
     print(json.dumps({"benchmark": "control_loop", "host_cpus": os.cpu_count(), "runs": results}))
