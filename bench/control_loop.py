@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -72,17 +73,36 @@ INTERVAL_S = 1.0
 TDP_W = 700.0
 MIN_W = 200.0
 KEEP_LOG = None
+CONNECT_BOUND_S = 120.0
+"""Longest wait (s) for every agent's welcome before the warm-up starts anyway."""
+CONNECT_TIMEOUT_S, CONNECT_ATTEMPTS = 10.0, 5
+"""An agent whose channel is not connected within this many seconds closes it and opens a new one,
+at most this many times: some channels of a loaded agent process never even attempted their TCP
+connection (seen at 1,000 agents: 36 of them for 120 s, no error)."""
 LOAD_PERIOD_S = 4.0
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
+BUDGET_FRACTION = 0.6
+"""Default budget as a fraction of the fleet's TDP (W/W). The jobs run in antiphase pairs (job 2k
+heavy while job 2k+1 is light: :func:`load_offset_s`), so half the GPUs (within one job) are heavy
+at any instant and the fleet's demand is ~(650 + 320) / 2 = 485 W per GPU whatever the run's start
+time: 0.6 x 700 W = 420 W per GPU binds in every interval of every run (with 0.8, i.e. 560 W, it
+bound only when independent job phases lined up: 0 to ~1,400 plans with caps per run)."""
 
 
 def node_name(i: int) -> str:
     return f"bn{i + 1:05d}"
 
 
-def write_policy(path: Path, n: int) -> float:
-    budget = 0.8 * n * GPUS * TDP_W
+def load_offset_s(job_index: int) -> float:
+    """Phase offset (s) of job ``job_index``'s heavy/light square wave: one random offset per pair
+    of jobs (seeded by the pair), the odd job of a pair half a cycle (one :data:`LOAD_PERIOD_S`)
+    later, so exactly one job of each pair is heavy at any instant (deterministic total demand)."""
+    return random.Random(f"pair{job_index // 2}").uniform(0, 2 * LOAD_PERIOD_S) + (job_index % 2) * LOAD_PERIOD_S
+
+
+def write_policy(path: Path, n: int, budget_fraction: float = BUDGET_FRACTION) -> float:
+    budget = budget_fraction * n * GPUS * TDP_W
     racks = []
     for r in range(0, n, 32):
         hi = min(n, r + 32)
@@ -117,8 +137,8 @@ def write_policy(path: Path, n: int) -> float:
 # ------------------------------------------------------------------------------------ agents
 
 
-async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list, stats: dict,
-                 acted: list, stepped: list, follow_advice: bool = True) -> None:
+async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
+                 acted: list, stepped: list, follow_advice: bool = True, delivered: list | None = None) -> None:
     import grpc
 
     from capctl.v1 import capctl_pb2 as pb
@@ -129,7 +149,7 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
     enforced = [TDP_W] * GPUS
     temp = [45.0 + rng.uniform(-5, 15) for _ in range(GPUS)]
     job = f"job{idx // 8 + 1}"
-    load_offset_s = random.Random(job).uniform(0, 2 * LOAD_PERIOD_S)  # one phase per job
+    offset_s = load_offset_s(idx // 8)  # one phase per job, jobs of a pair in antiphase
     demand = [HEAVY_W] * GPUS
     steps: list = []  # send times of first reports after a load step, not yet followed by a cap change
     queue: asyncio.Queue = asyncio.Queue()
@@ -163,24 +183,25 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
             yield msg
 
     timer = {"handle": None, "due": 0.0}  # the scheduled report (loop.call_at handle) and when (monotonic s)
+    started: list = []  # the first welcome's time (monotonic s), once welcomed
 
     def report() -> None:
         """Send one report, then schedule the next at a fixed rate, as the real agent
         (nodeagent/loop.py: one interval after the last, or when the coordinator's latest advice
         says), so that this process's own event-loop lag does not stretch the reporting period."""
-        if time.monotonic() >= t_end:
+        if time.monotonic() >= win["end"]:
             queue.put_nowait(None)
             return
         for i in range(GPUS):
             temp[i] = min(86.0, max(35.0, temp[i] + rng.uniform(-1.5, 1.5)))
-        heavy = int((time.monotonic() + load_offset_s) / LOAD_PERIOD_S) % 2 == 0
+        heavy = int((time.monotonic() + offset_s) / LOAD_PERIOD_S) % 2 == 0
         step = demand[0] != (HEAVY_W if heavy else LIGHT_W)
         demand[:] = [HEAVY_W if heavy else LIGHT_W] * GPUS
         seq[0] += 1
         last_tele[0] = time.monotonic()
         reports.append(last_tele[0])
         if step:
-            if steps and steps[0] >= t_measure:
+            if steps and steps[0] >= win["measure"]:
                 stepped.append(None)  # the previous step saw no cap change before this one
             steps[:] = [last_tele[0]]
         queue.put_nowait(pb.AgentMessage(telemetry=pb.NodeTelemetry(
@@ -197,15 +218,34 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
 
     await asyncio.sleep(rng.uniform(0, 3.0))  # agents of a real cluster do not connect in one instant
     try:
-        async with grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        channel = None
+        for _attempt in range(CONNECT_ATTEMPTS):  # a channel that does not connect is replaced, as an agent reconnects
+            channel = grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+            try:
+                await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+                break
+            except asyncio.TimeoutError:
+                await channel.close()
+                channel = None
+                stats["reconnects"] += 1
+        if channel is None:
+            raise RuntimeError(f"no connection in {CONNECT_ATTEMPTS} attempts of {CONNECT_TIMEOUT_S:g} s")
+        async with channel:
             stub = capctl_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(requests())
             async for msg in call:
                 now = time.monotonic()
                 if msg.HasField("welcome"):
                     stats["welcomed"] += 1
-                    if timer["handle"] is None:  # first report at a random phase, as agents started at any time
-                        schedule(now + rng.uniform(0, INTERVAL_S))
+                    if timer["handle"] is None and not started:
+                        started.append(now)
+                        with win["welcomed"].get_lock():  # the parent starts the run once all are in
+                            win["welcomed"].value += 1
+
+                        async def first_report():
+                            await win["go"].wait()  # first report at a random phase, as agents started at any time
+                            schedule(time.monotonic() + rng.uniform(0, INTERVAL_S))
+                        asyncio.ensure_future(first_report())
                     continue
                 if not msg.HasField("plan"):
                     continue
@@ -216,10 +256,10 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                     enforced[c.index] = c.cap_w
                 await queue.put(pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True,
                                                               gpus=[gpu_tele(i) for i in range(GPUS)])))
-                if now >= t_measure and last_tele[0] > 0:
+                if now >= win["measure"] and last_tele[0] > 0:
                     out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
                 if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
-                    if steps[0] >= t_measure:
+                    if steps[0] >= win["measure"]:
                         stepped.append(now - steps[0])
                     steps.clear()
                 # every report sent before the snapshot this plan was decided from (its
@@ -228,12 +268,14 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
                 made = (plan.snapshot_time_s or plan.lease_expiry_s - plan.lease_s) + wall_to_mono
                 if plan.snapshot_time_s:
                     stats["snapshot_basis"] = 1
+                    if delivered is not None and now >= win["measure"]:
+                        delivered.append(time.time() - plan.snapshot_time_s)  # snapshot -> receipt (same host)
                 while reports and reports[0] <= made:
                     r = reports.popleft()
-                    if r >= t_measure:
+                    if r >= win["measure"]:
                         acted.append(now - r)
                 stats["plans"] += 1
-                if now >= t_end:
+                if now >= win["end"]:
                     break
             call.cancel()
             if timer["handle"] is not None:
@@ -243,24 +285,40 @@ async def _agent(idx: int, addr: str, t_end: float, t_measure: float, out: list,
         stats["last_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
-def _agents_proc(indices, addr, t_end_wall, t_measure_wall, conn, follow_advice=True) -> None:
+def _agents_proc(indices, addr, window, welcomed, bound_s, conn, follow_advice=True) -> None:
+    """One agent process: ``indices``' agents until the window ends. ``window``: shared array of the
+    window's start, its end and the time the agents start reporting (Unix s; +inf until the parent
+    sets them, once every agent of the run was welcomed: ``welcomed``, a shared counter);
+    ``bound_s``: bound on the whole process (s)."""
     async def main():
-        # convert wall-clock deadlines (shared across processes) to this process's monotonic clock
+        # wall-clock window (shared across processes) on this process's monotonic clock, polled
         off = time.monotonic() - time.time()
+        win = {"measure": math.inf, "end": math.inf, "welcomed": welcomed, "go": asyncio.Event()}
+
+        async def poll_window():
+            while not math.isfinite(win["end"]):
+                win["measure"], win["end"] = window[0] + off, window[1] + off
+                if math.isfinite(window[2]):
+                    win["go"].set()
+                await asyncio.sleep(0.05)
+
         out: list = []
         acted: list = []
         stepped: list = []
-        stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0}
-        await asyncio.gather(*[_agent(i, addr, t_end_wall + off, t_measure_wall + off, out, stats, acted, stepped,
-                                      follow_advice) for i in indices])
-        return out, stats, acted, stepped
+        delivered: list = []
+        stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0, "reconnects": 0}
+        poller = asyncio.ensure_future(poll_window())
+        await asyncio.gather(*[_agent(i, addr, win, out, stats, acted, stepped,
+                                      follow_advice, delivered) for i in indices])
+        poller.cancel()
+        return out, stats, acted, stepped, delivered
 
     try:
-        out, stats, acted, stepped = asyncio.run(asyncio.wait_for(main(), timeout=t_end_wall - time.time() + 30))
+        out, stats, acted, stepped, delivered = asyncio.run(asyncio.wait_for(main(), timeout=bound_s))
     except Exception as exc:  # noqa: BLE001
-        out, stats, acted, stepped = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200],
-                                          "snapshot_basis": 0}, [], []
-    conn.send((out, stats, acted, stepped))
+        out, stats, acted, stepped, delivered = [], {"welcomed": 0, "plans": 0, "errors": 1, "last_error": repr(exc)[:200],
+                                                     "snapshot_basis": 0, "reconnects": 0}, [], [], []
+    conn.send((out, stats, acted, stepped, delivered))
     conn.close()
 
 
@@ -291,7 +349,20 @@ def _thread_cpu_s(proc) -> dict:
     return out
 
 
-def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice: bool = True) -> dict:
+def _procs_cpu_s(procs) -> float:
+    """CPU seconds (user + system) of the agent processes ``procs`` (psutil; 0 for one gone)."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except Exception:  # noqa: BLE001 (psutil.Error: the process ended)
+            continue
+        total += t.user + t.system
+    return total
+
+
+def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice: bool = True,
+            budget_fraction: float = BUDGET_FRACTION) -> dict:
     import psutil
 
     tmp = Path(tempfile.mkdtemp(prefix="capctl-bench-"))
@@ -299,7 +370,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
     workers = []
     try:
         policy = tmp / "policy.yaml"
-        budget = write_policy(policy, n)
+        budget = write_policy(policy, n, budget_fraction)
         ready = tmp / "ready.json"
         exe = shutil.which("capctl-coordinator", path=str(Path(sys.executable).parent)) or "capctl-coordinator"
         log = open(tmp / "coordinator.log", "w")
@@ -318,19 +389,32 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
         addr = f"127.0.0.1:{info['port']}"
         proc = psutil.Process(coord.pid)
         t0 = time.time()
-        t_measure = t0 + warmup_s
-        t_end = t_measure + measure_s
         ctx = mp.get_context("spawn")
+        window = ctx.Array("d", [math.inf] * 3, lock=False)  # measure start, end, reports start (Unix s), set below
+        welcomed = ctx.Value("i", 0)
+        bound_s = CONNECT_BOUND_S + warmup_s + measure_s + 30
         for k in range(procs):
             idx = list(range(k, n, procs))
             a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_agents_proc, args=(idx, addr, t_end, t_measure, b, follow_advice), daemon=True)
+            p = ctx.Process(target=_agents_proc, args=(idx, addr, window, welcomed, bound_s, b, follow_advice),
+                            daemon=True)
             p.start()
             workers.append((p, a))
+        # the agents report, and the warm-up starts, once every agent was welcomed: agents connecting
+        # while the others report stalled at ~550-700 streams of 1,000 (no TCP connection even
+        # attempted, no error; cause not found), so the window measured that many nodes, not N
+        while welcomed.value < n and time.time() < t0 + CONNECT_BOUND_S:
+            time.sleep(0.05)
+        connect_s = time.time() - t0
+        t_measure = time.time() + warmup_s
+        t_end = t_measure + measure_s
+        window[0], window[1], window[2] = t_measure, t_end, time.time()
         while time.time() < t_measure:
             time.sleep(0.05)
         cpu0 = proc.cpu_times()
         threads0 = _thread_cpu_s(proc)
+        agent_procs = [psutil.Process(p.pid) for p, _a in workers]
+        agents_cpu0 = _procs_cpu_s(agent_procs)
         w0 = time.time()
         rss_peak = proc.memory_info().rss
         while time.time() < t_end:
@@ -338,20 +422,22 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             rss_peak = max(rss_peak, proc.memory_info().rss)
         cpu1 = proc.cpu_times()
         threads1 = _thread_cpu_s(proc)
+        agents_cpu1 = _procs_cpu_s(agent_procs)
         w1 = time.time()
-        lat, lat_caps, recv, acted, stepped = [], [], [], [], []
-        stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0}
+        lat, lat_caps, recv, acted, stepped, delivered = [], [], [], [], [], []
+        stats = {"welcomed": 0, "plans": 0, "errors": 0, "last_error": "", "snapshot_basis": 0, "reconnects": 0}
         for p, a in workers:
             if a.poll(max(1.0, t_end - time.time() + 40)):
-                out, st, acted_p, stepped_p = a.recv()
+                out, st, acted_p, stepped_p, delivered_p = a.recv()
                 acted.extend(acted_p)
+                delivered.extend(delivered_p)
                 stepped.extend(stepped_p)
                 for dt, has_caps, t_wall in out:
                     lat.append(dt)
                     recv.append(t_wall)
                     if has_caps:
                         lat_caps.append(dt)
-                for key in ("welcomed", "plans", "errors", "snapshot_basis"):
+                for key in ("welcomed", "plans", "errors", "snapshot_basis", "reconnects"):
                     stats[key] += st[key]
                 stats["last_error"] = st["last_error"] or stats["last_error"]
         # ticks: plans arrive in bursts, one per reconcile interval (decreases then increases);
@@ -372,6 +458,8 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
         step_lat = [x for x in stepped if x is not None]
         return {
             "agents": n, "gpus": n * GPUS, "agents_follow_advice": follow_advice,
+            "all_welcomed_s": round(connect_s, 2), "welcomed_before_window": welcomed.value,
+            "agent_reconnects": stats["reconnects"],
             "report_to_ack_basis": "snapshot" if stats["snapshot_basis"] else "plan made", "budget_w": budget, "interval_s": INTERVAL_S,
             "measure_s": round(w1 - w0, 2), "agents_welcomed": stats["welcomed"], "agent_errors": stats["errors"],
             "last_agent_error": stats["last_error"], "coordinator_log_tail": log_tail,
@@ -383,6 +471,7 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             "latency_caps_p50_s": _r(_pct(lat_caps, 50)), "latency_caps_p99_s": _r(_pct(lat_caps, 99)),
             "tick_spread_p50_s": _r(_pct(spread, 50)), "tick_spread_p99_s": _r(_pct(spread, 99)),
             "plans_measured": len(lat), "plans_with_caps": len(lat_caps),
+            "snapshot_to_receipt_p50_s": _r(_pct(delivered, 50)), "snapshot_to_receipt_p99_s": _r(_pct(delivered, 99)),
             "load_steps": len(stepped), "load_steps_acted": len(step_lat),
             "telemetry_to_enforced_p50_s": _r(_pct(step_lat, 50)), "telemetry_to_enforced_p99_s": _r(_pct(step_lat, 99)),
             "telemetry_to_enforced_max_s": _r(max(step_lat) if step_lat else None),
@@ -391,6 +480,8 @@ def run_one(n: int, measure_s: float, warmup_s: float, procs: int, follow_advice
             "coordinator_rss_mib": round(rss_peak / 2**20, 1),
             "coordinator_thread_cores": {k: round((threads1.get(k, 0.0) - threads0.get(k, 0.0)) / max(1e-9, w1 - w0), 3)
                                          for k in sorted(threads1) if threads1.get(k, 0.0) - threads0.get(k, 0.0) > 0.005},
+            "agents_cpu_cores": round((agents_cpu1 - agents_cpu0) / max(1e-9, w1 - w0), 3),
+            "budget_fraction": budget_fraction,
             "host_load_1m": round(os.getloadavg()[0], 2),
             # the goal read plainly: p99 report -> ack within one interval (the wait for the next
             # tick alone is uniform in [0, interval), so this leaves the tick's work little room)
@@ -426,6 +517,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--procs", type=int, default=min(4, os.cpu_count() or 1), help="agent processes")
     ap.add_argument("--keep-log", metavar="DIR", help="copy each coordinator log into DIR")
+    ap.add_argument("--budget-fraction", type=float, default=BUDGET_FRACTION,
+                    help="budget as a fraction of the fleet's TDP (default %(default)s: binds in every interval, "
+                         "the fleet's demand being ~0.69 of TDP)")
     ap.add_argument("--advice", default="follow", choices=("follow", "ignore", "both"),
                     help="agents follow the coordinator's report timing (CapPlan.report_in_s), ignore it "
                          "(report on their own phase, as before it), or both, one run after the other")
@@ -435,15 +529,20 @@ def main(argv=None) -> int:
     results = []
     modes = {"follow": [True], "ignore": [False], "both": [False, True]}[args.advice]
     for n, follow in [(int(x), f) for x in args.agents.split(",") if x.strip() for f in modes]:
-        r = run_one(n, args.measure_s, args.warmup_s, max(1, args.procs), follow)
+        if not 0.0 < args.budget_fraction <= 1.0:
+            ap.error(f"--budget-fraction {args.budget_fraction}: need a fraction in (0, 1]")
+        r = run_one(n, args.measure_s, args.warmup_s, max(1, args.procs), follow, args.budget_fraction)
         results.append(r)
         print(f"N={n:5d} ({'following' if follow else 'ignoring'} advice): report -> ack p50 {r['report_to_ack_p50_s']} s, p99 {r['report_to_ack_p99_s']} s "
               f"({r['reports_within_one_interval']} within one interval); "
               f"latency p50 {r['latency_p50_s']} s, p99 {r['latency_p99_s']} s "
               f"(plans with caps p99 {r['latency_caps_p99_s']} s, {r['plans_with_caps']} plans); telemetry -> enforced "
               f"after a load step p50 {r['telemetry_to_enforced_p50_s']} s, p99 {r['telemetry_to_enforced_p99_s']} s "
-              f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, coordinator {r['coordinator_cpu_cores']} cores, "
-              f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents, {r['agent_errors']} errors, "
+              f"({r['load_steps_acted']}/{r['load_steps']} steps); tick spread p99 {r['tick_spread_p99_s']} s, "
+              f"snapshot -> receipt p50/p99 {r['snapshot_to_receipt_p50_s']}/{r['snapshot_to_receipt_p99_s']} s, "
+              f"coordinator {r['coordinator_cpu_cores']} cores (agents {r['agents_cpu_cores']}), "
+              f"{r['coordinator_rss_mib']} MiB, {r['agents_welcomed']}/{n} agents ({r['welcomed_before_window']} in "
+              f"{r['all_welcomed_s']} s before the window, {r['agent_reconnects']} reconnects), {r['agent_errors']} errors, "
               f"load {r['host_load_1m']}; threads {r['coordinator_thread_cores']}",
               flush=True)
     print(json.dumps({"benchmark": "control_loop", "host_cpus": os.cpu_count(), "runs": results}))

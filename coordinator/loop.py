@@ -42,10 +42,12 @@ import statistics
 import time
 import uuid
 
+import numpy as np
+
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
-from coordinator import allocation, decide, membound, observe, observed, planmsg, planner, tickphase
+from coordinator import allocation, decide, gpucolumns, membound, observe, observed, planmsg, planner, tickphase
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -66,11 +68,14 @@ LEDGER_PERIOD_S = 30.0
 NODE_FORGET_S = 86400.0
 """A node whose agent has not been heard of for this long (s) is forgotten: no longer counted.
 Its agent, if alive, fell back to its safe caps long ago (lease)."""
-GC_THRESHOLDS = (20000, 10, 10)
+GC_THRESHOLDS = (20000, 10, 100)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2
 """An early tick (job event, budget change) comes at least this fraction of an interval after the
 previous one."""
+INLINE_SOLVE_FRACTION = 0.1
+"""A solve runs on the event loop when the last one took at most this fraction of an interval of
+CPU (s/s), else in a worker thread (:meth:`Coordinator._solve`)."""
 REPORT_GRACE = 0.1
 """At a grid tick the snapshot waits at most this fraction of an interval (s/s) for the live
 streams that have not reported since the last snapshot: reports timed to land before the tick
@@ -141,6 +146,7 @@ class Coordinator:
         self.rtt_s: collections.deque = collections.deque(maxlen=4096)  # plan sent -> ack
         self.control_s: collections.deque = collections.deque(maxlen=4096)  # telemetry -> ack
         self.solve_s: collections.deque = collections.deque(maxlen=4096)
+        self._solve_cpu_s = math.inf  # CPU seconds of the last solve (inf: none yet; see _solve)
         self.tick_count = 0
         self._start_clock = self.registry.clock()  # start of the startup hold (see _unreported_policy_nodes)
         self._warned: set = set()  # keys of the watch alerts already logged (see _watch_alerts)
@@ -387,7 +393,12 @@ class Coordinator:
         :data:`GC_THRESHOLDS` (restored on return): an interval over thousands of GPUs allocates
         ~10^5 short-lived objects (telemetry samples, plan messages), and with the default (700)
         the collector's passes cost more than the interval's own work (measured: ~100 ms of a
-        ~350 ms interval at 8,000 GPUs, bench/control_loop.py)."""
+        ~350 ms interval at 8,000 GPUs, bench/control_loop.py). The oldest generation's threshold
+        is raised too (a full collection after 100 young-middle ones instead of 10): a full pass
+        over the daemon's heap holds the event loop for its whole length, measured 0.36 s of CPU
+        (gc.callbacks, thread CPU) at 1,000 agents / 8,000 GPUs, once every ~20 intervals with
+        the default, i.e. one interval in 20 late by that much. Cyclic garbage lives up to ~10x
+        longer (RSS: bench/control_loop.py reports it)."""
         old_gc = gc.get_threshold()
         gc.set_threshold(*(max(a, b) for a, b in zip(GC_THRESHOLDS, old_gc)))
         try:
@@ -482,16 +493,41 @@ class Coordinator:
         t0 = time.monotonic()
         self._snapshot_time_s = self.lease_clock_s()
         problem = self._observe_problem()
-        solution = await asyncio.to_thread(decide.solve, problem)
+        solution = await self._solve(problem)
         self._record_solution(solution)
         decision = decide.plan(solution, self._observations(problem))
         if decision.waiting:
             log.debug("holding caps until %s report(s)", ", ".join(sorted(decision.waiting)))
         plans_sent = await self._send(decision, problem.inputs)
+        await asyncio.sleep(0)  # the stream writers start this interval's last plans before the bookkeeping below
         self._after_plans(decision)
         self.tick_count += 1
         self._publish(problem.inputs, solution.out, solution.desired_w, list(decision.alerts), time.monotonic() - t0,
                       plans_sent)
+
+    async def _solve(self, problem: decide.Problem) -> decide.Solution:
+        """:func:`coordinator.decide.solve` of ``problem``: on the event loop when the last solve took
+        at most :data:`INLINE_SOLVE_FRACTION` of an interval of CPU, else in a worker thread (the
+        first one too), so that a large fleet's solve does not hold the loop. The solve's CPU
+        seconds (its thread's ``time.thread_time``) decide the next one's place.
+
+        Why not always the thread: the solve is many short numpy calls that release and retake the
+        GIL, and while the loop is busy with the streams each retake waits up to the interpreter's
+        switch interval (5 ms), so the thread's wall time is many times its CPU time. Measured at
+        1,000 agents (8,000 GPUs) on a loaded 2-core host: 0.07-0.83 s wall per solve for ~0.1 s of
+        CPU (the worker thread's 0.05-0.06 cores over 1.3-1.8 s reconciles), all of it in the report
+        -> plan path."""
+        if self._solve_cpu_s <= INLINE_SOLVE_FRACTION * self.interval_s:
+            return self._timed_solve(problem)
+        return await asyncio.to_thread(self._timed_solve, problem)
+
+    def _timed_solve(self, problem: decide.Problem) -> decide.Solution:
+        """:func:`coordinator.decide.solve`, recording its CPU seconds in ``_solve_cpu_s`` (any thread)."""
+        t0 = time.thread_time()
+        try:
+            return decide.solve(problem)
+        finally:
+            self._solve_cpu_s = time.thread_time() - t0
 
     def _observe_problem(self) -> decide.Problem:
         """Feed the telemetry received since the last interval to the models, then snapshot the problem."""
@@ -617,20 +653,8 @@ class Coordinator:
             return None
         if not high_water and self.store_io is not None and self.store_io.pending:
             return None
-        now = self.registry.clock()
-        ack_mem = self.ack_memory_s()
-        old = self._ledger_w if high_water else {}
-        saved: dict = {}
-        ledger = {}
-        for name, node in self.registry.nodes.items():
-            gpus = {}
-            for idx, g in node.gpus.items():
-                key = (name, idx)
-                acc = max(g.accounted_w(now, ack_mem), planned.get(key, 0.0), old.get(key, 0.0))
-                saved[key] = acc
-                gpus[idx] = [acc, g.min_cap_w, g.max_cap_w, g.safe_cap_w]
-            if gpus:
-                ledger[name] = {"gpus": gpus, "seen_s": node.seen_s}
+        ledger, saved = ledger_rows(self.registry, self.registry.clock(), self.ack_memory_s(), planned,
+                                    self._ledger_w if high_water else {})
         return self.store_write(self.store.save_nodes, ledger,
                                 done=lambda _r, exc: self._ledger_saved(saved, high_water, exc))
 
@@ -936,6 +960,34 @@ class Coordinator:
 
 
 _HAVE_READING = operator.attrgetter("have_reading")
+
+
+def ledger_rows(registry, now: float, ack_memory_s: float, planned: dict, floor: dict) -> tuple[dict, dict]:
+    """The node ledger of ``registry`` at ``now`` (s), as :meth:`coordinator.store.Store.save_nodes`
+    takes it (``{node: {"gpus": {index: [counted W, min_cap_w, max_cap_w, safe_cap_w]}, "seen_s": s}}``),
+    and ``{(node, index): counted W}``. Each GPU counts at max(accounted cap, ``planned`` cap,
+    ``floor`` value) (W; dicts keyed by (node, index)). Read as columns (:mod:`coordinator.gpucolumns`:
+    one gather for the fleet instead of a ``GpuObs.accounted_w`` call per GPU: at 8,000 GPUs on a loaded
+    2-core host the per-GPU loop was 5 % of the event loop's py-spy samples over 12 s with a rewrite,
+    the whole rewrite 9 %: one interval's plans late by ~1 s)."""
+    table = registry.gpu_table()
+    keys = table.keys
+    c = gpucolumns.gather(keys, table.gpus, gpucolumns.ACCOUNTING, table.static)
+    acc = gpucolumns.accounted_w(c, now, ack_memory_s, gpucolumns.constraints_unusable(c["min_cap_w"], c["max_cap_w"]))
+    for extra in (planned, floor):
+        if extra:
+            acc = np.maximum(acc, np.fromiter((extra.get(k, 0.0) for k in keys), float, len(keys)))
+    counted = acc.tolist()
+    rows = zip(keys, counted, c["min_cap_w"].tolist(), c["max_cap_w"].tolist(), c["safe_cap_w"].tolist())
+    ledger: dict = {}
+    for (name, idx), acc_w, lo, hi, safe in rows:
+        entry = ledger.get(name)
+        if entry is None:
+            entry = ledger[name] = {"gpus": {}, "seen_s": registry.nodes[name].seen_s}
+        entry["gpus"][idx] = [acc_w, lo, hi, safe]
+    return ledger, dict(zip(keys, counted))
+
+
 _GPU_FIELDS = operator.attrgetter(
     "index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz", "reasons",
     "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error",
