@@ -102,7 +102,10 @@ def test_the_loop_slope_only_lowers_the_model_and_within_its_range():
     assert model == pytest.approx(1500.0)
     assert paceloop.loop_slope_w(model, math.nan) == model
     assert paceloop.loop_slope_w(model, 0.0) == model and paceloop.loop_slope_w(model, -5.0) == model
-    assert paceloop.loop_slope_w(model, 400.0) == 400.0  # measured lower: the measured
+    assert paceloop.loop_slope_w(model, 400.0) == 400.0  # measured far lower: the measured
+    # within 1 / GAIN of the model (a cube-law plant: static power): the model's step is overdamped
+    assert paceloop.loop_slope_w(model, 0.8 * model) == model
+    assert paceloop.loop_slope_w(model, 0.69 * model) == pytest.approx(0.69 * model)
     assert paceloop.loop_slope_w(model, 4000.0) == model  # measured higher: the model's
     assert paceloop.loop_slope_w(model, 1.0) == pytest.approx(model / paceloop.MAX_MISMATCH)
 
