@@ -411,7 +411,6 @@ class Registry:
         state_of = _cap_state_name
         constraints_problem = _constraints_problem
         unsupported = capstates.UNSUPPORTED_CONSTRAINTS
-        window_s = THROTTLE_WINDOW_S
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
@@ -451,18 +450,7 @@ class Registry:
             g.job_id = t.job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
-            # g.add_throttle(now, thermal, power), inlined
-            hist = g.throttle_hist
-            sums = g.throttle_sums
-            if len(hist) == hist.maxlen:
-                g._drop_oldest()
-            hist.append((now, thermal, power))
-            sums[0] += 1
-            sums[1] += thermal
-            sums[2] += power
-            if now - hist[0][0] > window_s:
-                while hist and now - hist[0][0] > window_s:
-                    g._drop_oldest()
+            g.add_throttle(now, thermal, power)
             g.sample_enforced_w = enforced_w
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
