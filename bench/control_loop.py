@@ -137,12 +137,66 @@ def write_policy(path: Path, n: int, budget_fraction: float = BUDGET_FRACTION) -
 # ------------------------------------------------------------------------------------ agents
 
 
+class Readings:
+    """One stand-in agent's GPU readings as protobuf messages kept for its whole run, refilled in
+    place and serialized at once (:meth:`report`, :meth:`ack`: ``bytes``, sent through a stub
+    without a request serializer): the same bytes as messages built afresh from the same values
+    (tests/coordinator/test_bench_control_loop.py), for a fraction of the agent process's CPU (building 8
+    ``GpuTelemetry`` per report and per ack was ~17 % of an agent process's samples, py-spy,
+    1,000 agents). Values (W, degC, MHz) as :func:`gpu_reading`.
+    """
+
+    def __init__(self, pb, node: str, job: str) -> None:
+        def gpus():
+            return [pb.GpuTelemetry(index=i, utilization_pct=100.0, job_id=job) for i in range(GPUS)]
+        self.tele = pb.AgentMessage(telemetry=pb.NodeTelemetry(node=node, gpus=gpus()))
+        self.ack_msg = pb.AgentMessage(ack=pb.CapAck(ok=True, gpus=gpus()))
+
+    @staticmethod
+    def fill(gpus, enforced: list, demand: list, temp: list, rng: random.Random) -> None:
+        """Set each of ``gpus`` (a repeated ``GpuTelemetry``) to :func:`gpu_reading` of its index
+        (one ``rng`` draw per GPU, in index order, as building them afresh did)."""
+        for g in gpus:
+            i = g.index
+            p, clock, at_cap = gpu_reading(enforced[i], demand[i], rng)
+            g.power_w = p
+            g.cap_w = g.enforced_w = enforced[i]
+            g.temp_c = temp[i]
+            g.sm_clock_mhz = clock
+            if at_cap != bool(g.clocks_event_reasons):
+                if at_cap:
+                    g.clocks_event_reasons.append("SW_POWER_CAP")
+                else:
+                    del g.clocks_event_reasons[:]
+
+    def report(self, seq: int, timestamp_s: float, enforced, demand, temp, rng) -> bytes:
+        """A serialized ``AgentMessage(telemetry=...)`` with fresh readings."""
+        t = self.tele.telemetry
+        t.seq, t.timestamp_s = seq, timestamp_s
+        self.fill(t.gpus, enforced, demand, temp, rng)
+        return self.tele.SerializeToString()
+
+    def ack(self, seq: int, enforced, demand, temp, rng) -> bytes:
+        """A serialized ``AgentMessage(ack=CapAck(seq, ok=True, gpus=read-back))``."""
+        a = self.ack_msg.ack
+        a.seq = seq
+        self.fill(a.gpus, enforced, demand, temp, rng)
+        return self.ack_msg.SerializeToString()
+
+
+def gpu_reading(enforced_w: float, demand_w: float, rng: random.Random) -> tuple[float, int, bool]:
+    """One GPU's reading: (power W, SM clock MHz, at its cap) for a load drawing ``demand_w`` +-20 W
+    (uniform, one ``rng`` draw) under the cap ``enforced_w``; the clock follows power^(1/3) from
+    75 W idle to 1,980 MHz at 700 W (H100-class stand-in, no measurement behind it)."""
+    p = min(enforced_w, demand_w + rng.uniform(-20, 20))
+    return p, int(1980 * min(1.0, (max(p - 75, 1) / 625) ** (1 / 3))), p >= enforced_w - 1
+
+
 async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                  acted: list, stepped: list, follow_advice: bool = True, delivered: list | None = None) -> None:
     import grpc
 
     from capctl.v1 import capctl_pb2 as pb
-    from capctl.v1 import capctl_pb2_grpc
 
     rng = random.Random(idx)
     node = node_name(idx)
@@ -158,12 +212,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
     reports: collections.deque = collections.deque()  # send times (monotonic) of reports not yet acted on
     wall_to_mono = time.monotonic() - time.time()
 
-    def gpu_tele(i):
-        p = min(enforced[i], demand[i] + rng.uniform(-20, 20))
-        reasons = ["SW_POWER_CAP"] if p >= enforced[i] - 1 else []
-        return pb.GpuTelemetry(index=i, power_w=p, cap_w=enforced[i], enforced_w=enforced[i], temp_c=temp[i],
-                               sm_clock_mhz=int(1980 * min(1.0, (max(p - 75, 1) / 625) ** (1 / 3))),
-                               clocks_event_reasons=reasons, utilization_pct=100.0, energy_j=0.0, job_id=job)
+    readings = Readings(pb, node, job)
 
     hello = pb.AgentHello(
         protocol_version="capctl.v1", node=node, agent_version="bench", driver_version="bench", simulated=True,
@@ -173,7 +222,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                          max_sm_clock_mhz=1980) for i in range(GPUS)],
         jobs=[pb.JobBinding(job_id=job, node=node, gpu_indices=list(range(GPUS)), partition="batch")],
     )
-    await queue.put(pb.AgentMessage(hello=hello))
+    await queue.put(pb.AgentMessage(hello=hello).SerializeToString())
 
     async def requests():
         while True:
@@ -204,8 +253,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
             if steps and steps[0] >= win["measure"]:
                 stepped.append(None)  # the previous step saw no cap change before this one
             steps[:] = [last_tele[0]]
-        queue.put_nowait(pb.AgentMessage(telemetry=pb.NodeTelemetry(
-            node=node, timestamp_s=time.time(), seq=seq[0], gpus=[gpu_tele(i) for i in range(GPUS)])))
+        queue.put_nowait(readings.report(seq[0], time.time(), enforced, demand, temp, rng))
         schedule(max(timer["due"] + INTERVAL_S, time.monotonic() - INTERVAL_S))
 
     def schedule(due_mono: float) -> None:
@@ -231,8 +279,10 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
         if channel is None:
             raise RuntimeError(f"no connection in {CONNECT_ATTEMPTS} attempts of {CONNECT_TIMEOUT_S:g} s")
         async with channel:
-            stub = capctl_pb2_grpc.AgentLinkStub(channel)
-            call = stub.Connect(requests())
+            # AgentLink.Connect taking the messages serialized already (Readings), answering decoded
+            connect = channel.stream_stream("/capctl.v1.AgentLink/Connect", request_serializer=None,
+                                            response_deserializer=pb.CoordinatorMessage.FromString)
+            call = connect(requests())
             async for msg in call:
                 now = time.monotonic()
                 if msg.HasField("welcome"):
@@ -254,8 +304,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                     schedule(now + plan.report_in_s)
                 for c in plan.caps:
                     enforced[c.index] = c.cap_w
-                await queue.put(pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True,
-                                                              gpus=[gpu_tele(i) for i in range(GPUS)])))
+                await queue.put(readings.ack(plan.seq, enforced, demand, temp, rng))
                 if now >= win["measure"] and last_tele[0] > 0:
                     out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
                 if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
