@@ -105,7 +105,13 @@ def constraints_unusable(min_cap_w, max_cap_w) -> np.ndarray:
 
 def pending_top_w(pending) -> np.ndarray:
     """[G]: the highest cap sent but not acknowledged of each GPU (W; -inf: none)."""
-    return np.fromiter((max(p.values()) if p else -math.inf for p in pending), float, len(pending))
+    n = len(pending)
+    top = np.full(n, -math.inf)
+    if n:  # most GPUs have nothing pending: only the non-empty dicts are visited (C-level truth test)
+        busy = np.flatnonzero(np.fromiter(map(bool, pending), bool, n))
+        if len(busy):
+            top[busy] = [max(pending[i].values()) for i in busy.tolist()]
+    return top
 
 
 def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.ndarray) -> np.ndarray:
