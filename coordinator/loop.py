@@ -677,12 +677,16 @@ class Coordinator:
         (:class:`~coordinator.view.LazyView`, :func:`build_view`)."""
         reg = self.registry
         now = reg.clock()
+        ack_mem = self.ack_memory_s()
         lease = self.lease_s
-        table = reg.gpu_table()
-        nodes = [(name, node.stale(now, lease), node.last_report_mono, node.simulated,
-                  tuple(node.bindings.values()), rows)
-                 for (name, _ix), node, rows in zip(table.topology, table.nodes,
-                                                     view_gpu_rows(table, now, self.ack_memory_s()))]
+        nodes = []
+        for name in sorted(reg.nodes):
+            node = reg.nodes[name]
+            gpus = node.gpus
+            rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), g.throttle_counts(now))
+                    for g in map(gpus.__getitem__, sorted(gpus))]
+            nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
+                          tuple(node.bindings.values()), rows))
         snap = _Snapshot(
             policy=self.policy, dry_run=self.dry_run, policy_path=self.policy_path, coordinator_id=self.coordinator_id,
             now=now, time_s=time.time(), nodes=nodes, job_energy_j={**reg.job_energy_j, **self.energy_book.energy_j()},
@@ -982,28 +986,6 @@ def ledger_rows(registry, now: float, ack_memory_s: float, planned: dict, floor:
             entry = ledger[name] = {"gpus": {}, "seen_s": registry.nodes[name].seen_s}
         entry["gpus"][idx] = [acc_w, lo, hi, safe]
     return ledger, dict(zip(keys, counted))
-
-
-def view_gpu_rows(table, now: float, ack_memory_s: float) -> list[list]:
-    """The view's GPU rows of ``table`` (a :class:`coordinator.registry.GpuTable`) at ``now``
-    (s, the registry's clock): one list per node of ``table.topology``, one
-    ``(fields, accounted W, throttle counts)`` tuple per GPU (``fields``: :data:`_GPU_FIELDS`;
-    accounted: :meth:`GpuObs.accounted_w` with ``ack_memory_s``; counts:
-    :meth:`GpuObs.throttle_counts`). The accounted caps are one column computation for the fleet
-    (:func:`coordinator.gpucolumns.accounted_w`, element-wise equal to the method; a method call
-    per GPU before: ~1 us each at 8,000 GPUs); tests/coordinator/test_view_rows.py checks the rows
-    equal the per-GPU ones."""
-    gpus = table.gpus
-    c = gpucolumns.gather(table.keys, gpus, gpucolumns.ACCOUNTING, table.static)
-    acc = gpucolumns.accounted_w(c, now, ack_memory_s, gpucolumns.constraints_unusable(c["min_cap_w"], c["max_cap_w"]))
-    rows = list(zip(map(_GPU_FIELDS, gpus), acc.tolist(), [g.throttle_counts(now) for g in gpus]))
-    out = []
-    start = 0
-    for _name, indices in table.topology:
-        end = start + len(indices)
-        out.append(rows[start:end])
-        start = end
-    return out
 
 
 _GPU_FIELDS = operator.attrgetter(
