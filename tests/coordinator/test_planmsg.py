@@ -54,3 +54,46 @@ def test_cached_part_is_not_shared_between_messages():
 def test_bad_field_raises():
     with pytest.raises((AttributeError, TypeError, ValueError)):
         planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {}, {}, no_such_field=1)
+
+
+def _random_caps(rng, n_max=9):
+    """Index -> W with indices across the varint sizes (0, < 128, >= 128, uint32 max) and caps
+    including 0.0, -0.0 (proto3 writes one and not the other), ints and numpy scalars."""
+    import numpy as np
+
+    pool = [0, 1, 7, 127, 128, 300, 16_383, 16_384, 2**21, 2**32 - 1]
+    out = {}
+    for i in rng.sample(pool, rng.randint(0, min(n_max, len(pool)))):
+        out[rng.choice([i, np.uint32(i), np.int64(i)]) if rng.random() < 0.2 else i] = rng.choice(
+            [0.0, -0.0, 200, rng.uniform(200, 700), np.float64(rng.uniform(200, 700)), np.float32(350.25), 1e300])
+    return out
+
+
+def test_wire_written_assignments_equal_direct_ones_across_index_and_value_encodings():
+    rng = random.Random(11)
+    cache = planmsg.SafeCapsCache()
+    for seq in range(1, 300):
+        caps, safe = _random_caps(rng), _random_caps(rng)
+        fields = dict(seq=seq, phase="increase", lease_expiry_s=2e9, lease_s=10.0, term=3)
+        got = planmsg.cap_plan(cache, "n1", caps, safe, **fields)
+        want = _direct(caps, safe, **fields)
+        assert got == want, (caps, safe)
+        assert got.SerializeToString() == want.SerializeToString()
+        assert [(a.index, a.cap_w) for a in got.plan.caps] == [(int(i), float(c)) for i, c in sorted(caps.items())]
+
+
+def test_an_empty_plan_is_still_a_plan():
+    got = planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {}, {})
+    assert got.WhichOneof("body") == "plan" and got == _direct({}, {})
+    assert got.SerializeToString() == b"\x12\x00"
+
+
+@pytest.mark.parametrize("caps", [{-1: 300.0}, {2**32: 300.0}, {1.5: 300.0}, {"0": 300.0}, {0: "300"}])
+def test_bad_assignments_raise_like_protobuf(caps):
+    with pytest.raises((TypeError, ValueError)) as direct:
+        _direct(caps, {})
+    with pytest.raises(direct.type):
+        planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", caps, {})
+    with pytest.raises(direct.type):
+        planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {}, caps)
+
