@@ -791,7 +791,7 @@ def paced_split(inputs: SolveInputs, desired: dict) -> set:
         return grant
 
     aligned: list = []
-    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned)
+    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned, _pace_jobs(c, cand))
     if not moved:
         return set()
     job_of = {g.key: g.job for g in gpus}
@@ -808,6 +808,27 @@ def paced_split(inputs: SolveInputs, desired: dict) -> set:
         else:
             aligned = [j for j in aligned if j != job_of[next(iter(caps))]]
     return set(aligned)
+
+
+def _pace_jobs(c: InputColumns, cand: list) -> dict:
+    """Job name -> :class:`coordinator.paceloop._Job` (step gains, operating points, ceilings) of
+    the candidate GPUs ``cand`` (positions, ascending), from the columns (:func:`paceloop.job_arrays`
+    per job on slices: no per-GPU attribute reads; GPUs in the order ``correct`` groups them)."""
+    from coordinator import paceloop
+
+    if not cand:
+        return {}
+    pos = np.asarray(cand, np.int64)
+    job = c.job[pos]
+    order = np.argsort(job, kind="stable")
+    cols = [np.asarray(a, float)[pos][order] for a in (
+        c.pace, c.pace_at_w, c.draw_w, c._slopes(), c.min_cap_w, c.max_cap_w, c.thermal_ceiling_w)]
+    keys = [c.keys[i] for i in pos[order].tolist()]
+    starts = np.flatnonzero(np.r_[True, np.diff(job[order]) != 0]).tolist() + [len(pos)]
+    out = {}
+    for a, b in zip(starts, starts[1:]):
+        out[c.job_names[int(job[order[a]])]] = paceloop.job_arrays(keys[a:b], *(x[a:b] for x in cols))
+    return out
 
 
 def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:

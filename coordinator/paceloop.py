@@ -55,6 +55,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import NamedTuple
+
+import numpy as np
 
 GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
@@ -97,12 +100,49 @@ def _gains(members) -> dict:
     :func:`_slope` for a GPU with a measured slope; one without takes its model slope times the
     median ratio (:func:`_slope` / model) of its job-mates that have one (a job runs on one product:
     the plant's shape is shared, its scale is the GPU's own; mixing model and measured slopes in
-    one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope."""
-    model = {g.key: slope_w(_op_w(g), g.pace) for g in members}
-    own = {g.key: _slope(g) for g in members if _measured(g)}
-    ratios = [own[k] / model[k] for k in own if model[k] > 0] if len(own) < len(members) else []
-    ratio = statistics.median(ratios) if ratios else 1.0
-    return {g.key: GAIN * own.get(g.key, model[g.key] * ratio) for g in members}
+    one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope.
+    Computed on the job's arrays (:func:`_prepare`)."""
+    return _prepare(members).s
+
+
+class _Job(NamedTuple):
+    """One job's per-GPU quantities, computed once per interval (GPU key -> value): ``s`` the
+    step gains (:func:`_gains`, W per unit pace), ``op`` the operating points (:func:`_op_w`, W),
+    ``hi`` the ceilings (:func:`_hi`, W)."""
+
+    s: dict
+    op: dict
+    hi: dict
+
+
+_FIELDS = ("pace", "pace_at_w", "draw_w", "pace_slope_w", "min_cap_w", "max_cap_w", "thermal_ceiling_w")
+"""The row fields :func:`job_arrays` reads, in its argument order."""
+
+
+def _prepare(members) -> _Job:
+    """:class:`_Job` of one job's GPUs (rows): :func:`job_arrays` on their fields."""
+    cols = [np.fromiter((getattr(g, f, math.nan) for g in members), float, len(members)) for f in _FIELDS]
+    return job_arrays([g.key for g in members], *cols)
+
+
+def job_arrays(keys, pace, at_w, draw_w, meas_w, lo_w, max_w, thermal_w) -> _Job:
+    """:class:`_Job` of one job's GPUs from arrays [n] (``keys`` theirs; the fields of
+    :data:`_FIELDS`: pace 0..1, W). The same operations, in the same order, as :func:`_op_w`,
+    :func:`slope_w`, :func:`loop_slope_w`, :func:`_gains` and :func:`_hi` per GPU: identical floats
+    (``np.fmax`` where Python's ``max`` keeps its first argument against a NaN). Assumes finite
+    ``lo_w`` / ``max_w`` (validated limits); a NaN or infinite thermal ceiling is none."""
+    op = np.where((pace >= 0.99) & (0.0 < draw_w) & (draw_w < at_w), draw_w, at_w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        model = 3.0 * op / np.maximum(pace, 0.05)
+        measured = (meas_w > 0.0) & np.isfinite(meas_w)
+        own = np.where(measured & ~(meas_w >= GAIN * model), np.fmax(meas_w, model / MAX_MISMATCH), model)
+        ratio = 1.0
+        if measured.sum() < len(keys):
+            r = (own / model)[measured & (model > 0)]
+            ratio = statistics.median(r.tolist()) if r.size else 1.0
+        gains = GAIN * np.where(measured, own, model * ratio)
+    hi = np.fmax(lo_w, np.minimum(max_w, np.where(np.isfinite(thermal_w), thermal_w, math.inf)))
+    return _Job(dict(zip(keys, gains.tolist())), dict(zip(keys, op.tolist())), dict(zip(keys, hi.tolist())))
 
 
 def loop_slope_w(model_w: float, measured_w: float) -> float:
@@ -117,7 +157,7 @@ def loop_slope_w(model_w: float, measured_w: float) -> float:
     return max(measured_w, model_w / MAX_MISMATCH)
 
 
-def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
+def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None) -> dict:
     """The pace-corrected split of each job's watts; returns GPU key -> cap (W) for the GPUs it
     moved (a subset of ``desired``'s keys; the rest keep the solve's caps).
 
@@ -131,6 +171,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
     solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
     add to the solve's total (headroom the solve left, which the measured clocks say it can use).
     ``aligned``: a list the jobs put on one clock step (:func:`_align`) are appended to, or None.
+    ``prepared``: job -> :class:`_Job` of its GPUs (:func:`job_arrays` on the caller's columns, the
+    same values as from the rows), or None: computed here from the rows.
     """
     by_job: dict = {}
     for g in gpus:
@@ -147,17 +189,18 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
         avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         caps = None
+        j = prepared[job] if prepared is not None and job in prepared else _prepare(members)  # once per job
         # more watts help only if the pace-setter can take them (not held at its ceiling)
-        total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
+        total = solve_w + (avail if j.hi[slowest.key] - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
-            caps = _split(members, total)
+            caps = _split(members, total, j)
         elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU
-            caps = _align(members, solve_w + avail)  # on one step, with the watts it needs at most
+            caps = _align(members, solve_w + avail, j)  # on one step, with the watts it needs at most
             total = solve_w + avail if caps is not None else total
             if caps is not None and aligned is not None:
                 aligned.append(job)
         if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
-            caps = _hold(members, total, grow=current)
+            caps = _hold(members, total, grow=current, j=j)
         if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
         else:
@@ -176,7 +219,7 @@ def _on_grid(members) -> bool:
     return pacealign.on_grid([g.pace for g in rest], [g.pace_step for g in rest])
 
 
-def _align(members, total_w: float):
+def _align(members, total_w: float, j: _Job | None = None):
     """:func:`coordinator.pacealign.align_caps` on the job's GPUs (stragglers held at their
     ceiling, bounding the target to their pace); None when a GPU lacks a draw or a clock step (its
     sample cannot tell its step) or no step fits."""
@@ -186,14 +229,15 @@ def _align(members, total_w: float):
     rest = [g for g in members if not g.straggler]
     if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
         return None
-    held = {g.key: _hi(g) for g in strag}
+    j = j or _prepare(members)
+    held = {g.key: j.hi[g.key] for g in strag}
     static = [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest]
-    gains = _gains(members)
+    gains = j.s
     n = pacealign.exponent_from_slope([gains[g.key] / GAIN for g in rest], [g.pace for g in rest],
                                       [g.draw_w for g in rest], static)
     caps = pacealign.align_caps(
         [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
-        [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
+        [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [j.hi[g.key] for g in rest],
         static, total_w - sum(held.values()), min([1.0] + [g.pace for g in strag]), n)
     if caps is None:
         return None
@@ -210,7 +254,7 @@ def _op_w(g) -> float:
     return g.pace_at_w
 
 
-def _hold(members, total_w: float, grow: bool = True) -> dict:
+def _hold(members, total_w: float, grow: bool = True, j: _Job | None = None) -> dict:
     """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
     range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`).
     ``grow`` False (a sample from before the last change): scaled down only, never up; the watts
@@ -218,23 +262,26 @@ def _hold(members, total_w: float, grow: bool = True) -> dict:
     clock-step alignment of the interval before: a two-interval limit cycle)."""
     strag = [g for g in members if g.straggler]
     rest = [g for g in members if not g.straggler]
-    caps = {g.key: _hi(g) for g in strag}  # held (where extra watts buy nothing)
+    j = j or _prepare(members)
+    hi = j.hi
+    caps = {g.key: hi[g.key] for g in strag}  # held (where extra watts buy nothing)
     now = sum(g.observed_w for g in rest)
     if now <= 0:
         return {}
     k = (total_w - sum(caps.values())) / now
     if not grow:
         k = min(k, 1.0)
-    caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), _hi(g)) for g in rest})
-    at_hi = [g for g in rest if caps[g.key] >= _hi(g) - AT_CAP_TOLERANCE_W]
-    return _bound_by_ceiling(members, caps, at_hi)
+    caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), hi[g.key]) for g in rest})
+    at_hi = [g for g in rest if caps[g.key] >= hi[g.key] - AT_CAP_TOLERANCE_W]
+    return _bound_by_ceiling(members, caps, at_hi, j)
 
 
-def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
+def _bound_by_ceiling(members, caps: dict, at_hi, j: _Job | None = None) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s = _gains(members)
-    reaches = {g.key: g.pace + (_hi(g) - _op_w(g)) / s[g.key] for g in at_hi if s[g.key] > 0}
+    j = j or _prepare(members)
+    s, op = j.s, j.op
+    reaches = {g.key: g.pace + (j.hi[g.key] - op[g.key]) / s[g.key] for g in at_hi if s[g.key] > 0}
     reach = min(reaches.values(), default=math.inf)
     reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
     if not math.isfinite(reach):
@@ -244,7 +291,7 @@ def _bound_by_ceiling(members, caps: dict, at_hi) -> dict:
     held = {k for k, r in reaches.items() if r <= reach + 1e-9} | {g.key for g in members if g.straggler}
     for g in members:
         if g.key not in held:
-            caps[g.key] = min(caps[g.key], max(g.min_cap_w, _op_w(g) + s[g.key] * (reach - g.pace)))
+            caps[g.key] = min(caps[g.key], max(g.min_cap_w, op[g.key] + s[g.key] * (reach - g.pace)))
     return caps
 
 
@@ -252,16 +299,16 @@ def _hi(g) -> float:
     return max(g.min_cap_w, min(g.max_cap_w, g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf))
 
 
-def _split(members, total_w: float) -> dict:
+def _split(members, total_w: float, j: _Job | None = None) -> dict:
     """One damped Newton step of ``members`` toward equal pace with ``sum(caps) <= total_w`` (W).
 
     GPUs whose step leaves their range are clipped and the pace target recomputed for the rest
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s = _gains(members)
+    j = j or _prepare(members)
+    s, op, hi = j.s, j.op, j.hi
     lo = {g.key: g.min_cap_w for g in members}
-    hi = {g.key: _hi(g) for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
     at_hi: list = []
     free = [g for g in members if not g.straggler]
@@ -271,10 +318,10 @@ def _split(members, total_w: float) -> dict:
         den = sum(s[g.key] for g in free)
         if den <= 0 or not free:
             break
-        target = (budget - sum(_op_w(g) - s[g.key] * g.pace for g in free)) / den
+        target = (budget - sum(op[g.key] - s[g.key] * g.pace for g in free)) / den
         clipped = []
         for g in free:
-            c = _op_w(g) + s[g.key] * (target - g.pace)
+            c = op[g.key] + s[g.key] * (target - g.pace)
             if c > hi[g.key] or c < lo[g.key]:
                 caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
                 clipped.append(g)
@@ -287,4 +334,4 @@ def _split(members, total_w: float) -> dict:
         budget -= sum(caps[g.key] for g in clipped)
         out = {g.key for g in clipped}  # by key: ``g not in clipped`` compared whole rows, O(n^2) per job
         free = [g for g in free if g.key not in out]
-    return _bound_by_ceiling(members, caps, at_hi)  # the pace the ceiling-held GPUs reach bounds all
+    return _bound_by_ceiling(members, caps, at_hi, j)  # the pace the ceiling-held GPUs reach bounds all
