@@ -164,7 +164,7 @@ class CurveBank:
     sat_w W, valid_min_w W, fit_rmse, fit_max_err); each row's prior (``prior`` [rows, 4] as
     ``fit``'s first four, ``prior_obj`` the CurveParams); the memory-bound share's smoothed
     estimate ``mem_share`` [rows] (0-0.9) and its sample weight ``mem_weight`` [rows] (0: none;
-    :mod:`coordinator.membound`)."""
+    :mod:`coordinator.membound`); the lowest / highest cap bin seen ``cap_lo`` / ``cap_hi`` (W)."""
 
     FLOAT = ("scale_sum", "scale_wt", "scale_at_fit", "refit_mono")
 
@@ -176,7 +176,7 @@ class CurveBank:
     def _alloc(self, cap: int) -> None:
         old = self.rows and (self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
                              self.ready, self.learned, self.fit, self.prior, self.prior_obj, self.mem_share,
-                             self.mem_weight)
+                             self.mem_weight, self.cap_lo, self.cap_hi)
         self.scale_sum = np.zeros(cap)
         self.scale_wt = np.zeros(cap)
         self.scale_at_fit = np.ones(cap)
@@ -189,10 +189,12 @@ class CurveBank:
         self.prior_obj = np.full(cap, None, dtype=object)
         self.mem_share = np.zeros(cap)
         self.mem_weight = np.zeros(cap)
+        self.cap_lo = np.full(cap, math.inf)  # lowest / highest cap bin seen (W)
+        self.cap_hi = np.full(cap, -math.inf)
         if old:
             for new, prev in zip((self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
                                   self.ready, self.learned, self.fit, self.prior, self.prior_obj, self.mem_share,
-                                  self.mem_weight), old):
+                                  self.mem_weight, self.cap_lo, self.cap_hi), old):
                 new[:len(prev)] = prev
 
     def new_row(self, prior: CurveParams) -> int:
@@ -211,6 +213,8 @@ class CurveBank:
         self.new_caps[row] = 0
         self.ready[row] = self.learned[row] = False
         self.mem_share[row] = self.mem_weight[row] = 0.0
+        self.cap_lo[row] = math.inf
+        self.cap_hi[row] = -math.inf
         self.prior[row] = (prior.a, prior.k_w, prior.sat_w, prior.valid_min_w)
         self.prior_obj[row] = prior
         return row
@@ -244,8 +248,6 @@ class GpuModel:
         self.bank = bank if bank is not None else CurveBank(1)
         self.row = self.bank.new_row(self.prior)
         self._caps: set[int] = set()
-        self._cap_lo = math.inf  # lowest and highest cap bin seen (W)
-        self._cap_hi = -math.inf
         self._scaled: CurveParams | None = None
         self._scaled_at: tuple | None = None
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
@@ -261,6 +263,8 @@ class GpuModel:
     _refit_mono = _bank_field("refit_mono", float)
     _new_caps = _bank_field("new_caps", int)  # distinct caps first seen since the last refit
     _ready = _bank_field("ready", bool)
+    _cap_lo = _bank_field("cap_lo", float)  # lowest and highest cap bin seen (W)
+    _cap_hi = _bank_field("cap_hi", float)
     mem_share = _bank_field("mem_share", float)
     mem_weight = _bank_field("mem_weight", float)  # _full_fit_ready() once true stays true (caps are only added)
 
@@ -294,12 +298,12 @@ class GpuModel:
         """A cap bin (W) this GPU was never seen at, at or above its prior's ``valid_min_w``."""
         caps = self._caps
         caps.add(b)
-        self._cap_lo = min(self._cap_lo, b)
-        self._cap_hi = max(self._cap_hi, b)
         bank, row = self.bank, self.row
+        lo = bank.cap_lo[row] = min(float(bank.cap_lo[row]), b)
+        hi = bank.cap_hi[row] = max(float(bank.cap_hi[row]), b)
         bank.new_caps[row] += 1
         # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
-        bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and self._cap_hi - self._cap_lo >= FULL_FIT_MIN_SPAN_W
+        bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and hi - lo >= FULL_FIT_MIN_SPAN_W
 
     @property
     def kind(self) -> str:
@@ -531,6 +535,28 @@ def _update_memory_bound(work: list) -> None:
     for (model, _, _), m_i, w_i in zip(work, mean.tolist(), weight.tolist()):
         model.mem_share = m_i
         model.mem_weight = w_i
+
+
+def _new_caps_batch(bank: CurveBank, models: list, rows: np.ndarray, bins: list, in_range: list) -> None:
+    """:meth:`GpuModel._new_cap` of every model of ``models`` (distinct, rows ``rows`` [n] of
+    ``bank``) whose cap bin ``bins[i]`` (W) is in range and new to it: the sets per GPU, the bank's
+    lowest / highest cap, new-cap count and full-fit condition on arrays (the same state)."""
+    new = []
+    for i, (m, b, ok) in enumerate(zip(models, bins, in_range)):
+        if ok:
+            caps = m._caps
+            if b not in caps:
+                caps.add(b)
+                new.append(i)
+    if not new:
+        return
+    r = rows[new]
+    b = np.asarray(bins, float)[new]
+    lo = bank.cap_lo[r] = np.minimum(bank.cap_lo[r], b)
+    hi = bank.cap_hi[r] = np.maximum(bank.cap_hi[r], b)
+    bank.new_caps[r] += 1
+    n_caps = np.fromiter((len(models[i]._caps) for i in new), np.int64, len(new))
+    bank.ready[r] = (n_caps >= FULL_FIT_MIN_CAPS) & (hi - lo >= FULL_FIT_MIN_SPAN_W)
 
 
 def _update_memory_bound_cols(bank: CurveBank, batch: list, cols: dict) -> None:
@@ -789,9 +815,7 @@ class Models:
         bins = np.rint(e).astype(np.int64).tolist()
         in_range = (e >= bank.prior[rows_, 3]).tolist()
         OnlineCurveFit.add_binned([m.curve_fit for m in models], bins, r.tolist(), in_range)
-        for m, b, ok in zip(models, bins, in_range):
-            if ok and b not in m._caps:
-                m._new_cap(b)
+        _new_caps_batch(bank, models, rows_, bins, in_range)
         with np.errstate(divide="ignore", invalid="ignore"):
             ref = sat - k * np.log1p((1.0 - r) / a)  # cap_for_rate
             s = np.where(r < 1.0, np.where(ref > 0, e / ref, np.nan),

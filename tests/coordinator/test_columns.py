@@ -48,7 +48,8 @@ def _sample(rng: random.Random, t: float) -> Sample:
 
 def _state(m: M.GpuModel) -> tuple:
     f = m.curve_fit
-    return (m._scale_sum, m._scale_wt, m._new_caps, m._full_fit_ready(), sorted(m._caps), f.n_samples,
+    return (m._scale_sum, m._scale_wt, m._new_caps, m._full_fit_ready(), sorted(m._caps), m._cap_lo, m._cap_hi,
+            f.n_samples,
             sorted(f._sum.items()), sorted(f._wt.items()))
 
 
