@@ -162,7 +162,9 @@ class CurveBank:
     and weight, the scale at the last refit, new caps since it, the refit time (s), whether the
     full fit is usable (``ready``) and the learned curve (``learned``; ``fit`` [rows, 6]: a, k_w W,
     sat_w W, valid_min_w W, fit_rmse, fit_max_err); each row's prior (``prior`` [rows, 4] as
-    ``fit``'s first four, ``prior_obj`` the CurveParams)."""
+    ``fit``'s first four, ``prior_obj`` the CurveParams); the memory-bound share's smoothed
+    estimate ``mem_share`` [rows] (0-0.9) and its sample weight ``mem_weight`` [rows] (0: none;
+    :mod:`coordinator.membound`); the lowest / highest cap bin seen ``cap_lo`` / ``cap_hi`` (W)."""
 
     FLOAT = ("scale_sum", "scale_wt", "scale_at_fit", "refit_mono")
 
@@ -173,7 +175,8 @@ class CurveBank:
 
     def _alloc(self, cap: int) -> None:
         old = self.rows and (self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
-                             self.ready, self.learned, self.fit, self.prior, self.prior_obj)
+                             self.ready, self.learned, self.fit, self.prior, self.prior_obj, self.mem_share,
+                             self.mem_weight, self.cap_lo, self.cap_hi)
         self.scale_sum = np.zeros(cap)
         self.scale_wt = np.zeros(cap)
         self.scale_at_fit = np.ones(cap)
@@ -184,9 +187,14 @@ class CurveBank:
         self.fit = np.zeros((cap, 6))
         self.prior = np.zeros((cap, 4))
         self.prior_obj = np.full(cap, None, dtype=object)
+        self.mem_share = np.zeros(cap)
+        self.mem_weight = np.zeros(cap)
+        self.cap_lo = np.full(cap, math.inf)  # lowest / highest cap bin seen (W)
+        self.cap_hi = np.full(cap, -math.inf)
         if old:
             for new, prev in zip((self.scale_sum, self.scale_wt, self.scale_at_fit, self.refit_mono, self.new_caps,
-                                  self.ready, self.learned, self.fit, self.prior, self.prior_obj), old):
+                                  self.ready, self.learned, self.fit, self.prior, self.prior_obj, self.mem_share,
+                                  self.mem_weight, self.cap_lo, self.cap_hi), old):
                 new[:len(prev)] = prev
 
     def new_row(self, prior: CurveParams) -> int:
@@ -204,6 +212,9 @@ class CurveBank:
         self.refit_mono[row] = -math.inf
         self.new_caps[row] = 0
         self.ready[row] = self.learned[row] = False
+        self.mem_share[row] = self.mem_weight[row] = 0.0
+        self.cap_lo[row] = math.inf
+        self.cap_hi[row] = -math.inf
         self.prior[row] = (prior.a, prior.k_w, prior.sat_w, prior.valid_min_w)
         self.prior_obj[row] = prior
         return row
@@ -237,17 +248,13 @@ class GpuModel:
         self.bank = bank if bank is not None else CurveBank(1)
         self.row = self.bank.new_row(self.prior)
         self._caps: set[int] = set()
-        self._cap_lo = math.inf  # lowest and highest cap bin seen (W)
-        self._cap_hi = -math.inf
         self._scaled: CurveParams | None = None
         self._scaled_at: tuple | None = None
         self._decay = 0.5 ** (1.0 / SCALE_HALF_LIFE)
         self.refits = 0
         self.job_id = ""  # the job whose samples this model holds ("" = none yet)
         # memory-bound share of this job's step (coordinator.membound; Models.update keeps it):
-        # smoothed estimate and its sample weight; 0 / 0 = none (the curve as before)
-        self.mem_share = 0.0
-        self.mem_weight = 0.0
+        # smoothed estimate and its sample weight (bank columns, 0 / 0 = none: the curve as before)
         self.mem_curve: tuple | None = None  # (clock curve, share, rate curve) of the last call
 
     _scale_sum = _bank_field("scale_sum", float)
@@ -255,7 +262,11 @@ class GpuModel:
     _scale_at_fit = _bank_field("scale_at_fit", float)
     _refit_mono = _bank_field("refit_mono", float)
     _new_caps = _bank_field("new_caps", int)  # distinct caps first seen since the last refit
-    _ready = _bank_field("ready", bool)  # _full_fit_ready() once true stays true (caps are only added)
+    _ready = _bank_field("ready", bool)
+    _cap_lo = _bank_field("cap_lo", float)  # lowest and highest cap bin seen (W)
+    _cap_hi = _bank_field("cap_hi", float)
+    mem_share = _bank_field("mem_share", float)
+    mem_weight = _bank_field("mem_weight", float)  # _full_fit_ready() once true stays true (caps are only added)
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""
@@ -287,12 +298,12 @@ class GpuModel:
         """A cap bin (W) this GPU was never seen at, at or above its prior's ``valid_min_w``."""
         caps = self._caps
         caps.add(b)
-        self._cap_lo = min(self._cap_lo, b)
-        self._cap_hi = max(self._cap_hi, b)
         bank, row = self.bank, self.row
+        lo = bank.cap_lo[row] = min(float(bank.cap_lo[row]), b)
+        hi = bank.cap_hi[row] = max(float(bank.cap_hi[row]), b)
         bank.new_caps[row] += 1
         # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
-        bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and self._cap_hi - self._cap_lo >= FULL_FIT_MIN_SPAN_W
+        bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and hi - lo >= FULL_FIT_MIN_SPAN_W
 
     @property
     def kind(self) -> str:
@@ -526,12 +537,49 @@ def _update_memory_bound(work: list) -> None:
         model.mem_weight = w_i
 
 
-def _drop_memory_bound(models) -> None:
-    """Forget the memory-bound share of every :class:`GpuModel` in ``models`` (policy ``zero``)."""
-    for m in models:
-        if m.mem_weight:
-            m.mem_share = 0.0
-            m.mem_weight = 0.0
+def _new_caps_batch(bank: CurveBank, models: list, rows: np.ndarray, bins: list, in_range: list) -> None:
+    """:meth:`GpuModel._new_cap` of every model of ``models`` (distinct, rows ``rows`` [n] of
+    ``bank``) whose cap bin ``bins[i]`` (W) is in range and new to it: the sets per GPU, the bank's
+    lowest / highest cap, new-cap count and full-fit condition on arrays (the same state)."""
+    new = []
+    for i, (m, b, ok) in enumerate(zip(models, bins, in_range)):
+        if ok:
+            caps = m._caps
+            if b not in caps:
+                caps.add(b)
+                new.append(i)
+    if not new:
+        return
+    r = rows[new]
+    b = np.asarray(bins, float)[new]
+    lo = bank.cap_lo[r] = np.minimum(bank.cap_lo[r], b)
+    hi = bank.cap_hi[r] = np.maximum(bank.cap_hi[r], b)
+    bank.new_caps[r] += 1
+    n_caps = np.fromiter((len(models[i]._caps) for i in new), np.int64, len(new))
+    bank.ready[r] = (n_caps >= FULL_FIT_MIN_CAPS) & (hi - lo >= FULL_FIT_MIN_SPAN_W)
+
+
+def _update_memory_bound_cols(bank: CurveBank, batch: list, cols: dict) -> None:
+    """:func:`_update_memory_bound` of the GPUs of ``batch`` (``(GpuModel, sample, max SM clock
+    MHz)``, one sample each, distinct models of ``bank``) from the batch's columns ``cols``
+    (:meth:`Models._batch_columns`: [n] arrays, memory utilization % NaN = not reported, SM clock
+    MHz, max SM clock MHz): the same smoothing step on the bank's ``mem_share`` / ``mem_weight``
+    rows of the GPUs that report a memory utilization (tested equal to the per-GPU path to 1e-9)."""
+    n = len(batch)
+    if not n:
+        return
+    mem = cols["memory_utilization_pct"]
+    sel = np.nonzero(~np.isnan(mem))[0]
+    if not sel.size:
+        return
+    rows = np.fromiter((batch[i][0].row for i in sel.tolist()), np.int64, sel.size)
+    maxc = cols["max_sm_clock_mhz"][sel]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(maxc > 0, cols["sm_clock_mhz"][sel] / np.where(maxc > 0, maxc, 1.0), np.nan)
+    mean, weight = membound.smooth(bank.mem_share[rows], bank.mem_weight[rows],
+                                   membound.sample_share(mem[sel], cols["utilization_pct"][sel], ratio))
+    bank.mem_share[rows] = mean
+    bank.mem_weight[rows] = weight
 
 
 def _common_times(per_gpu: list) -> list[tuple[float, list[float], list[float]]]:
@@ -589,7 +637,8 @@ class CurveColumns:
         return out
 
 
-_SAMPLE_FIELDS = ("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "time_s", "temp_c")
+_SAMPLE_FIELDS = ("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "time_s", "temp_c",
+                  "memory_utilization_pct")
 """The numeric ``Sample`` fields :meth:`Models._add_batch` reads (one pass each)."""
 
 
@@ -659,11 +708,11 @@ class Models:
                     g.new_samples = []
                     if len(mine) == 1:
                         batch.append((m, mine[0], g.max_sm_clock_mhz))
-                    else:
+                    else:  # (one sample: its memory-bound share on the columns, _update_memory_bound_cols)
                         for smp in mine:
                             m.add(smp, g.max_sm_clock_mhz)
-                    if mine[-1].memory_utilization_pct == mine[-1].memory_utilization_pct:  # not NaN
-                        mem_work.append((m, mine[-1], g.max_sm_clock_mhz))
+                        if mine[-1].memory_utilization_pct == mine[-1].memory_utilization_pct:  # not NaN
+                            mem_work.append((m, mine[-1], g.max_sm_clock_mhz))
                 per_gpu.append(mine)
             if not per_gpu:
                 continue
@@ -678,9 +727,12 @@ class Models:
         self._add_one_thermal(single, cols)
         self._add_thermal(thermal_work)
         if self.memory_bound_share == "zero":
-            _drop_memory_bound(self.gpus.values())
-        elif mem_work:
-            _update_memory_bound(mem_work)
+            self.curve_bank.mem_share[:] = 0.0  # every model's estimate dropped (free rows reset on reuse)
+            self.curve_bank.mem_weight[:] = 0.0
+        else:
+            _update_memory_bound_cols(self.curve_bank, batch, cols)
+            if mem_work:
+                _update_memory_bound(mem_work)
 
     @staticmethod
     def _batch_columns(batch: list) -> dict:
@@ -763,9 +815,7 @@ class Models:
         bins = np.rint(e).astype(np.int64).tolist()
         in_range = (e >= bank.prior[rows_, 3]).tolist()
         OnlineCurveFit.add_binned([m.curve_fit for m in models], bins, r.tolist(), in_range)
-        for m, b, ok in zip(models, bins, in_range):
-            if ok and b not in m._caps:
-                m._new_cap(b)
+        _new_caps_batch(bank, models, rows_, bins, in_range)
         with np.errstate(divide="ignore", invalid="ignore"):
             ref = sat - k * np.log1p((1.0 - r) / a)  # cap_for_rate
             s = np.where(r < 1.0, np.where(ref > 0, e / ref, np.nan),
@@ -822,7 +872,8 @@ class Models:
 
     def memory_bounds(self) -> dict[tuple[str, int], float]:
         """GPU key -> :meth:`memory_bound` of every GPU that has an estimate."""
-        return {k: m.mem_share for k, m in self.gpus.items() if m.mem_weight > 0}
+        bank = self.curve_bank
+        return {k: float(bank.mem_share[m.row]) for k, m in self.gpus.items() if bank.mem_weight[m.row] > 0}
 
     def curve_arrays(self, keys) -> "CurveColumns":
         """The current rate curve of every GPU of ``keys`` as arrays (:class:`CurveColumns`),
@@ -835,9 +886,9 @@ class Models:
         bank = self.curve_bank
         models = list(map(gpus.get, keys))
         rows = np.fromiter(((m.row if m is not None else -1) for m in models), np.int64, n)
-        share = np.fromiter(((m.mem_share if m is not None and m.mem_weight > 0 else 0.0) for m in models), float, n)
         known = rows >= 0
         rows = np.where(known, rows, 0)
+        share = np.where(known & (bank.mem_weight[rows] > 0), bank.mem_share[rows], 0.0)
         ready = bank.ready[rows] & known
         wt = bank.scale_wt[rows]
         with np.errstate(divide="ignore", invalid="ignore"):

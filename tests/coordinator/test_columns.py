@@ -48,7 +48,8 @@ def _sample(rng: random.Random, t: float) -> Sample:
 
 def _state(m: M.GpuModel) -> tuple:
     f = m.curve_fit
-    return (m._scale_sum, m._scale_wt, m._new_caps, m._full_fit_ready(), sorted(m._caps), f.n_samples,
+    return (m._scale_sum, m._scale_wt, m._new_caps, m._full_fit_ready(), sorted(m._caps), m._cap_lo, m._cap_hi,
+            f.n_samples,
             sorted(f._sum.items()), sorted(f._wt.items()))
 
 
@@ -172,3 +173,31 @@ def test_static_columns_follow_hellos_and_replaced_records():
     assert check().static["max_cap_w"].tolist() == [600.0, 601.0, 300.0, 603.0]
     with pytest.raises(ValueError):
         reg.gpu_table().static["min_cap_w"][0] = 1.0  # read-only: no caller changes them in place
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_batched_memory_bound_share_equals_per_gpu_update(seed):
+    """The memory-bound share of one-sample GPUs, kept on the CurveBank's columns
+    (``_update_memory_bound_cols``), equals the per-GPU ``_update_memory_bound`` step of the same
+    samples (and GPUs with two samples, which stay on the per-GPU path), to 1e-9."""
+    rng = random.Random(seed)
+    reg = _registry(rng, nodes=10, per_node=4)
+    models = M.Models(clock=lambda: 0.0, budget_clock=lambda: 0.0, rng=random.Random(0))
+    ref: dict = {}
+    for step in range(30):
+        for node in reg.nodes.values():
+            for g in node.gpus.values():
+                count = rng.choice([0, 1, 1, 1, 2])
+                g.new_samples = [_sample(rng, step + 0.1 * j) for j in range(count)]
+                for smp in g.new_samples:
+                    smp.memory_utilization_pct = rng.choice([math.nan, -5.0, 0.0, rng.uniform(0, 100), 150.0])
+                r = ref.setdefault(g.key, M.GpuModel(g.name, g.min_cap_w, g.max_cap_w))
+                if g.new_samples and not math.isnan(g.new_samples[-1].memory_utilization_pct):
+                    M._update_memory_bound([(r, g.new_samples[-1], g.max_sm_clock_mhz)])
+        models.update(reg, 1.0)
+    shares = {k: (r.mem_share, r.mem_weight) for k, r in ref.items()}
+    assert sum(1 for w in shares.values() if w[1] > 0) > 10  # estimates exist (not all NaN)
+    for key, (share, weight) in shares.items():
+        m = models.gpus[key]
+        assert _close([m.mem_share, m.mem_weight], [share, weight]), key
+        assert models.memory_bound(key) == (share if weight > 0 else None) or _close(models.memory_bound(key), share)
