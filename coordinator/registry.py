@@ -408,12 +408,9 @@ class Registry:
         job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
         if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
             job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
-        state_names, state_of = _STATE_NAMES, _cap_state_name
+        state_of = _cap_state_name
         constraints_problem = _constraints_problem
         unsupported = capstates.UNSUPPORTED_CONSTRAINTS
-        flags_of, flags_memo = reason_flags, _REASON_FLAGS
-        job_energy = self.job_energy_j
-        window_s = THROTTLE_WINDOW_S
         for t in msg.gpus:
             index = t.index
             g = gpus.get(index)
@@ -426,12 +423,8 @@ class Registry:
                 # without one: fixed at its accounted cap) and no model learns from it
                 self._reading(g, t)
                 continue
-            # a valid reading (:meth:`_reading` and :meth:`GpuObs.add_throttle`, inlined: the hot
-            # loop of every interval; tested equal to them, tests/coordinator/test_registry_ingest.py)
-            key = (t.cap_state, t.cap_state_name)
-            state = state_names.get(key)
-            if state is None:
-                state = state_of(*key)
+            # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
+            state = state_of(t.cap_state, t.cap_state_name)
             g.have_reading = True
             g.cap_w = t.cap_w
             g.enforced_w = enforced_w
@@ -440,43 +433,38 @@ class Registry:
             elif state:
                 g.cap_state = state
             g.pre_job_cap_w = t.pre_job_cap_w
-            power_w = g.power_w = t.power_w
-            temp_c = g.temp_c = t.temp_c
-            sm_clock = g.sm_clock_mhz = t.sm_clock_mhz
-            util = g.utilization_pct = t.utilization_pct
-            energy_j = g.energy_j = t.energy_j
-            reasons = g.reasons = tuple(t.clocks_event_reasons)
+            error = t.error
+            power_w = t.power_w
+            temp_c = t.temp_c
+            sm_clock = t.sm_clock_mhz
+            util = t.utilization_pct
+            energy_j = t.energy_j
+            reasons = tuple(t.clocks_event_reasons)
+            g.power_w = power_w
+            g.temp_c = temp_c
+            g.sm_clock_mhz = sm_clock
+            g.reasons = reasons
+            g.utilization_pct = util
             mem_pct = t.utilization_rates.memory_pct if t.HasField("utilization_rates") else math.nan
             g.memory_utilization_pct = mem_pct
             g.job_id = t.job_id
-            g.error = t.error
-            hit = flags_memo.get(reasons)
-            thermal, power, stuck = hit if hit is not None else flags_of(reasons)
-            hist = g.throttle_hist
-            if len(hist) == hist.maxlen:
-                g._drop_oldest()
-            hist.append((now, thermal, power))
-            sums = g.throttle_sums
-            sums[0] += 1
-            sums[1] += thermal
-            sums[2] += power
-            while now - hist[0][0] > window_s:  # (never empty: the sample just appended)
-                g._drop_oldest()
-                if not hist:
-                    break
+            g.error = error
+            thermal, power, stuck = reason_flags(reasons)
+            g.add_throttle(now, thermal, power)
             g.sample_enforced_w = enforced_w
             g.sample_mono = now
-            g.slowdown_run = g.slowdown_run + 1 if (stuck and util >= 20.0) else 0
-            samples = g.new_samples
-            if len(samples) < 1024:
-                samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util, mem_pct))
+            g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
+            if len(g.new_samples) < 1024:
+                g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util,
+                                            mem_pct))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
             prev = energy_seen.get(index)
             energy_seen[index] = energy_j
+            g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
                 job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
                 if job:
-                    job_energy[job] += energy_j - prev
+                    self.job_energy_j[job] += energy_j - prev
 
     def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None) -> None:
         """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
@@ -491,35 +479,16 @@ class Registry:
         node.last_report_mono = now
         seen = set()
         gpus = node.gpus
-        state_names, state_of = _STATE_NAMES, _cap_state_name
-        constraints_problem = _constraints_problem
+        reading = self._reading
         for t in ack.gpus:
             index = t.index
             g = gpus.get(index)
             if g is None:
                 continue
-            enforced_w = t.enforced_w
-            if not enforced_w > 0:
-                self._reading(g, t)  # its state and error only
+            if not reading(g, t):
                 continue  # not read back: the cap sent keeps counting (below)
-            # a valid read-back (:meth:`_reading`, inlined: every GPU of every plan; tested equal)
-            key = (t.cap_state, t.cap_state_name)
-            state = state_names.get(key)
-            if state is None:
-                state = state_of(*key)
-            g.have_reading = True
-            g.cap_w = t.cap_w
-            g.enforced_w = enforced_w
-            if constraints_problem(g.min_cap_w, g.max_cap_w):
-                g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
-            elif state:
-                g.cap_state = state
-            g.pre_job_cap_w = t.pre_job_cap_w
-            error = t.error
-            if error:
-                g.error = error
             seen.add(index)
-            g.last_ack_w = enforced_w  # (the read-back's enforced limit, just recorded)
+            g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now
         seq = ack.seq
         for idx, g in gpus.items():
