@@ -262,11 +262,11 @@ class GpuModel:
     _scale_at_fit = _bank_field("scale_at_fit", float)
     _refit_mono = _bank_field("refit_mono", float)
     _new_caps = _bank_field("new_caps", int)  # distinct caps first seen since the last refit
-    _ready = _bank_field("ready", bool)
+    _ready = _bank_field("ready", bool)  # _full_fit_ready() once true stays true (caps are only added)
     _cap_lo = _bank_field("cap_lo", float)  # lowest and highest cap bin seen (W)
     _cap_hi = _bank_field("cap_hi", float)
-    mem_share = _bank_field("mem_share", float)
-    mem_weight = _bank_field("mem_weight", float)  # _full_fit_ready() once true stays true (caps are only added)
+    mem_share = _bank_field("mem_share", float)  # memory-bound share (coordinator.membound) and its weight
+    mem_weight = _bank_field("mem_weight", float)
 
     def add(self, sample, max_sm_clock_mhz: float) -> None:
         """Feed one telemetry sample."""

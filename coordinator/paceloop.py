@@ -90,25 +90,18 @@ def _slope(g) -> float:
     return loop_slope_w(slope_w(_op_w(g), g.pace), getattr(g, "pace_slope_w", math.nan))
 
 
-def _measured(g) -> bool:
-    m = getattr(g, "pace_slope_w", math.nan)
-    return m > 0.0 and math.isfinite(m)
-
-
-def _gains(members) -> dict:
-    """GPU key -> ``GAIN`` times the loop's slope (W per unit pace) of each of one job's GPUs:
-    :func:`_slope` for a GPU with a measured slope; one without takes its model slope times the
-    median ratio (:func:`_slope` / model) of its job-mates that have one (a job runs on one product:
-    the plant's shape is shared, its scale is the GPU's own; mixing model and measured slopes in
-    one job made the unmeasured GPUs overshoot and pull the pace target), else its model slope.
-    Computed on the job's arrays (:func:`_prepare`)."""
-    return _prepare(members).s
-
-
 class _Job(NamedTuple):
-    """One job's per-GPU quantities, computed once per interval (GPU key -> value): ``s`` the
-    step gains (:func:`_gains`, W per unit pace), ``op`` the operating points (:func:`_op_w`, W),
-    ``hi`` the ceilings (:func:`_hi`, W)."""
+    """One job's per-GPU quantities, computed once per interval (GPU key -> value):
+
+    * ``s`` the step gains: ``GAIN`` times the loop's slope (W per unit pace): :func:`_slope` for a
+      GPU with a measured slope; one without takes its model slope times the median ratio
+      (:func:`_slope` / model) of its job-mates that have one (a job runs on one product: the
+      plant's shape is shared, its scale is the GPU's own; mixing model and measured slopes in one
+      job made the unmeasured GPUs overshoot and pull the pace target), else its model slope;
+    * ``op`` the operating points (:func:`_op_w`, W);
+    * ``hi`` the ceilings (W): the GPU's maximum cap, lowered to its thermal ceiling where it has a
+      finite one, never below its minimum cap.
+    """
 
     s: dict
     op: dict
@@ -128,7 +121,7 @@ def _prepare(members) -> _Job:
 def job_arrays(keys, pace, at_w, draw_w, meas_w, lo_w, max_w, thermal_w) -> _Job:
     """:class:`_Job` of one job's GPUs from arrays [n] (``keys`` theirs; the fields of
     :data:`_FIELDS`: pace 0..1, W). The same operations, in the same order, as :func:`_op_w`,
-    :func:`slope_w`, :func:`loop_slope_w`, :func:`_gains` and :func:`_hi` per GPU: identical floats
+    :func:`slope_w`, :func:`loop_slope_w` and :class:`_Job`'s rules per GPU: identical floats
     (``np.fmax`` where Python's ``max`` keeps its first argument against a NaN). Assumes finite
     ``lo_w`` / ``max_w`` (validated limits); a NaN or infinite thermal ceiling is none."""
     op = np.where((pace >= 0.99) & (0.0 < draw_w) & (draw_w < at_w), draw_w, at_w)
@@ -200,7 +193,7 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
             if caps is not None and aligned is not None:
                 aligned.append(job)
         if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
-            caps = _hold(members, total, grow=current, j=j)
+            caps = _hold(members, total, current, j)
         if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
         else:
@@ -219,7 +212,7 @@ def _on_grid(members) -> bool:
     return pacealign.on_grid([g.pace for g in rest], [g.pace_step for g in rest])
 
 
-def _align(members, total_w: float, j: _Job | None = None):
+def _align(members, total_w: float, j: _Job):
     """:func:`coordinator.pacealign.align_caps` on the job's GPUs (stragglers held at their
     ceiling, bounding the target to their pace); None when a GPU lacks a draw or a clock step (its
     sample cannot tell its step) or no step fits."""
@@ -229,7 +222,6 @@ def _align(members, total_w: float, j: _Job | None = None):
     rest = [g for g in members if not g.straggler]
     if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
         return None
-    j = j or _prepare(members)
     held = {g.key: j.hi[g.key] for g in strag}
     static = [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest]
     gains = j.s
@@ -254,7 +246,7 @@ def _op_w(g) -> float:
     return g.pace_at_w
 
 
-def _hold(members, total_w: float, grow: bool = True, j: _Job | None = None) -> dict:
+def _hold(members, total_w: float, grow: bool, j: _Job) -> dict:
     """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
     range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`).
     ``grow`` False (a sample from before the last change): scaled down only, never up; the watts
@@ -262,7 +254,6 @@ def _hold(members, total_w: float, grow: bool = True, j: _Job | None = None) -> 
     clock-step alignment of the interval before: a two-interval limit cycle)."""
     strag = [g for g in members if g.straggler]
     rest = [g for g in members if not g.straggler]
-    j = j or _prepare(members)
     hi = j.hi
     caps = {g.key: hi[g.key] for g in strag}  # held (where extra watts buy nothing)
     now = sum(g.observed_w for g in rest)
@@ -276,10 +267,9 @@ def _hold(members, total_w: float, grow: bool = True, j: _Job | None = None) -> 
     return _bound_by_ceiling(members, caps, at_hi, j)
 
 
-def _bound_by_ceiling(members, caps: dict, at_hi, j: _Job | None = None) -> dict:
+def _bound_by_ceiling(members, caps: dict, at_hi, j: _Job) -> dict:
     """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
     ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    j = j or _prepare(members)
     s, op = j.s, j.op
     reaches = {g.key: g.pace + (j.hi[g.key] - op[g.key]) / s[g.key] for g in at_hi if s[g.key] > 0}
     reach = min(reaches.values(), default=math.inf)
@@ -295,18 +285,13 @@ def _bound_by_ceiling(members, caps: dict, at_hi, j: _Job | None = None) -> dict
     return caps
 
 
-def _hi(g) -> float:
-    return max(g.min_cap_w, min(g.max_cap_w, g.thermal_ceiling_w if math.isfinite(g.thermal_ceiling_w) else math.inf))
-
-
-def _split(members, total_w: float, j: _Job | None = None) -> dict:
+def _split(members, total_w: float, j: _Job) -> dict:
     """One damped Newton step of ``members`` toward equal pace with ``sum(caps) <= total_w`` (W).
 
     GPUs whose step leaves their range are clipped and the pace target recomputed for the rest
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    j = j or _prepare(members)
     s, op, hi = j.s, j.op, j.hi
     lo = {g.key: g.min_cap_w for g in members}
     caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
