@@ -17,7 +17,8 @@ one real ``NodeTelemetry`` serialized to bytes; the coordinator side decodes it
 (``AgentMessage.FromString``, what the gRPC deserializer calls) and runs the server's telemetry
 branch (``limits.validate_telemetry``, ``Coordinator.on_energy``, ``Registry.on_telemetry``).
 Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and answers with a real
-``CapAck`` (read-back), decoded and recorded by ``Coordinator.on_ack`` during the phase-1 wait.
+``CapAck`` (the read-back of the GPUs the plan named, as nodeagent does), decoded and recorded by
+``Coordinator.on_ack`` during the phase-1 wait.
 Loads: every job alternates a heavy phase (650 W demand) and a light one (320 W) every few
 intervals at its own offset; each GPU has a power factor (Sinha et al. SC'22: +-10 %), so caps
 move; its SM clock follows the DVFS cube law at the power it draws; 1 % of the GPUs run hot. Each
@@ -30,7 +31,11 @@ intervals, per GPU per interval (us):
 
 * ``ingest``: decode + telemetry branch, one report per node;
 * ``models``: ``Models.update`` (samples -> per-GPU rate curves, node thermal fits);
-* ``inputs``: the snapshot -> solver inputs (``observe.problem``: ``allocation.build_inputs``);
+* ``refit``: the lazy curve refits of GPUs due for one (``Models.curve`` from
+  ``Models.curve_arrays``; at most the policy's refit budget, ``models.REFIT_BUDGET_FRACTION`` of
+  an interval);
+* ``inputs``: the snapshot -> solver inputs (``observe.problem``: ``allocation.build_inputs``),
+  the refits not counted;
 * ``solve``: the allocator's fast path only (``capctl.allocator.fast.solve``);
 * ``build``: ``allocation.build_problem`` (inputs -> the allocator's arrays);
 * ``pace``: the pace split (``allocation.paced_split``); ``idle``: the idle rule
@@ -45,7 +50,8 @@ intervals, per GPU per interval (us):
   apart (``view_read_us``), as if read every interval.
 
 ``beyond_solver_us`` = all per-interval stages but ``solve`` (``view`` apart). ``--profile FILE``
-writes a cProfile of one timed interval. The last line is one JSON object.
+writes a cProfile of the first timed interval, ingest to publish (the view read not included). The
+last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ PHASE_INTERVALS = 4
 MAX_MEMORY_SHARE = 0.6
 """Jobs' memory-bound shares are drawn uniformly in [0, this] (the what-if workloads' range of
 ``memory_bound_fraction`` reaches 0.9, capctl/sim/workload.py; most training steps are below 0.6)."""
-STAGES = ("ingest", "models", "inputs", "build", "solve", "pace", "idle", "solve_rest", "plan", "send", "after",
+STAGES = ("ingest", "models", "refit", "inputs", "build", "solve", "pace", "idle", "solve_rest", "plan", "send", "after",
           "view")
 
 
@@ -248,7 +254,11 @@ class BenchSession:
         for c in plan.caps:
             fleet.enforced[self.k, c.index] = c.cap_w
         pb = fleet.pb
-        ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=fleet.gpu_rows(self.k))).SerializeToString()
+        # the read-back of the GPUs the plan named, all of them for a plan without caps: what
+        # nodeagent's on_plan answers (nodeagent/loop.py)
+        touched = {c.index for c in plan.caps}
+        rows = [r for r in fleet.gpu_rows(self.k) if not touched or r.index in touched]
+        ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=rows)).SerializeToString()
         asyncio.get_running_loop().call_soon(self._ack, ack)
         self.fleet.agent_cpu_s += time.process_time() - t1
         return True
@@ -320,9 +330,10 @@ class IntervalBench:
         coord.models.forget_missing(coord.registry)
         sw.cpu["models"] += (c() - t) * on
         t = c()
+        refit0 = sw.cpu["refit"]
         problem = observe.problem(coord.registry, coord.models, coord.policy, coord.registry.clock(), coord.lease_s,
                                   coord.ack_memory_s())
-        sw.cpu["inputs"] += (c() - t) * on
+        sw.cpu["inputs"] += (c() - t) * on - (sw.cpu["refit"] - refit0)
         t = c()
         inner0 = sum(sw.cpu[s] for s in ("solve", "build", "pace", "idle"))
         solution = decide.solve(problem)  # the daemon runs it in a worker thread: same CPU
@@ -340,12 +351,16 @@ class IntervalBench:
         coord.tick_count += 1
         coord._publish(problem.inputs, solution.out, solution.desired_w, list(decision.alerts), 0.0, sent)
         sw.cpu["after"] += (c() - t) * on
+        return decision
+
+    def read_view(self) -> None:
+        """What a ``capctl status`` and a Prometheus scrape cost when they read this interval's view."""
+        sw, c = self.sw, time.process_time
         t = c()
-        coord.view.resolve()
+        self.coord.view.resolve()
         for _ in self.collector.collect():
             pass
-        sw.cpu["view"] += (c() - t) * on
-        return decision
+        sw.cpu["view"] += (c() - t) * sw.on
 
     async def run(self, intervals: int, warmup: int, profile: str) -> list[str]:
         """``warmup`` untimed then ``intervals`` timed intervals; returns the decision modes."""
@@ -354,18 +369,19 @@ class IntervalBench:
             self.sw.on = it >= warmup
             self.fleet.step(it)
             blobs = [self.fleet.telemetry_bytes(k) for k in range(self.n_nodes)]  # the agents' side: not timed
-            t = time.process_time()
-            self.ingest(blobs)
-            self.sw.cpu["ingest"] += (time.process_time() - t) * self.sw.on
             prof = None
-            if profile and it == warmup:
+            if profile and it == warmup:  # the profile covers ingest and the interval (not the view)
                 import cProfile
                 prof = cProfile.Profile()
                 prof.enable()
+            t = time.process_time()
+            self.ingest(blobs)
+            self.sw.cpu["ingest"] += (time.process_time() - t) * self.sw.on
             decision = await self.one_interval()
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(profile)
+            self.read_view()
             modes.append(decision.mode)
             self.now_s += INTERVAL_S
         return modes
@@ -375,12 +391,13 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
     """Run :class:`IntervalBench` and return its figures (us per GPU per interval by stage)."""
     from capctl.allocator import fast
     from coordinator import allocation, loop
+    from coordinator.models import Models
 
     bench = IntervalBench(n_gpus, seed)
     sw = bench.sw
     # stage timers around the daemon's own functions (looked up at call time)
     patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),
-               (allocation, "idle_from_headroom", "idle")]
+               (allocation, "idle_from_headroom", "idle"), (Models, "curve", "refit")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, stage in patches:
         setattr(mod, name, sw.wrap(stage, getattr(mod, name)))
@@ -463,7 +480,8 @@ def main(argv=None) -> int:
     ap.add_argument("--intervals", type=int, default=6, help="timed intervals per size")
     ap.add_argument("--warmup", type=int, default=3, help="untimed intervals first (hellos, first fits)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default="", help="write a cProfile of the first timed interval to this file")
+    ap.add_argument("--profile", default="", help="write a cProfile of the first timed interval (ingest to "
+                    "publish, not the view read) to this file")
     ap.add_argument("--sim", nargs=2, metavar=("CLUSTER", "POLICY"),
                     help="measure the capctl policy of `capctl sim` on this cluster and policy file instead")
     ap.add_argument("--duration", type=float, default=None, help="with --sim: simulated seconds")
@@ -488,4 +506,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # piped into head: the reader left; no second error at exit's flush
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
