@@ -275,6 +275,12 @@ class CapManager:
         with self._lock:
             return {i: rt.state for i, rt in self._rt.items()}
 
+    def message(self, index: int) -> str:
+        """Why GPU ``index`` is in its cap state ("" when there is nothing to say)."""
+        with self._lock:
+            rt = self._rt.get(index)
+            return (rt.message or "") if rt is not None else ""
+
     def job_count(self, index: int) -> int:
         """Number of jobs bound to GPU ``index``."""
         with self._lock:

@@ -669,7 +669,8 @@ class NvmlBackend:
             UserInputError: ``cap_w`` is NaN, infinite or not a number; ``policy_min_w`` below the
                 device minimum.
             UnsupportedConstraintsError: the constraints read are unusable
-                (:func:`capctl.devicedata.constraints_problem`); nothing may be written.
+                (:func:`capctl.devicedata.constraints_problem`) or differ from those read at
+                start (:meth:`_constraints_changed`); nothing may be written.
             NvmlError: reading the constraints failed.
         """
         _check_finite(cap_w, "cap_w")
@@ -679,6 +680,9 @@ class NvmlBackend:
         problem = devicedata.unsupported_message(_mw_to_w(min_mw), _mw_to_w(max_mw))
         if problem:
             raise UnsupportedConstraintsError(f"GPU {index}: {problem}", gpu_index=index)
+        changed = self._constraints_changed(index, min_mw, max_mw)
+        if changed:
+            raise UnsupportedConstraintsError(f"GPU {index}: {changed}", gpu_index=index)
         value_mw = math.floor(round(float(cap_w) * 1000.0, 3))
         clamped_mw = min(max(value_mw, min_mw), max_mw)
         if clamped_mw != value_mw:
@@ -687,6 +691,27 @@ class NvmlBackend:
                 index, cap_w, _mw_to_w(min_mw), _mw_to_w(max_mw), _mw_to_w(clamped_mw),
             )
         return clamped_mw
+
+    def _constraints_changed(self, index: int, min_mw: int, max_mw: int) -> str:
+        """Why the constraints ``min_mw``..``max_mw`` read now may not be used ("" when they may):
+        they differ (by more than 1 mW) from the usable ones read when the backend opened, which
+        the agent's hello reported and the coordinator plans with. Clamping into constraints the
+        coordinator does not know could raise a GPU far above its share of a domain limit (a
+        minimum reported as 650 W on a GPU given 471 W) or write a value no board takes (a
+        maximum of 2 W), so nothing is written until the agent re-reads them (a restart)."""
+        info = self._devices[index] if 0 <= index < len(self._devices) else None
+        if info is None or info.error is not None:
+            return ""
+        start = (info.min_cap_w, info.max_cap_w)
+        if not all(math.isfinite(v) for v in start) or devicedata.unsupported_message(*start):
+            return ""  # unusable at start: the GPU is held already; the constraints read now rule
+        lo_mw, hi_mw = round(start[0] * 1000.0), round(start[1] * 1000.0)
+        if abs(min_mw - lo_mw) <= 1 and abs(max_mw - hi_mw) <= 1:
+            return ""
+        return (f"limit constraints read from the device changed: min {_mw_to_w(min_mw):g} W, max "
+                f"{_mw_to_w(max_mw):g} W, at start min {start[0]:g} W, max {start[1]:g} W (as reported to "
+                f"the coordinator); no limit is written to this GPU until the agent is restarted and "
+                f"reads them again")
 
     def get_cap_w(self, index: int) -> float:
         """Requested power limit of GPU ``index`` in W (nvmlDeviceGetPowerManagementLimit)."""

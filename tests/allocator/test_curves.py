@@ -92,3 +92,23 @@ def test_rate_is_clamped_to_its_floor_below_the_valid_range():
     p_min = float(cap_for_rate(RATE_MIN, c.a, k, sat))
     above = p >= p_min
     assert np.allclose(r[above], raw[above]) and np.all(r[~above] == RATE_MIN)
+
+
+def test_counts_fit_as_the_samples_repeated_that_often():
+    rng = np.random.default_rng(7)
+    true = CurveParams(0.03, 90.0, 560.0, 262.5)
+    caps = np.sort(rng.choice(np.arange(270, 700, 5), 40, replace=False)).astype(float)
+    rates = true.rate(caps) + rng.normal(0, 0.01, caps.size)
+    rates[3] += 0.3  # an outlier: the robust loss weighs it by its count too
+    counts = rng.integers(1, 20, caps.size)
+    prior = DEFAULT_CURVES["H100"]
+    kw = dict(valid_min_w=262.5, prior=prior, prior_weight=3.0)
+    a = fit_curve(np.repeat(caps, counts), np.repeat(rates, counts), **kw)
+    b = fit_curve(caps, rates, counts=counts, **kw)
+    grid = np.linspace(262.5, 700, 50)
+    assert np.max(np.abs(a.rate(grid) - b.rate(grid))) < 1e-4
+    assert b.fit_rmse == pytest.approx(a.fit_rmse, rel=1e-3) and b.fit_max_err == pytest.approx(a.fit_max_err, rel=1e-3)
+    unweighted = fit_curve(caps, rates, **kw)
+    assert np.max(np.abs(unweighted.rate(grid) - b.rate(grid))) > 1e-3  # the counts change the fit
+    with pytest.raises(ValueError, match="counts"):
+        fit_curve(caps, rates, counts=np.zeros(caps.size), **kw)

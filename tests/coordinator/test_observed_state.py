@@ -196,3 +196,40 @@ def test_memory_utilization_reaches_the_coordinator_as_each_gpus_memory_bound_sh
             assert all(abs(got[i] - m) <= 0.03 for i, m in shares.items())
             assert "Memory-bound share of a step" in d["text"] and "over 3 GPU(s)" in d["text"]
             assert "through its memory-bound share" in d["text"]
+
+
+def test_limit_constraints_that_change_mid_job_hold_the_gpu_and_never_raise_it(tmp_path):
+    """A device that starts reporting other limit constraints (a minimum of 650 W on a GPU the
+    coordinator gives ~560 W, as planned from the 200-700 W of the hello): the agent writes nothing
+    to it (clamping into them would raise it ~90 W over its share of the budget), flags it and the
+    budget holds at every instant (the journal of enforced limits)."""
+    from capctl import capstates
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+
+    budget_w = 2240.0
+    with _cluster(tmp_path, budget_w=budget_w) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            wait_for(lambda: all(520 < sim.read(i)["limit_w"] < 600 for i in range(4)), 20, "caps near 560 W")
+            held_w = sim.read(3)["limit_w"]
+            since_ns = time.monotonic_ns()
+            sim.inject(3, "bad_constraints", 650.0, max_w=700.0)
+            for i in range(4):  # the loads move: the coordinator sends GPU 3 new caps
+                sim.set_load(i, 600.0 if i != 3 else 690.0)
+
+            def flagged():
+                g = _gpus(c.status())[3]
+                return capstates.of(g) == capstates.UNSUPPORTED_CONSTRAINTS and "changed" in g.detail
+            wait_for(flagged, 20, "GPU 3 flagged for its changed constraints")
+            time.sleep(1.5)
+            assert sim.read(3)["limit_w"] == pytest.approx(held_w)  # never clamped up to 650 W
+            g = _gpus(c.status())[3]
+            assert "min 650 W" in g.detail and "capctl bug" not in g.detail
+            assert all(sim.read(i)["limit_w"] >= 200.0 for i in range(4))
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()
