@@ -37,6 +37,7 @@ from capctl import capstates
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
 from coordinator import membound
+from coordinator.registry import gpu_jobs
 
 GpuKey = tuple[str, int]
 
@@ -543,12 +544,10 @@ def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> t
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
-    """GPU index -> job id of ``node``'s bindings; adds each new job's policy weight to ``jobs``
+    """GPU index -> job id of ``node``'s bindings (:func:`coordinator.registry.gpu_jobs`: a GPU
+    bound to several jobs is the first binding's); adds each new job's policy weight to ``jobs``
     (``weights`` caches them per (partition, account, qos))."""
-    job_of = {}
     for b in node.bindings.values():
-        for i in b.gpu_indices:
-            job_of[i] = b.job_id
         if b.job_id not in jobs:
             wkey = (b.partition, b.account, b.qos)
             w = weights.get(wkey)
@@ -556,7 +555,7 @@ def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]
                 w = weights[wkey] = float(policy.job_weight(partition=b.partition or None, account=b.account or None,
                                                             qos=b.qos or None))
             jobs[b.job_id] = w
-    return job_of
+    return gpu_jobs(node.bindings.values())
 
 
 class _GpuRows:

@@ -72,6 +72,7 @@ from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
 from coordinator import membound
 from coordinator.paceslope import PaceSlopes
+from coordinator.registry import gpu_jobs
 
 log = logging.getLogger("capctl.coordinator.models")
 
@@ -771,8 +772,8 @@ class Models:
     def _node_gpu_models(self, node_name: str, node, indices: tuple, glist: list) -> list:
         """``[(key, model)]`` of the GPUs ``indices`` of ``node`` (records ``glist``): a GPU's
         model, a new one for a GPU without one or bound to a new job (a new workload: its curve
-        starts again from the prior)."""
-        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
+        starts again from the prior; a GPU bound to several jobs is the first binding's, gpu_jobs)."""
+        job_of = gpu_jobs(node.bindings.values())
         out = []
         for i, g in zip(indices, glist):
             key = (node_name, i)

@@ -7,11 +7,28 @@ Every live node gets one plan per interval, most of them holds whose failsafe ca
 kept (:class:`SafeCapsCache`, one entry per node, keyed by its ``(index, cap W)`` pairs) and a
 plan is parsed from it (one C call) before its other fields are set: ~1 us a hold. The message is
 field for field the one built directly (tests/coordinator/test_planmsg.py).
+
+Every cap is checked before anything is serialized (:func:`check_caps`): protobuf itself takes
+``None`` as 0 W and ``True`` as 1 W, and a NaN, an infinity or a cap <= 0 W is never a limit to
+request. The check of a plan's caps costs one type lookup and two comparisons per cap.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import sys
+
+import numpy as np
+
 from capctl.v1 import capctl_pb2 as pb
+
+_CAP_TYPES = frozenset({float, int, np.float64, np.int64, np.int32})
+"""The number types of the caps' fast check (:func:`check_caps`; ``bool`` is not among them):
+other real number types (subclasses, ``np.float32`` whose compare with :data:`_MAX_W` overflows,
+the other numpy ones) take the slow one."""
+_MAX_W = sys.float_info.max
+"""The largest finite double: a cap above it (an infinity, a huge int) is refused."""
 
 
 class SafeCapsCache:
@@ -41,12 +58,54 @@ class SafeCapsCache:
         self._by_node.pop(node, None)
 
 
+def check_caps(node: str, field: str, caps: dict) -> None:
+    """Raise ``ValueError`` unless every cap of ``caps`` (GPU index -> W) of the plan to ``node``
+    is a real number of watts, finite and > 0: ``int``, ``float`` or a numpy integer/floating
+    scalar (any ``numbers.Real``), never a ``bool``, ``None``, a string, NaN, an infinity or a
+    cap <= 0 W. The message names the node, ``field`` ("caps", "safe_caps"), the GPU index and
+    the value. Costs one type lookup and two comparisons per cap (8 floats: ~0.5 us)."""
+    for c in caps.values():
+        if not (type(c) in _CAP_TYPES and 0.0 < c <= _MAX_W):  # (NaN fails the comparisons)
+            _check_slow(node, field, caps)
+            return
+
+
+def _check_slow(node: str, field: str, caps: dict) -> None:
+    """:func:`check_caps` cap by cap: raises ``ValueError`` for the first bad cap (in ``caps``'
+    order); returns when all are real numbers of watts (of a type outside the fast check's)."""
+    for i, c in caps.items():
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Real):
+            why = f"not a number of watts (a {type(c).__name__})"
+        else:
+            try:
+                watts = float(c)
+            except OverflowError:  # an int beyond any double
+                watts = math.inf
+            if not math.isfinite(watts):
+                why = "not finite"
+            elif not watts > 0:
+                why = "not above 0 W"
+            else:
+                continue
+        shown = repr(c) if len(repr(c)) <= 40 else repr(c)[:37] + "..."
+        raise ValueError(f"plan for node {node!r}: {field} GPU {i!r}: cap_w {shown} is {why}; "
+                         f"allowed: a finite int or float > 0 (W)")
+
+
 def cap_plan(cache: SafeCapsCache, node: str, caps: dict[int, float], safe: dict[int, float],
              **fields) -> pb.CoordinatorMessage:
     """``CoordinatorMessage(plan=CapPlan(caps=..., safe_caps=..., **fields))`` for ``node``:
     ``caps`` and ``safe`` (GPU index -> W) sorted by index; ``fields`` the plan's scalar fields
-    (seq, phase, lease_expiry_s, lease_s, dry_run, term, snapshot_time_s, ...). Raises
-    AttributeError for an unknown field, TypeError or ValueError for a bad value (protobuf's)."""
+    (seq, phase, lease_expiry_s, lease_s, dry_run, term, snapshot_time_s, ...).
+
+    Raises:
+        ValueError: a cap of ``caps`` or ``safe`` that is not a finite real number of watts > 0
+            (:func:`check_caps`: bool, None, str, NaN, inf, <= 0), before anything is serialized.
+        AttributeError, TypeError, ValueError: an unknown field, a bad field value or GPU index
+            (protobuf's).
+    """
+    check_caps(node, "caps", caps)
+    check_caps(node, "safe_caps", safe)
     msg = cache.blank(node, safe)
     plan = msg.plan
     for name, value in fields.items():

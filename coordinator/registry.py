@@ -73,6 +73,18 @@ class Binding:
         )
 
 
+def gpu_jobs(bindings) -> dict[int, str]:
+    """GPU index -> job id of one node's ``bindings`` (its :class:`Binding` objects in the order
+    the registry holds them, ``NodeObs.bindings.values()``; a reversible collection: a dict's
+    values, a list, a tuple). Idle GPUs are left out.
+
+    A GPU bound to several jobs (a shared or MIG GPU, or overlapping reports) is the FIRST
+    binding's: the coordinator's one rule of a GPU's job, for its energy
+    (:meth:`Registry._record_gpus`), :meth:`Registry.job_of`, the solver inputs
+    (``coordinator.allocation``) and the models' job of a GPU (``coordinator.models``)."""
+    return {i: b.job_id for b in reversed(bindings) for i in b.gpu_indices}  # (the first one written last)
+
+
 @dataclasses.dataclass(slots=True)
 class Sample:
     """One telemetry sample of one GPU, kept for the online models (W, degC, MHz, s)."""
@@ -405,9 +417,7 @@ class Registry:
         energy_seen = self._energy_seen.get(node_name)
         if energy_seen is None:
             energy_seen = self._energy_seen[node_name] = {}
-        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
-        if len(job_of) != sum(len(b.gpu_indices) for b in node.bindings.values()):
-            job_of = None  # a GPU bound to several jobs: the first binding's, as job_of() says
+        job_of = gpu_jobs(node.bindings.values())  # (a GPU bound to several jobs: the first binding's)
         state_of = _cap_state_name
         constraints_problem = _constraints_problem
         unsupported = capstates.UNSUPPORTED_CONSTRAINTS
@@ -462,7 +472,7 @@ class Registry:
             energy_seen[index] = energy_j
             g.energy_j = energy_j
             if prev is not None and energy_j >= prev:
-                job = job_of.get(index, "") if job_of is not None else self.job_of(node, index)
+                job = job_of.get(index, "")
                 if job:
                     self.job_energy_j[job] += energy_j - prev
 
@@ -593,11 +603,9 @@ class Registry:
 
     @staticmethod
     def job_of(node: NodeObs, index: int) -> str:
-        """The job bound to GPU ``index`` of ``node`` ("" when idle)."""
-        for b in node.bindings.values():
-            if index in b.gpu_indices:
-                return b.job_id
-        return ""
+        """The job bound to GPU ``index`` of ``node`` ("" when idle); a GPU bound to several jobs
+        is the first binding's (:func:`gpu_jobs`, the one rule)."""
+        return gpu_jobs(node.bindings.values()).get(index, "")
 
     def jobs(self) -> dict[str, list[Binding]]:
         """Job id -> its bindings (one per node), sorted by node name."""

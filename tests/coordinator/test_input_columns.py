@@ -87,7 +87,10 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
     for name in sorted(registry.nodes):
         node = registry.nodes[name]
         stale = node.stale(now, lease_s)
-        job_of = {i: b.job_id for b in node.bindings.values() for i in b.gpu_indices}
+        job_of = {}
+        for b in node.bindings.values():  # a GPU bound to several jobs: the first binding's
+            for i in b.gpu_indices:
+                job_of.setdefault(i, b.job_id)
         thermal = models.thermal(name) if not stale else {}
         for idx in sorted(node.gpus):
             g = node.gpus[idx]

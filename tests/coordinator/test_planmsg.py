@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 
 from capctl.v1 import capctl_pb2 as pb
@@ -58,14 +60,14 @@ def test_bad_field_raises():
 
 def _random_caps(rng, n_max=9):
     """Index -> W with indices across the varint sizes (0, < 128, >= 128, uint32 max) and caps
-    including 0.0, -0.0 (proto3 writes one and not the other), ints and numpy scalars."""
-    import numpy as np
-
+    across the values a plan may hold (> 0 and finite: the smallest double, ints, numpy scalars,
+    1e300; 0.0 and -0.0 are refused, test_refused_caps_raise_before_anything_is_serialized)."""
     pool = [0, 1, 7, 127, 128, 300, 16_383, 16_384, 2**21, 2**32 - 1]
     out = {}
     for i in rng.sample(pool, rng.randint(0, min(n_max, len(pool)))):
         out[rng.choice([i, np.uint32(i), np.int64(i)]) if rng.random() < 0.2 else i] = rng.choice(
-            [0.0, -0.0, 200, rng.uniform(200, 700), np.float64(rng.uniform(200, 700)), np.float32(350.25), 1e300])
+            [5e-324, 1, 200, rng.uniform(200, 700), np.float64(rng.uniform(200, 700)), np.float32(350.25),
+             np.int64(400), 1e300])
     return out
 
 
@@ -88,8 +90,8 @@ def test_an_empty_plan_is_still_a_plan():
     assert got.SerializeToString() == b"\x12\x00"
 
 
-@pytest.mark.parametrize("caps", [{-1: 300.0}, {2**32: 300.0}, {1.5: 300.0}, {"0": 300.0}, {0: "300"}])
-def test_bad_assignments_raise_like_protobuf(caps):
+@pytest.mark.parametrize("caps", [{-1: 300.0}, {2**32: 300.0}, {1.5: 300.0}, {"0": 300.0}])
+def test_bad_indices_raise_like_protobuf(caps):
     with pytest.raises((TypeError, ValueError)) as direct:
         _direct(caps, {})
     with pytest.raises(direct.type):
@@ -97,3 +99,48 @@ def test_bad_assignments_raise_like_protobuf(caps):
     with pytest.raises(direct.type):
         planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {}, caps)
 
+
+
+REFUSED = [None, True, False, np.True_, "300", b"300", math.nan, np.float64(math.nan), math.inf, -math.inf,
+           np.float32(math.inf), 0.0, -0.0, 0, -1, -250.0, np.float32(0.0), 10**400]
+
+
+@pytest.mark.parametrize("bad", REFUSED, ids=lambda v: repr(v)[:24])
+@pytest.mark.parametrize("field", ["caps", "safe_caps"])
+def test_refused_caps_raise_before_anything_is_serialized(field, bad):
+    """protobuf alone takes None as 0 W and True as 1 W: every cap that is not a finite real number
+    > 0 W is refused with a ValueError naming the node, the field, the GPU index and the value,
+    before a message is built or a failsafe part cached."""
+    cache = planmsg.SafeCapsCache()
+    good = {0: 300.0, 1: 310.0}
+    bad_caps = {0: 300.0, 5: bad, 7: 320.0}
+    caps, safe = (bad_caps, good) if field == "caps" else (good, bad_caps)
+    with pytest.raises(ValueError) as err:
+        planmsg.cap_plan(cache, "gpu-a01", caps, safe, seq=1, phase="increase")
+    text = str(err.value)
+    assert "'gpu-a01'" in text and f"{field} GPU 5" in text and "allowed: a finite int or float > 0 (W)" in text
+    assert repr(bad)[:30] in text
+    assert cache._by_node == {}  # nothing serialized, nothing cached
+    # the node's cached failsafe part is neither replaced nor used by a refused plan
+    kept = planmsg.cap_plan(cache, "gpu-a01", {}, good, seq=2, phase="hold")
+    entry = cache._by_node["gpu-a01"]
+    with pytest.raises(ValueError):
+        planmsg.cap_plan(cache, "gpu-a01", caps, safe, seq=3, phase="increase")
+    assert cache._by_node["gpu-a01"] is entry and kept == _direct({}, good, seq=2, phase="hold")
+
+
+def test_a_bool_equal_to_a_cached_cap_is_still_refused():
+    cache = planmsg.SafeCapsCache()
+    planmsg.cap_plan(cache, "n1", {}, {0: 1.0})  # (1 W: a real number; the device limits are not checked here)
+    with pytest.raises(ValueError, match=r"safe_caps GPU 0: cap_w True is not a number of watts \(a bool\)"):
+        planmsg.cap_plan(cache, "n1", {}, {0: True})  # True == 1.0: the cache key alone would take it
+
+
+@pytest.mark.parametrize("good", [300, np.int64(300), np.uint16(300), np.float64(300.5), np.float32(300.5),
+                                  np.float16(300.0), 5e-324, 1e300], ids=repr)
+def test_ints_and_numpy_reals_are_accepted(good):
+    caps = {2: good}
+    got = planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", caps, caps, seq=4)
+    assert got == _direct(caps, caps, seq=4)
+    assert [(a.index, a.cap_w) for a in got.plan.caps] == [(2, float(good))] == [
+        (a.index, a.cap_w) for a in got.plan.safe_caps]

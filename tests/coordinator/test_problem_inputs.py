@@ -164,3 +164,37 @@ def test_status_shows_ceilings_only_where_they_constrain():
     assert _shown_ceiling_w(math.inf, 200.0, 700.0) == 0.0
     assert _shown_ceiling_w(-590.1, 200.0, 700.0) == 200.0    # too hot: held at its minimum
     assert _shown_ceiling_w(650.0, 200.0, 700.0) == 650.0
+
+
+def test_a_gpu_bound_to_two_jobs_is_the_first_bindings_everywhere():
+    """GPU 1 of node1 is bound to jA and jB (a shared GPU): the registry's job of it, the energy
+    charged for it, the solver inputs and the models all name the first binding (jA, in the order
+    the registry holds node1's bindings); jB keeps GPU 2, GPU 3 is idle."""
+    now = [0.0]
+    reg = Registry(clock=lambda: now[0])
+    models = Models(clock=lambda: now[0], budget_clock=lambda: now[0])
+    msg = hello("node1", n_gpus=4)
+    msg.jobs.extend([pb.JobBinding(job_id="jA", node="node1", gpu_indices=[0, 1]),
+                     pb.JobBinding(job_id="jB", node="node1", gpu_indices=[2, 1])])
+    reg.on_hello(msg, Session())
+    node = reg.nodes["node1"]
+    assert list(node.bindings) == ["jA", "jB"]
+    energy_j = [1000.0, 2000.0, 3000.0, 4000.0]
+    for k, step_j in enumerate([0.0, 100.0]):  # the first sample only sets each counter's base
+        now[0] = 2.0 * k
+        energy_j = [e + step_j * (i + 1) for i, e in enumerate(energy_j)]  # GPU i: (i + 1) * 100 J
+        reg.on_telemetry("node1", pb.NodeTelemetry(node="node1", seq=k, gpus=[
+            pb.GpuTelemetry(index=i, power_w=400.0, cap_w=450.0, enforced_w=450.0, temp_c=60.0, sm_clock_mhz=1800,
+                            utilization_pct=100.0, energy_j=e) for i, e in enumerate(energy_j)]))
+        models.update(reg, 2.0)
+    assert [reg.job_of(node, i) for i in range(4)] == ["jA", "jA", "jB", ""]
+    assert dict(reg.job_energy_j) == {"jA": 100.0 + 200.0, "jB": 300.0}  # GPU 1's 200 J to jA only
+    inputs = allocation.build_inputs(reg, models, parse_policy(POLICY), now[0], 10.0, 2.0)
+    assert [(g.key, g.job) for g in inputs.gpus] == [
+        (("node1", 0), "jA"), (("node1", 1), "jA"), (("node1", 2), "jB"), (("node1", 3), None)]
+    assert inputs.jobs == {"jA": 1.0, "jB": 1.0}
+    assert [models.gpus[("node1", i)].job_id for i in range(4)] == ["jA", "jA", "jB", ""]
+    # JobStarted of jB again (an agent's resend) keeps the registry's order: GPU 1 stays jA's
+    reg.on_job_started("node1", pb.JobBinding(job_id="jB", node="node1", gpu_indices=[1, 2]))
+    inputs = allocation.build_inputs(reg, models, parse_policy(POLICY), now[0], 10.0, 2.0)
+    assert [g.job for g in inputs.gpus] == ["jA", "jA", "jB", None] and reg.job_of(node, 1) == "jA"

@@ -54,7 +54,8 @@ def _reference_record(reg: Registry, node: NodeObs, msg, now: float) -> None:
         energy_seen[t.index] = t.energy_j
         g.energy_j = t.energy_j
         if prev is not None and t.energy_j >= prev:
-            job = reg.job_of(node, t.index)
+            # Registry.job_of's loop before it read gpu_jobs: the first binding of the GPU
+            job = next((b.job_id for b in node.bindings.values() if t.index in b.gpu_indices), "")
             if job:
                 reg.job_energy_j[job] += t.energy_j - prev
 
