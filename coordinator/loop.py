@@ -351,11 +351,15 @@ class Coordinator:
         seq = node.next_seq
         node.next_seq += 1
         now = self.registry.clock()
-        msg = planmsg.cap_plan(
-            self._safe_caps_cache, node_name, caps, safe,
-            seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
-            dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s,
-        )
+        try:
+            msg = planmsg.cap_plan(
+                self._safe_caps_cache, node_name, caps, safe,
+                seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
+                dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s,
+            )
+        except ValueError as exc:  # a cap that is no number of watts: this node's plan only, never sent
+            log.error("capctl bug: plan %d for node %s not sent: %s", seq, node_name, exc)
+            return None
         for i, c in caps.items():
             g = node.gpus.get(i)
             if g is None:

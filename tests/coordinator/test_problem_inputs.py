@@ -198,3 +198,31 @@ def test_a_gpu_bound_to_two_jobs_is_the_first_bindings_everywhere():
     reg.on_job_started("node1", pb.JobBinding(job_id="jB", node="node1", gpu_indices=[1, 2]))
     inputs = allocation.build_inputs(reg, models, parse_policy(POLICY), now[0], 10.0, 2.0)
     assert [g.job for g in inputs.gpus] == ["jA", "jA", "jB", None] and reg.job_of(node, 1) == "jA"
+
+
+def test_a_plan_with_a_cap_that_is_no_number_is_not_sent_and_the_next_node_still_gets_its_plan(caplog):
+    class Recording(Session):
+        def __init__(self):
+            super().__init__()
+            self.msgs = []
+
+        def send(self, msg) -> bool:
+            self.msgs.append(msg)
+            return True
+
+    coord = _coordinator()
+    sessions = {n: Recording() for n in ("node1", "node2")}
+    for n, s in sessions.items():
+        coord.registry.on_hello(hello(n), s)
+        coord.registry.nodes[n].session = s
+
+    async def send_both():
+        with caplog.at_level(logging.ERROR, logger="capctl.coordinator.loop"):
+            bad = coord.send_plan("node1", "increase", {0: None}, {0: 300.0})
+            good = coord.send_plan("node2", "increase", {0: 350.0}, {0: 300.0})
+        return bad, good
+
+    bad, good = asyncio.run(send_both())
+    assert bad is None and sessions["node1"].msgs == [] and not coord.registry.nodes["node1"].gpus[0].pending
+    assert good is True and [c.cap_w for c in sessions["node2"].msgs[0].plan.caps] == [350.0]
+    assert any("node1" in r.getMessage() and "None" in r.getMessage() for r in caplog.records)
