@@ -68,11 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from capctl.sim.report import plot, table, to_json
 
     names = list(POLICY_NAMES)
-    if args.policies:
+    if args.policies is not None:  # (an empty list is an error, not "all")
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         bad = [n for n in names if n not in POLICY_NAMES]
-        if bad or not names:
-            raise UserInputError(f"--policies {args.policies!r}: {bad[0] if bad else 'empty'!r} is unknown; "
+        if not names:
+            raise UserInputError(f"--policies {args.policies!r} names no policy; allowed: a comma-separated list "
+                                 f"of {', '.join(POLICY_NAMES)}")
+        if bad:
+            raise UserInputError(f"--policies {args.policies!r}: {bad[0]!r} is unknown; "
                                  f"allowed: {', '.join(POLICY_NAMES)}")
     if args.duration is not None and not (0 < args.duration <= 30 * 86400):
         raise UserInputError(f"--duration {args.duration:g} is invalid; allowed: seconds > 0 and <= {30 * 86400}")
@@ -83,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     spec = load_cluster(args.cluster)
     if args.duration is not None:
+        if args.duration < spec.step_s:
+            raise UserInputError(f"--duration {args.duration:g} is shorter than one simulation step of {args.cluster} "
+                                 f"(step_s {spec.step_s:g} s); allowed: seconds >= {spec.step_s:g}")
         spec = replace(spec, duration_s=float(args.duration))
     if args.seed is not None:
         spec = replace(spec, seed=int(args.seed))

@@ -71,7 +71,7 @@ def to_json(scn, runs: dict, wall_s: float) -> dict:
             "throughput": round(r.throughput, 4),
             "job_rate_mean": round(_job_mean(r), 5),
             "thermal_slowdown_fraction": round(r.thermal_slowdown_fraction, 6),
-            "max_overshoot_w": round(r.max_overshoot_w, 3),
+            "max_overshoot_w": round(r.max_overshoot_w, 3) if math.isfinite(r.max_overshoot_w) else None,
             "energy_per_step_j": None if math.isnan(r.energy_per_step_j) else round(r.energy_per_step_j, 2),
             "energy_j": round(r.energy_j, 1),
             "wall_s": round(r.wall_s, 3),

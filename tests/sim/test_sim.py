@@ -330,3 +330,15 @@ def test_cluster_file_read_errors_are_worded(tmp_path, capsys):
         rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
         err = capsys.readouterr().err
         assert rc == 1 and expect in err and "codec" not in err and "Errno" not in err, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--duration", "0.5"], "--duration 0.5 is shorter than one simulation step"),
+    (["--policies", ""], "names no policy"),
+    (["--policies", " , "], "names no policy"),
+])
+def test_cli_refuses_a_run_too_short_for_one_step_and_an_empty_policy_list(capsys, args, says):
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), *args, "--json"])
+    out = capsys.readouterr()
+    assert rc != 0 and says in out.err and "Traceback" not in out.err and out.out == ""
+
