@@ -58,3 +58,23 @@ def parse_watts_text(text: str, what: str = "WATTS") -> float:
     if not math.isfinite(value):
         raise UserInputError(f"{what} {text!r}: give a finite number of watts")
     return value
+
+
+def format_watts(watts: float) -> str:
+    """Watts for a message, without the unit: plain decimal digits (``20000``, ``612.5``,
+    ``1000000000``, ``3500.0000001``), as many as tell the value apart from every other float (the
+    shortest text that reads back as the same float), so two different values never print the same.
+
+    No exponent from 1e-4 to below 1e16 W; outside that range the shortest exponent form
+    (``1e-300``). ``inf``/``nan`` as Python writes them. Raises nothing for a float or int.
+    """
+    from decimal import Decimal
+
+    value = float(watts)
+    if not math.isfinite(value) or value == 0.0:
+        return "0" if value == 0.0 else str(value)
+    text = repr(value)  # shortest round-trip digits
+    if not 1e-4 <= abs(value) < 1e16:
+        return text
+    plain = format(Decimal(text), "f")
+    return plain[:-2] if plain.endswith(".0") else plain

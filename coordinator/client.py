@@ -57,7 +57,9 @@ def coordinator_address(flag: str | None = None) -> str:
 
 
 def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
-    """Translate a gRPC error into the matching user-facing :class:`CapctlError`."""
+    """Translate a gRPC error into the matching user-facing :class:`CapctlError`: unreachable (also
+    UNIMPLEMENTED: something else answers at ``address``, e.g. an agent's socket) exit 3, permission
+    denied 4, not found 6, invalid argument 1."""
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -68,6 +70,8 @@ def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
         return NotFoundError(details)
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
         return UserInputError(details)
+    if code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server without the Admin service
+        return UnreachableError(f"{address} answers but serves no capctl coordinator (an agent's socket?)")
     return CapctlError(f"coordinator at {address}: {code.name if code else 'error'}: {details}")
 
 
@@ -113,7 +117,18 @@ class AdminClient:
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
+            if method != "Status" and err.code() == grpc.StatusCode.UNIMPLEMENTED and self._is_coordinator():
+                raise CapctlError(f"coordinator at {self.address} does not implement {method} "
+                                  "(an older capctl-coordinator?)") from None
             raise map_rpc_error(err, self.address) from None
+
+    def _is_coordinator(self) -> bool:
+        """Whether ``Admin.Status`` answers (an Admin service is there, maybe of an older version)."""
+        try:
+            self._stub.Status(self._pb.StatusRequest(), timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError:
+            return False
+        return True
 
     def status(self):
         """``StatusReply``: budget, allocated/enforced/drawn watts, nodes, jobs, domains, alerts."""

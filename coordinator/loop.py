@@ -47,6 +47,7 @@ import numpy as np
 from capctl import capstates
 from capctl.errors import UserInputError
 from capctl.v1 import capctl_pb2 as pb
+from capctl.wattunits import format_watts
 from coordinator import allocation, decide, gpucolumns, membound, observe, observed, planmsg, planner, tickphase
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
@@ -909,15 +910,16 @@ class Coordinator:
         if budget_w < need:
             return pb.SetBudgetReply(
                 ok=False, budget_w=current, deficit_w=need - budget_w,
-                message=(f"refused: {budget_w:g} W is below the {need:g} W the cluster needs at least (live GPUs at their "
-                         f"minimum cap, stale nodes at their held caps); deficit {need - budget_w:g} W; budget stays {current:g} W"),
+                message=(f"refused: {format_watts(budget_w)} W is below the {format_watts(need)} W the cluster needs "
+                         f"at least (live GPUs at their minimum cap, stale nodes at their held caps); deficit "
+                         f"{format_watts(need - budget_w)} W; budget stays {format_watts(current)} W"),
             )
         try:
             new_policy = self.file_policy.with_budget(budget_w)
         except UserInputError as exc:
             floor = _deficit_from_message(str(exc))
             return pb.SetBudgetReply(ok=False, budget_w=current, deficit_w=floor, message=f"refused: {exc}")
-        msg = f"budget set to {budget_w:g} W (was {current:g} W)"
+        msg = f"budget set to {format_watts(budget_w)} W (was {format_watts(current)} W)"
         if self.store is not None and self.store.ok:
             try:
                 await self.store_read(self.store.set_budget_override, budget_w, self.file_policy.budget_w)
@@ -926,8 +928,8 @@ class Coordinator:
             except StoreError as exc:
                 if self.ha is not None:  # HA: an admin change that is not in etcd would be lost on failover
                     return pb.SetBudgetReply(ok=False, budget_w=current, message=f"refused: not saved: {exc}")
-                self.persistent_alerts["store"] = f"budget {budget_w:g} W in force but NOT persisted: {exc}"
-                msg += f"; WARNING: not persisted ({exc}); a restart returns to {self.file_policy.budget_w:g} W"
+                self.persistent_alerts["store"] = f"budget {format_watts(budget_w)} W in force but NOT persisted: {exc}"
+                msg += f"; WARNING: not persisted ({exc}); a restart returns to {format_watts(self.file_policy.budget_w)} W"
         else:
             msg += "; WARNING: no state database, not persisted"
         self.policy = new_policy

@@ -38,6 +38,7 @@ from capctl.security import limits
 from capctl.security.identity import agent_identity_problem, peer_identity
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
+from capctl.wattunits import format_watts
 
 log = logging.getLogger("capctl.coordinator.server")
 
@@ -67,6 +68,18 @@ SERVER_OPTIONS = [
 def major_version(version: str) -> str:
     """``"capctl.v1"`` for ``"capctl.v1"``, ``"capctl.v1.3"``; the protocol's major version."""
     return ".".join(version.split(".")[:2])
+
+
+def finished_request_problem(request) -> str:
+    """What is wrong with a ``FinishedJobsRequest``, naming only the field at fault ("" when nothing):
+    ``since_s`` must be a Unix time >= 0 (s), ``job_id`` at most :data:`limits.MAX_JOB_ID_LEN`
+    characters."""
+    if not request.since_s >= 0:  # also NaN
+        return f"FinishedJobs: since_s {request.since_s!r} is not allowed; give a Unix time >= 0 (s), 0 for all"
+    if len(request.job_id) > limits.MAX_JOB_ID_LEN:
+        return (f"FinishedJobs: job_id of {len(request.job_id)} characters is not allowed; "
+                f"at most {limits.MAX_JOB_ID_LEN}")
+    return ""
 
 
 def allocatable_under_limits_w(root) -> float | None:
@@ -417,9 +430,9 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def FinishedJobs(self, request, context):  # noqa: N802
         from coordinator.store import StoreError
 
-        if not (request.since_s >= 0) or len(request.job_id) > 128:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "FinishedJobs: since_s must be a Unix time >= 0 "
-                                "and job_id at most 128 characters")
+        problem = finished_request_problem(request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
             return await self.coord.finished_jobs_async(request)
         except StoreError as exc:
@@ -435,7 +448,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if reply.ok:
             room_w = allocatable_under_limits_w(self.coord.policy.domains)
             if room_w is not None and budget > room_w + 1e-6:
-                reply.message += (f"; WARNING: only {room_w:.0f} W can be allocated under the domain limits below "
+                reply.message += (f"; WARNING: only {format_watts(room_w)} W can be allocated under the domain limits below "
                                   f"the root (the rest of the budget stays unused)")
         return reply
 

@@ -23,12 +23,20 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_since(text: str, now_s: float | None = None) -> float:
-    """``--since`` as a Unix time (s).
+    """``--since`` as a Unix time (s, >= 0).
 
     Raises:
-        UserInputError: not a Unix time, ISO 8601 time or age (naming the value and what is allowed).
+        UserInputError: not a Unix time, ISO 8601 time or age (naming the value and what is allowed),
+            or a time before 1970-01-01 (an age older than the Unix epoch, an earlier ISO time).
     """
-    now_s = time.time() if now_s is None else now_s
+    since_s = _since_s(text, time.time() if now_s is None else now_s)
+    if not since_s >= 0:
+        raise UserInputError(f"--since {text.strip()} is before 1970-01-01; give a later time (Unix s >= 0, "
+                             "an ISO 8601 time from 1970 on, or a shorter age)")
+    return since_s
+
+
+def _since_s(text: str, now_s: float) -> float:
     raw = (text or "").strip()
     m = _AGE.match(raw)
     if m:

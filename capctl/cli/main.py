@@ -6,7 +6,9 @@ parsed ``argparse.Namespace`` and returning an int exit code). Modules are impor
 missing optional piece never breaks the other commands.
 
 Errors for people (:class:`capctl.errors.CapctlError`) are printed as ``capctl: <message>`` on
-stderr with the error's exit code; never a traceback.
+stderr with the error's exit code; never a traceback. With ``--json`` they are also one JSON object
+on stdout (``{"ok": false, ..., "error", "exit_code"}``). A closed stdout (``| head``) ends any
+command quietly with exit status 141.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import importlib
 import sys
 
 from capctl import lifeline
-from capctl.errors import run_for_person
+from capctl.errors import quiet_when_stdout_closes, run_for_person
 
 # Subcommand modules, in the order they appear in --help.
 SUBCOMMAND_MODULES = (
@@ -57,20 +59,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``capctl``; returns the process exit code (see :mod:`capctl.errors`)."""
+    """Run ``capctl``; returns the process exit code (see :mod:`capctl.errors`): 141 when the reader
+    of stdout went away (``capctl status | head -1``), quietly, for every command."""
+    return quiet_when_stdout_closes(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     lifeline.watch_parent()  # `capctl demo` or `status --watch` started by a test: stop with it
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+
     def dispatch() -> int:
         from capctl.cli.rpc import configure
 
         configure(args)
         return args.func(args)
 
-    return run_for_person("capctl", dispatch, extra=getattr(args, "extra", None))
+    # --json: every outcome is one JSON object on stdout, errors too (docs/cli.md)
+    return run_for_person("capctl", dispatch, extra=getattr(args, "extra", None),
+                          json_errors=bool(getattr(args, "json", False)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ socket, see :mod:`capctl.cli.rpc`) and ``--json`` (one JSON object on stdout; th
 ``capctl status --json`` is docs/status-schema.json and is stable: fields are only ever added).
 Tables are for people and may change. Exit codes: :mod:`capctl.errors` (3 = coordinator
 unreachable, 4 = permission denied, 6 = job not found, 1 = refused input such as a budget below the
-sum of minimum caps).
+sum of minimum caps); with ``--json`` an error is also one JSON object on stdout
+(``{"ok": false, ..., "error", "exit_code"}``, :func:`capctl.errors.run_for_person`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 
 from capctl.errors import CapctlError, UserInputError
+from capctl.wattunits import format_watts
 
 from capctl.statusview import (
     STATUS_SCHEMA_VERSION,
@@ -87,7 +89,8 @@ def _watch(args, state: dict) -> None:
             if args.count is not None and shown == 0:
                 raise
             state["reached"] = False
-            text = f"capctl: {err} (retrying)"
+            text = (json.dumps({"ok": False, "error": str(err), "exit_code": err.exit_code, "retrying": True})
+                    if args.json else f"capctl: {err} (retrying)")
         if args.json:
             print(text, flush=True)
         else:
@@ -153,8 +156,8 @@ def parse_watts(text: str) -> float:
     from capctl.security.limits import MAX_BUDGET_W
 
     if value > MAX_BUDGET_W:
-        raise UserInputError(f"WATTS {text!r}: {fmt_w(value)} W is above the largest budget allowed, "
-                             f"{fmt_w(MAX_BUDGET_W)} W")
+        raise UserInputError(f"WATTS {text!r}: {format_watts(value)} W is above the largest budget allowed, "
+                             f"{format_watts(MAX_BUDGET_W)} W")
     return value
 
 
@@ -166,20 +169,12 @@ def cmd_budget_set(args) -> int:
         reply = client.set_budget(watts)
     d = {"ok": bool(reply.ok), "requested_w": _num(watts), "budget_w": _num(reply.budget_w),
          "deficit_w": _num(reply.deficit_w), "message": reply.message}
-    if args.json:
-        _emit(d)
-    elif reply.ok:
-        print(budget_set_line(reply))
-    if not reply.ok:
-        raise UserInputError(budget_refused_line(watts, reply))
+    if not reply.ok:  # --json: d with ok false and the error (capctl.errors.run_for_person)
+        err = UserInputError(budget_refused_line(watts, reply))
+        err.json_fields = d
+        raise err
+    _emit(d) if args.json else print(budget_set_line(reply))
     return 0
-
-
-def fmt_w(watts: float) -> str:
-    """Watts for a message: plain digits, no exponent (``20000``, ``1000000000000``, ``612.5``)."""
-    if not math.isfinite(watts):
-        return str(watts)
-    return f"{watts:.0f}" if abs(watts - round(watts)) < 0.05 else f"{watts:.1f}"
 
 
 def budget_set_line(reply) -> str:
@@ -187,7 +182,7 @@ def budget_set_line(reply) -> str:
     msg = (reply.message or "").strip()
     if msg.lower().startswith("budget set to"):
         return msg
-    return f"budget set to {fmt_w(reply.budget_w)} W" + (f"; {msg}" if msg else "")
+    return f"budget set to {format_watts(reply.budget_w)} W" + (f"; {msg}" if msg else "")
 
 
 def budget_refused_line(watts: float, reply) -> str:
@@ -195,11 +190,11 @@ def budget_refused_line(watts: float, reply) -> str:
     msg = (reply.message or "").strip()
     while msg.lower().startswith("refused:"):
         msg = msg[len("refused:"):].strip()
-    line = f"budget {fmt_w(watts)} W refused" + (f": {msg}" if msg else "")
+    line = f"budget {format_watts(watts)} W refused" + (f": {msg}" if msg else "")
     if reply.deficit_w > 0 and "deficit" not in msg:
-        line += f" (deficit {fmt_w(reply.deficit_w)} W)"
+        line += f" (deficit {format_watts(reply.deficit_w)} W)"
     if "budget stays" not in msg and "in force" not in msg:
-        line += f"; budget in force {fmt_w(reply.budget_w)} W"
+        line += f"; budget in force {format_watts(reply.budget_w)} W"
     return line
 
 

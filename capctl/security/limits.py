@@ -80,7 +80,9 @@ def check_watts(value: float, field: str, *, allow_zero: bool = True, max_w: flo
     """A finite number of watts in [0, max_w] (or (0, max_w] without ``allow_zero``)."""
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > max_w:
         low = "0 <=" if allow_zero else "0 <"
-        return f"{field} {value!r}: need {low} W <= {max_w:g} (finite)"
+        from capctl.wattunits import format_watts
+
+        return f"{field} {format_watts(value)}: need {low} W <= {format_watts(max_w)} (finite)"
     return ""
 
 

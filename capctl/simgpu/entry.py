@@ -8,7 +8,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``capctl-simgpu``; exit 1 with one line when the ``sim`` extra is missing."""
+    """Run ``capctl-simgpu``; exit 1 with one line when the ``sim`` extra is missing, 141 (quietly)
+    when the reader of stdout went away (``capctl-simgpu ... | head``)."""
+    from capctl.errors import quiet_when_stdout_closes
+
+    return quiet_when_stdout_closes(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     from capctl.extras import missing_extra_message
 
     try:

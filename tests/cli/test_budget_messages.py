@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from capctl.cli.status import budget_refused_line, budget_set_line, fmt_w
+from capctl.cli.status import budget_refused_line, budget_set_line
+from capctl.wattunits import format_watts
 from coordinator.server import allocatable_under_limits_w
 from capctl.policy import load_policy
 from tests.support.processes import require_coordinator, start_coordinator
@@ -39,7 +40,7 @@ domains:
 
 
 def test_message_wording_units():
-    assert fmt_w(1e12) == "1000000000000" and fmt_w(20000.0) == "20000" and fmt_w(612.5) == "612.5"
+    assert format_watts(1e12) == "1000000000000" and format_watts(20000.0) == "20000" and format_watts(612.5) == "612.5"
     ok = SimpleNamespace(ok=True, budget_w=20000.0, deficit_w=0.0,
                          message="budget set to 20000 W (was 8000 W); saved in /x/coordinator.db")
     assert budget_set_line(ok) == "budget set to 20000 W (was 8000 W); saved in /x/coordinator.db"
@@ -53,6 +54,33 @@ def test_message_wording_units():
     line = budget_refused_line(1e12, SimpleNamespace(ok=False, budget_w=8000.0, deficit_w=0.0,
                                                      message="refused: above the root domain limit"))
     assert line == "budget 1000000000000 W refused: above the root domain limit; budget in force 8000 W"
+
+
+@pytest.mark.parametrize("watts, text", [(1e-300, "1e-300"), (1e9, "1000000000"), (3500.0000001, "3500.0000001"),
+                                         (3500.0, "3500"), (1.0, "1"), (9999999.999999998, "9999999.999999998"),
+                                         (1e7, "10000000"), (0.5, "0.5"), (0.0, "0"), (-5.0, "-5")])
+def test_one_watts_formatter_plain_decimal_never_the_same_for_different_values(watts, text):
+    assert format_watts(watts) == text and float(text) == watts
+
+
+def test_format_watts_tells_neighbouring_values_apart_without_exponent_from_1_to_1e7():
+    import math
+    import random
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        w = 10 ** rng.uniform(0, 7)
+        up = math.nextafter(w, math.inf)
+        a, b = format_watts(w), format_watts(up)
+        assert a != b and float(a) == w and float(b) == up and "e" not in a + b, (w, a, b)
+
+
+def test_budget_refused_and_set_lines_carry_the_exact_watts():
+    tiny = SimpleNamespace(ok=False, budget_w=1200.0, deficit_w=400.0,
+                           message="refused: 1e-300 W is below the 400 W the cluster needs at least; deficit 400 W; "
+                                   "budget stays 1200 W")
+    assert budget_refused_line(1e-300, tiny).startswith("budget 1e-300 W refused: 1e-300 W is below")
+    assert budget_set_line(SimpleNamespace(ok=True, budget_w=1e9, deficit_w=0, message="")) == "budget set to 1000000000 W"
 
 
 def test_allocatable_under_limits(tmp_path):
@@ -84,6 +112,11 @@ def test_budget_above_domain_limits_warns_in_one_line(tmp_path):
         assert "WARNING: only 9000 W can be allocated under the domain limits" in lines[0]
         r = cli("5000")  # within the domain limits: no warning
         assert r.returncode == 0 and "WARNING" not in r.stdout and "budget set to 5000 W (was 20000 W)" in r.stdout
+        r = cli("5000.0000001")  # the coordinator's message tells the two budgets apart
+        assert r.returncode == 0 and r.stdout.startswith("budget set to 5000.0000001 W (was 5000 W)"), r.stdout
+        r = cli("1e-300")  # one number for one value, no "budget 0 W refused: 1e-300 W ..."
+        assert r.returncode == 1 and r.stderr.startswith("capctl: budget 1e-300 W refused: "), r.stderr
+        assert "1e-300 W is below the sum of minimum caps 1600 W" in r.stderr, r.stderr
         r = cli("1e12")  # checked before sending: one unit style in the line
         assert r.returncode == 1 and r.stderr == ("capctl: WATTS '1e12': 1000000000000 W is above the largest budget "
                                                   "allowed, 1000000000 W\n")

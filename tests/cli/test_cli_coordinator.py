@@ -72,4 +72,10 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         assert f"uid {os.getuid()} " in audit and f"pid {os.getpid()}" in audit, audit
         code, out, err = run(capsys, "budget", "set", "700", "--coordinator", cl.coordinator.admin_address)
         assert code == 1 and "deficit" in err and "700" in err
+        code, out, err = run(capsys, "budget", "set", "1e-300", "--coordinator", cl.coordinator.admin_address)
+        assert code == 1 and err.startswith("capctl: budget 1e-300 W refused: 1e-300 W is below the "), err
+        # an agent's socket is no coordinator: said so, with the unreachable exit status
+        code, out, err = run(capsys, "--coordinator", f"unix:{cl.agent('node1').socket_path}", "status")
+        assert (code, out) == (3, "") and err == (f"capctl: unix:{cl.agent('node1').socket_path} answers but serves "
+                                                  "no capctl coordinator (an agent's socket?)\n")
         assert status()["budget_w"] == 2400.0

@@ -169,4 +169,86 @@ def test_unreachable_exit_3_clean_message(tmp_path):
                               f"unix:{tmp_path}/none.sock"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 3, (args, out.stderr)
         assert out.stderr.startswith("capctl: coordinator at unix:") and "unreachable" in out.stderr
-        assert "Traceback" not in out.stderr and out.stdout == ""
+        assert "Traceback" not in out.stderr
+        if "--json" in args:  # one JSON object with the same error (docs/cli.md)
+            d = json.loads(out.stdout)
+            assert d["ok"] is False and d["exit_code"] == 3 and out.stderr == f"capctl: {d['error']}\n"
+        else:
+            assert out.stdout == ""
+
+
+def test_json_commands_print_one_json_object_for_every_outcome(admin, tmp_path, capsys):
+    fake, address = admin
+    cases = [  # (argv, exit code, the error's start)
+        (["budget", "set", "abc"], 1, "WATTS 'abc': give a number of watts"),
+        (["budget", "set", "2000000"], 4, "budget set: admin only"),
+        (["explain", "99"], 6, "job '99' is not bound"),
+        (["status", "--hottest", "-1"], 1, "--hottest -1: give a count >= 0"),
+        (["jobs", "--finished", "--since", "yesterday"], 1, "--since 'yesterday': give a Unix time"),
+        (["nodes"], 3, f"coordinator at unix:{tmp_path}/none.sock unreachable"),
+    ]
+    for argv, code, error in cases:
+        target = f"unix:{tmp_path}/none.sock" if argv == ["nodes"] else address
+        plain = run(capsys, *argv, "--coordinator", target)
+        got, out, err = run(capsys, *argv, "--json", "--coordinator", target)
+        assert (got, plain[0]) == (code, code), (argv, err)
+        assert err == plain[2] and err.startswith(f"capctl: {error}"), (argv, err)  # the same line for people
+        assert out.count("\n") == 1 and plain[1] == "", (argv, out)
+        d = json.loads(out)
+        assert d["ok"] is False and d["exit_code"] == code and d["error"].startswith(error), (argv, d)
+    # a refused budget: the documented keys, and the error
+    code, out, _ = run(capsys, "budget", "set", "500", "--json", "--coordinator", address)
+    d = json.loads(out)
+    assert code == 1 and d["ok"] is False and d["requested_w"] == 500.0 and d["budget_w"] == 4480.0
+    assert d["deficit_w"] == 300.0 and d["message"] == "below the sum of minimum caps"
+    assert d["error"] == "budget 500 W refused: below the sum of minimum caps (deficit 300 W); budget in force 4480 W"
+    code, out, _ = run(capsys, "budget", "set", "4.2kW", "--json", "--coordinator", address)
+    assert code == 0 and json.loads(out) == {"ok": True, "requested_w": 4200.0, "budget_w": 4200.0, "deficit_w": 0.0,
+                                             "message": ""}
+
+
+def test_watch_json_retry_lines_are_json(tmp_path, capsys, monkeypatch):
+    from capctl.cli import status as status_cli
+    from capctl.errors import UnreachableError
+
+    calls = []
+
+    def fetch(address, method="Status"):
+        calls.append(address)
+        if len(calls) == 2:
+            raise UnreachableError("coordinator at unix:/x unreachable (UNAVAILABLE): gone")
+        return {"schema_version": 1, "budget_w": 100.0}
+
+    monkeypatch.setattr(status_cli, "fetch_status", fetch)
+    code, out, _ = run(capsys, "status", "--watch", "--json", "--watch-interval-s", "0.2", "--count", "3",
+                       "--coordinator", "unix:/x")
+    lines = [json.loads(ln) for ln in out.splitlines()]
+    assert code == 0 and len(lines) == 3 and lines[0] == lines[2] == {"schema_version": 1, "budget_w": 100.0}
+    assert lines[1] == {"ok": False, "error": "coordinator at unix:/x unreachable (UNAVAILABLE): gone", "exit_code": 3,
+                        "retrying": True}
+
+
+class NotAdmin(pb_grpc.AgentLocalServicer):
+    """An agent's local service only (as on an agent's socket)."""
+
+
+def test_an_address_without_the_admin_service_is_unreachable_naming_it(tmp_path, capsys):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_AgentLocalServicer_to_server(NotAdmin(), server)
+    address = f"unix:{tmp_path}/agent.sock"
+    server.add_insecure_port(address)
+    server.start()
+    try:
+        for argv in (["status"], ["jobs", "--finished"], ["budget", "set", "1000"]):
+            code, out, err = run(capsys, "--coordinator", address, *argv)
+            assert (code, out) == (3, ""), (argv, err)
+            assert err == f"capctl: {address} answers but serves no capctl coordinator (an agent's socket?)\n", argv
+    finally:
+        server.stop(0.2).wait(2)
+
+
+def test_a_coordinator_without_a_newer_method_is_named_as_such(admin, capsys):
+    _, address = admin  # FakeAdmin has no FinishedJobs, as a coordinator older than it
+    code, out, err = run(capsys, "jobs", "--finished", "--coordinator", address)
+    assert (code, out) == (1, "")
+    assert err == f"capctl: coordinator at {address} does not implement FinishedJobs (an older capctl-coordinator?)\n"

@@ -30,3 +30,23 @@ def test_the_table_marks_incomplete_jobs():
     text = render_finished([row])
     assert "7*" in text and "15000.0" in text and "60.0" in text and "incomplete" in text
     assert render_finished([]) == "no finished jobs kept in that time"
+
+
+@pytest.mark.parametrize("text", ["99999d", "1970-01-01T00:00:01+01:00", "1960-05-01"])
+def test_since_before_1970_is_refused_on_the_client_naming_it(text):
+    with pytest.raises(UserInputError) as info:
+        parse_since(text, 1_800_000_000.0)
+    assert str(info.value).startswith(f"--since {text} is before 1970-01-01; give a later time")
+    assert parse_since("20833d", 1_800_000_000.0) == 1_800_000_000.0 - 20833 * 86400.0  # 1970-01-02: allowed
+
+
+def test_the_servers_message_names_only_the_field_that_is_wrong():
+    from capctl.v1 import capctl_pb2 as pb
+    from coordinator.server import finished_request_problem
+
+    assert finished_request_problem(pb.FinishedJobsRequest(since_s=-5.0)) == (
+        "FinishedJobs: since_s -5.0 is not allowed; give a Unix time >= 0 (s), 0 for all")
+    assert finished_request_problem(pb.FinishedJobsRequest(since_s=float("nan"))).startswith("FinishedJobs: since_s nan")
+    long_id = pb.FinishedJobsRequest(job_id="7" * 129)
+    assert finished_request_problem(long_id) == "FinishedJobs: job_id of 129 characters is not allowed; at most 128"
+    assert finished_request_problem(pb.FinishedJobsRequest(since_s=1.7e9, job_id="7" * 128)) == ""
