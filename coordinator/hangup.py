@@ -20,6 +20,14 @@ SHOWN_ERRORS = 5
 """Errors of a refused policy named in the one log line (all of them: ``capctl policy validate``)."""
 
 
+def refusal_text(reply) -> str:
+    """One line for a refused ``ReloadPolicyReply``: its message and the first :data:`SHOWN_ERRORS`
+    of its ``file:line:col`` errors (the lines ``capctl policy reload`` prints), with how many more."""
+    errors = list(reply.errors)
+    more = f" (and {len(errors) - SHOWN_ERRORS} more: capctl policy validate)" if len(errors) > SHOWN_ERRORS else ""
+    return f"{reply.message}: {'; '.join(errors[:SHOWN_ERRORS])}{more}"
+
+
 async def reload_on_hangup(coord, counter=None) -> bool:
     """Reload ``coord``'s policy file; returns True when the new policy is in force.
 
@@ -37,9 +45,7 @@ async def reload_on_hangup(coord, counter=None) -> bool:
         if ok:
             log.info("SIGHUP: %s", reply.message)
         else:
-            errors = list(reply.errors)
-            more = f" (and {len(errors) - SHOWN_ERRORS} more: capctl policy validate)" if len(errors) > SHOWN_ERRORS else ""
-            log.error("SIGHUP: %s: %s%s", reply.message, "; ".join(errors[:SHOWN_ERRORS]), more)  # one log line
+            log.error("SIGHUP: %s", refusal_text(reply))  # one log line
     if counter is not None:
         counter("ok" if ok else "error")
     sdnotify.ready(f"policy {'reloaded' if ok else 'reload FAILED, last good kept'}")

@@ -39,6 +39,7 @@ from capctl.security.identity import agent_identity_problem, peer_identity
 from capctl.v1 import capctl_pb2 as pb
 from capctl.v1 import capctl_pb2_grpc as pb_grpc
 from capctl.wattunits import format_watts
+from coordinator.hangup import refusal_text
 
 log = logging.getLogger("capctl.coordinator.server")
 
@@ -456,8 +457,12 @@ class AdminServicer(pb_grpc.AdminServicer):
         await self._require_admin(context, "policy reload")
         problem = limits.validate_policy_path(request.path)
         if problem:
+            log.warning("policy reload by %s refused: %s", context.peer() or "?", problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        return await self.coord.reload_policy(request.path)
+        reply = await self.coord.reload_policy(request.path)
+        if not reply.ok:  # the reason, not only the audit line (the CLI gets the same text)
+            log.warning("policy reload by %s refused: %s", context.peer() or "?", refusal_text(reply))
+        return reply
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,10 +107,19 @@ def parse_quantity(text: str) -> tuple[float, str | None, float] | None:
 
 
 def format_number(value: float) -> str:
-    """Format a number the way a person would write it in YAML (``20000``, ``0.5``)."""
+    """Format a number the way a person would write it in YAML (``20000``, ``0.5``, ``1e-320``):
+    at most 6 significant digits, fewer where fewer read back as ``value`` (a denormal written
+    1e-320 is not shown as 9.99989e-321)."""
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
-    return f"{value:.6g}"
+    text = f"{value:.6g}"
+    shortest = repr(float(value))  # the shortest text that reads back as value
+    return shortest if _digits(shortest) < _digits(text) else text
+
+
+def _digits(text: str) -> int:
+    """Significant digits of a number written as ``text`` (``"9.99989e-321"`` -> 6)."""
+    return len(text.split("e")[0].lstrip("-").replace(".", "").strip("0"))
 
 
 def value_hint(key: str, text: str) -> str:

@@ -30,12 +30,13 @@ from types import MappingProxyType
 import hostlist
 import jsonschema
 
+from capctl.addresses import check_address
 from capctl.errors import UserInputError
 from capctl.policy import model
 from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
 from capctl.policy.minimums import minimum_w
 from capctl.policy.units import UNIT_NAMES, format_number, split_unit_key, value_hint
-from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
+from capctl.policy.yamlpos import Positions, YamlInputError, dotted, load_with_positions, read_regular_file
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """Largest policy file read, bytes."""
@@ -118,17 +119,6 @@ class _Diag:
             errors = errors[:MAX_ERRORS] + [f"{self.source}: ... and {len(errors) - MAX_ERRORS} more errors"]
         warnings = [f"{self.source}:{l}:{c}: warning: {m}" for l, c, m in sorted(set(self.warnings))]
         return errors, warnings[:MAX_ERRORS]
-
-
-def dotted(path) -> str:
-    """Render a JSON path as ``domains.children[0].limit_w`` (``<policy>`` for the root)."""
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "<policy>"
 
 
 def _show(value: object) -> str:
@@ -299,6 +289,11 @@ def _check_structure(data, diag: _Diag) -> None:
         diag.error((), "empty policy; expected a mapping starting with version: 1")
         return
     bad_numbers = set()
+    if isinstance(data, dict) and isinstance(data.get("version"), float):
+        # JSON Schema counts 1.0 as an integer; docs/policy.md says the version is one: 1, never 1.0
+        bad_numbers.add(("version",))
+        diag.error(("version",), f"version: {data['version']!r} is not allowed; the format version is an "
+                                 "integer: write version: 1")
     for path in _non_finite(data):
         bad_numbers.add(path)
         diag.error(path, f"{dotted(path)}: {_show(data_at(data, path))} is not allowed; give a finite number")
@@ -572,6 +567,7 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
     _check_device_limits(data, diag, root, caps, device_min, device_max)
     _check_minimums(data, diag, root, min_cap_w, device_min)
     socket_path = _check_socket_path(data, diag)
+    _check_coordinator_address(data, diag)
     if diag.errors:
         return None
     return _make_policy(data, source, budget_w, root, interval_s, lease_s, root_limit, socket_path)
@@ -709,6 +705,18 @@ def _check_socket_path(data: dict, diag: _Diag) -> str:
     return socket_path
 
 
+def _check_coordinator_address(data: dict, diag: _Diag) -> None:
+    """Report a ``coordinator.address`` the CLI and the agents would refuse (a port outside
+    1..65535, a unix path over 107 bytes): the same rule, :func:`capctl.addresses.check_address`."""
+    address = (data.get("coordinator") or {}).get("address")
+    if address is None:
+        return
+    try:
+        check_address(address, "coordinator.address")
+    except UserInputError as err:
+        diag.error(("coordinator", "address"), str(err))
+
+
 def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval_s: float, lease_s: float,
                  root_limit, socket_path: str) -> model.Policy:
     """The :class:`model.Policy` of checked ``data`` with its defaults filled in (watts, seconds)."""
@@ -812,11 +820,12 @@ def check_text(
 
 
 def read_policy_text(path) -> str:
-    """Read a policy file as UTF-8 text. Raises :class:`PolicyError` (one line) when it cannot."""
+    """Read a policy file as UTF-8 text. Raises :class:`PolicyError` (one line) when it cannot:
+    missing, unreadable, not a regular file (a directory, FIFO, socket or device), over
+    :data:`MAX_FILE_BYTES` or not UTF-8."""
     name = str(path)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
+        raw = read_regular_file(path, MAX_FILE_BYTES)  # a FIFO or device is refused, never waited on
     except OSError as err:
         raise PolicyError([f"{name}: cannot read the policy file: {err.strerror or err}"]) from None
     except ValueError as err:  # e.g. embedded NUL in the path

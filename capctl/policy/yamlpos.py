@@ -6,13 +6,27 @@ dicts/lists/scalars (with the safe loader's scalar rules) and records, for each 
 
 Bounds (a policy is small; anything bigger is an error, never a hang): at most
 :data:`MAX_NODES` YAML nodes after alias expansion and a nesting depth of :data:`MAX_DEPTH`.
+
+Numbers: YAML 1.1 (PyYAML) silently reads ``020000`` as octal (8192), ``1:30`` as base 60 (90) and
+``0x1000`` as hexadecimal, and ``2e4`` (no dot) as text. The loader here reads plain decimal
+integers and YAML 1.2 floats (``2e4``, ``1.5e3``, ``.5``, ``.inf``) and refuses a plain scalar
+that a person or another YAML version would read differently (a leading zero, base 60, a
+``0x``/``0o``/``0b`` prefix) with an error naming the key, the value as written and what to write.
+Quoted text is never a number. :func:`read_regular_file` reads the files these come from.
 """
 
 from __future__ import annotations
 
+import errno
+import math
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 
 import yaml
+
+from capctl.policy.units import UNIT_NAMES, format_number, key_unit
 
 MAX_NODES = 500_000
 """Largest number of YAML nodes (after alias expansion) accepted in one document."""
@@ -58,22 +72,103 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+INT_TAG = "tag:yaml.org,2002:int"
+FLOAT_TAG = "tag:yaml.org,2002:float"
+AMBIGUOUS_NUMBER_TAG = "tag:capctl,2024:ambiguous-number"
+"""Tag the loader gives a plain scalar refused as a number (see the module docstring)."""
+
+_KEY = "\0key"
+"""Path component under which a mapping key is built (keys are names: taken as written)."""
+
+_DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
+_DECIMAL_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+_AMBIGUOUS_NUMBER = re.compile(r"""^[-+]?(?:0[0-9_]+
+    |0[xXoObB][0-9a-fA-F_]+
+    |[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)$""", re.X)
+
+
 class _Loader(yaml.SafeLoader):
-    """Safe loader; only scalar construction is used."""
+    """Safe loader with the number rules of the module docstring; only scalar construction is used."""
+
+    prefixed_ints = False
+    """Read 0x/0o/0b integers (see :func:`load_with_positions`)."""
 
 
-def load_with_positions(text: str) -> tuple[object, Positions]:
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(AMBIGUOUS_NUMBER_TAG, _AMBIGUOUS_NUMBER, list("-+0123456789"))
+_Loader.add_implicit_resolver(INT_TAG, _DECIMAL_INT, list("-+0123456789"))
+_Loader.add_implicit_resolver(FLOAT_TAG, _DECIMAL_FLOAT, list("-+0123456789."))
+
+
+def dotted(path) -> str:
+    """Render a JSON path as ``domains.children[0].limit_w`` (``<policy>`` for the root)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<policy>"
+
+
+def _meant(text: str) -> tuple[str, float | None]:
+    """(why ``text`` (an ambiguous number) is refused, the number its notation stands for or None)."""
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-").replace("_", "")
+    try:
+        if ":" in digits:
+            value = 0.0
+            for part in digits.split(":"):
+                value = value * 60 + float(part)
+            return f"YAML 1.1 reads {text} as a base-60 number ({format_number(sign * value)})", sign * value
+        if digits[1:2].isalpha():
+            names = {"x": "a hexadecimal", "o": "an octal", "b": "a binary"}
+            return f"{names[digits[1].lower()]} number ({digits[:2]} prefix)", sign * int(digits, 0)
+        decimal = sign * int(digits)
+        if set(digits) <= set("01234567"):
+            read = f"a leading 0 as octal ({format_number(sign * int(digits, 8))})"
+        else:
+            read = f"{text} as text"
+        return f"YAML 1.1 reads {read}, YAML 1.2 as decimal ({format_number(decimal)})", decimal
+    except (ValueError, KeyError):
+        return "not a plain decimal number", None
+
+
+def ambiguous_number_message(path, text: str) -> str:
+    """Message for the plain scalar ``text`` at JSON ``path`` refused as a number (its notation is
+    read differently by YAML 1.1, YAML 1.2 and people): names the key, the value as written and what
+    is allowed, with the decimal form of what the notation stands for as the example."""
+    key = next((p for p in reversed(tuple(path)) if isinstance(p, str)), "")
+    unit = key_unit(key)
+    allowed = f"a plain decimal number of {UNIT_NAMES[unit]}" if unit else "a plain decimal number"
+    why, value = _meant(text)
+    example = f", e.g. {format_number(value)}" if value is not None else ""
+    tail = "" if unit else f" (or quote it, \"{text}\", if it is text)"
+    return f"{dotted(path)}: {text} is not allowed: {why}; allowed: {allowed}{example}{tail}"
+
+
+def load_with_positions(text: str, *, prefixed_ints: bool = False) -> tuple[object, Positions]:
     """Parse one YAML document; return ``(data, positions)``.
 
+    ``prefixed_ints``: read ``0x``/``0o``/``0b`` integers as the numbers they write (a device
+    profile's PCI id) instead of refusing them; a leading zero and base 60 are refused either way.
+
     An empty document gives ``None``. Raises :class:`YamlInputError` for malformed YAML, several
-    documents, duplicate keys, non-scalar or non-string keys, recursive aliases, or a document over
-    :data:`MAX_NODES` / :data:`MAX_DEPTH`.
+    documents, duplicate keys, non-scalar or non-string keys, recursive aliases, a number written
+    in a notation the module docstring refuses, or a document over :data:`MAX_NODES` / :data:`MAX_DEPTH`.
     """
     positions = Positions()
     loader = None
     try:
         try:
             loader = _Loader(text)
+            loader.prefixed_ints = prefixed_ints
             root = loader.get_single_node()
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark or err.context_mark
@@ -105,6 +200,19 @@ def load_with_positions(text: str) -> tuple[object, Positions]:
             loader.dispose()
 
 
+def _ambiguous(loader, node, path):
+    """The value of a plain scalar tagged :data:`AMBIGUOUS_NUMBER_TAG`: a key's text as written, a
+    prefixed integer where the loader takes them; raises :class:`YamlInputError` otherwise."""
+    if path and path[-1] == _KEY:
+        return node.value  # a key is a name (a partition called 0100)
+    if loader.prefixed_ints and node.value.lstrip("+-")[1:2].isalpha():
+        try:
+            return int(node.value.replace("_", ""), 0)
+        except ValueError:
+            pass
+    raise YamlInputError(ambiguous_number_message(path, node.value), *_mark(node))
+
+
 def _build(loader, node, path, positions, counter, active, depth):
     counter[0] += 1
     if counter[0] > MAX_NODES:
@@ -113,14 +221,20 @@ def _build(loader, node, path, positions, counter, active, depth):
         raise YamlInputError(f"document nested deeper than {MAX_DEPTH} levels", *_mark(node))
     positions.values.setdefault(path, _mark(node))
     if isinstance(node, yaml.ScalarNode):
+        if node.tag == AMBIGUOUS_NUMBER_TAG:
+            return _ambiguous(loader, node, path)
         try:
-            return loader.construct_object(node, deep=True)
+            value = loader.construct_object(node, deep=True)
         except yaml.YAMLError as err:
             raise YamlInputError(f"cannot read value: {getattr(err, 'problem', None) or err}", *_mark(node)) from None
         except (ValueError, OverflowError, TypeError) as err:
             shown = node.value if len(node.value) <= 40 else node.value[:37] + "..."
             reason = str(err).split(";")[0]
             raise YamlInputError(f"cannot read value {shown!r}: {reason}", *_mark(node)) from None
+        if isinstance(value, float) and math.isinf(value) and "inf" not in node.value.lower():
+            raise YamlInputError(f"{dotted(path)}: {node.value} is not allowed: too large for a number (it reads "
+                                 "as infinity); give a finite number", *_mark(node))
+        return value
     if id(node) in active:
         raise YamlInputError("recursive YAML alias", *_mark(node))
     active.add(id(node))
@@ -140,7 +254,7 @@ def _build(loader, node, path, positions, counter, active, depth):
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
                     raise YamlInputError("mapping keys must be plain names", *_mark(key_node))
-                key = _build(loader, key_node, path + ("\0key",), Positions(), counter, active, depth + 1)
+                key = _build(loader, key_node, path + (_KEY,), Positions(), counter, active, depth + 1)
                 if not isinstance(key, str):
                     # YAML reads `1:`, `true:`, `null:` as non-strings; policy keys are names.
                     key = key_node.value
@@ -154,3 +268,48 @@ def _build(loader, node, path, positions, counter, active, depth):
     finally:
         active.discard(id(node))
     raise YamlInputError(f"unsupported YAML node {type(node).__name__}", *_mark(node))
+
+
+class NotRegularFileError(OSError):
+    """The path names a FIFO, socket or device, not a regular file; ``strerror`` says which."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _refuse_irregular(mode: int, path) -> None:
+    """Raise for anything but a regular file (IsADirectoryError for a directory)."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    raise NotRegularFileError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+
+
+def read_regular_file(path, max_bytes: int) -> bytes:
+    """Up to ``max_bytes + 1`` bytes of the regular file at ``path`` (str or PathLike; the caller
+    tells a file over ``max_bytes`` by the length).
+
+    Never blocks on a FIFO and never reads a device: ``stat`` refuses those before the open, and the
+    file is opened with ``O_NONBLOCK`` and checked again with ``fstat`` (a FIFO swapped in between
+    is refused, not waited on).
+
+    Raises:
+        IsADirectoryError: a directory.
+        NotRegularFileError: a FIFO, socket or device (``strerror``: "not a regular file (a FIFO)").
+        OSError: the file cannot be opened or read (``strerror`` from the system).
+        ValueError: the path holds a NUL character.
+    """
+    _refuse_irregular(os.stat(path).st_mode, path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        _refuse_irregular(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as handle:
+            fd = -1  # closed by the file object
+            return handle.read(max_bytes + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)

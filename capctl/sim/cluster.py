@@ -18,10 +18,12 @@ import hostlist
 
 from capctl.errors import UserInputError
 from capctl.policy.validate import unknown_key_message
-from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions
+from capctl.policy.yamlpos import Positions, YamlInputError, load_with_positions, read_regular_file
 
 MAX_GPUS = 200_000
 """Largest cluster accepted (GPUs); bigger files are an error, never a hang."""
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""Largest cluster file read, bytes (bigger is an error, never a hang)."""
 
 
 class ClusterError(UserInputError):
@@ -382,17 +384,21 @@ def _fixed_jobs(r: _Reader, raw, rack_of_node: dict[str, str]) -> tuple[FixedJob
 
 
 def load_cluster(path) -> ClusterSpec:
-    """Read and validate a cluster file. Raises :class:`ClusterError` (unreadable file included)."""
+    """Read and validate a cluster file. Raises :class:`ClusterError` (unreadable file, one that is
+    not a regular file or is over :data:`MAX_FILE_BYTES` included)."""
     p = Path(path)
     expected = "expected a cluster YAML file (see examples/clusters/)"
     try:
-        raw = p.read_bytes()
+        raw = read_regular_file(p, MAX_FILE_BYTES)  # a FIFO or device is refused, never waited on
     except FileNotFoundError:
         raise ClusterError(f"{p}: cluster file not found; {expected}") from None
     except IsADirectoryError:
         raise ClusterError(f"{p}: is a directory; {expected}") from None
-    except OSError as exc:
-        raise ClusterError(f"{p}: cannot read the cluster file: {(exc.strerror or str(exc)).lower()}") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)  # "Permission denied" -> "permission denied"
+        raise ClusterError(f"{p}: cannot read the cluster file: {reason[:1].lower() + reason[1:]}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ClusterError(f"{p}: cluster file larger than {MAX_FILE_BYTES:,} bytes; {expected}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:  # same wording as the policy validator

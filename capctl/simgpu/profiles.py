@@ -327,17 +327,16 @@ def load_file(path: str | Path, base: str | None = None, overrides: dict[str, ob
     ``overrides`` (e.g. from ``--profile``) win over the file's values.
 
     Raises:
-        ProfileError: unreadable file, larger than :data:`MAX_FILE_BYTES`, malformed YAML, not a
+        ProfileError: unreadable file, not a regular file (a FIFO, socket or device), larger than :data:`MAX_FILE_BYTES`, malformed YAML, not a
             mapping (each naming ``file:line``), or as :func:`custom`.
     """
-    from capctl.policy.yamlpos import YamlInputError, load_with_positions
+    from capctl.policy.yamlpos import YamlInputError, load_with_positions, read_regular_file
 
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)  # a FIFO or device file is bounded too
-    except OSError as err:
-        raise ProfileError(f"--profile-file {str(p)!r}: cannot read: {err.strerror or err}") from None
+        raw = read_regular_file(p, MAX_FILE_BYTES)  # a FIFO or device is refused, never waited on
+    except (OSError, ValueError) as err:
+        raise ProfileError(f"--profile-file {str(p)!r}: cannot read: {getattr(err, 'strerror', None) or err}") from None
     if len(raw) > MAX_FILE_BYTES:
         try:
             size = f"{p.stat().st_size:,} bytes"
@@ -352,7 +351,7 @@ def load_file(path: str | Path, base: str | None = None, overrides: dict[str, ob
         col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
         raise ProfileError(f"{p}:{line}:{col}: not UTF-8 text (byte 0x{raw[err.start]:02x})") from None
     try:
-        data, pos = load_with_positions(text)
+        data, pos = load_with_positions(text, prefixed_ints=True)  # pci_device_id: 0x20B010DE
     except YamlInputError as err:
         raise ProfileError(f"{p}:{err.line}:{err.col}: {err.message}") from None
     if not isinstance(data, dict):

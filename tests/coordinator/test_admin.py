@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
+import sys
+import time
 import urllib.request
 
 import grpc
@@ -182,3 +185,36 @@ def test_admin_token_grants_admin_over_tcp(tmp_path, start_coordinator):
         r = c.set_budget(1500.0)
         assert r.ok and c.status().budget_w == 1500.0
     assert "s3cret" not in coord.log()  # no secrets in logs
+
+
+def test_reload_refusals_logged_with_their_reason_and_a_fifo_never_blocks(tmp_path, start_coordinator):
+    policy = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=1600.0)
+    coord = start_coordinator(policy)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nbudget_w: 020000\n")
+    try:
+        cli = [sys.executable, "-m", "capctl.cli.main", "policy", "reload", "--coordinator", coord.admin_address]
+        started = time.monotonic()
+        result = subprocess.run([*cli, str(fifo)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stderr  # was 3: the coordinator's thread hung in open()
+        assert time.monotonic() - started < 20
+        assert result.stderr.splitlines()[0] == f"{fifo}: cannot read the policy file: not a regular file (a FIFO)"
+        result = subprocess.run([*cli, str(bad)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stderr
+    finally:
+        try:  # a coordinator thread blocked on the FIFO (before the fix) wakes up
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    octal = (f"{bad}:2:11: budget_w: 020000 is not allowed: YAML 1.1 reads a leading 0 as octal (8192), "
+             "YAML 1.2 as decimal (20000); allowed: a plain decimal number of watts, e.g. 20000")
+    assert result.stderr.splitlines()[0] == octal
+    warnings = [line for line in coord.log().splitlines() if "WARNING" in line and "policy reload by" in line]
+    assert len(warnings) == 2, coord.log()
+    assert warnings[0].endswith(f"refused: policy {fifo} rejected; the policy from {policy} stays: "
+                                f"{fifo}: cannot read the policy file: not a regular file (a FIFO)")
+    assert warnings[1].endswith(f"refused: policy {bad} rejected; the policy from {policy} stays: {octal}")
+    with coord.client() as c:
+        assert c.status().budget_w == 1600.0  # the last good policy stays

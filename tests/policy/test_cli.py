@@ -106,6 +106,15 @@ def test_validate_bad_files_one_clean_line(tmp_path, content, expected) -> None:
     assert result.stderr.startswith(str(path))
 
 
+def test_validate_refuses_a_fifo_without_waiting(tmp_path) -> None:
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    result = capctl("policy", "validate", str(fifo), timeout=30)  # hung forever before
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == f"capctl: {fifo}: cannot read the policy file: not a regular file (a FIFO)\n"
+
+
 def test_validate_device_min_cap_flag(tmp_path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("version: 1\nbudget_w: 9000\nmin_cap_w: 120\ndomains: {name: c, gpu_model: L40S, nodes: a1}\n")

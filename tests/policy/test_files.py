@@ -1,0 +1,84 @@
+"""Files read by the policy loader (policies, cluster files, device profiles) must be regular files:
+a FIFO, socket or device is refused at once, never waited on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from capctl.policy import PolicyError, load_policy, validate_file
+from capctl.sim.cluster import ClusterError, load_cluster
+from capctl.simgpu.profiles import ProfileError, load_file
+
+
+def _within(seconds: float, fn, *args):
+    """``fn(*args)`` run in a thread: its exception (or None) when it ends within ``seconds``; fails
+    the test when it blocks (then unblocks it by opening a FIFO argument for writing)."""
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 (handed to the test)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        try:  # a reader blocked in open() on the FIFO wakes up (and reads EOF)
+            os.close(os.open(args[0], os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        worker.join(5)
+        pytest.fail(f"{fn.__name__}({args[0]}) blocked for more than {seconds} s")
+    return outcome[0]
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "p.yaml"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("loader,error,expected", [
+    (load_policy, PolicyError, "{p}: cannot read the policy file: not a regular file (a FIFO)"),
+    (load_cluster, ClusterError, "{p}: cannot read the cluster file: not a regular file (a FIFO)"),
+    (load_file, ProfileError, "--profile-file '{p}': cannot read: not a regular file (a FIFO)"),
+], ids=["policy", "cluster", "profile"])
+def test_loaders_refuse_a_fifo_without_waiting(fifo, loader, error, expected) -> None:
+    exc = _within(10, loader, fifo)
+    assert isinstance(exc, error), exc
+    assert str(exc) == expected.format(p=fifo)
+
+
+def test_policy_socket_and_device_refused(tmp_path) -> None:
+    sock_path = tmp_path / "p.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        assert validate_file(sock_path) == [f"{sock_path}: cannot read the policy file: not a regular file (a socket)"]
+    assert _within(10, validate_file, "/dev/zero") is None
+    assert validate_file("/dev/zero") == ["/dev/zero: cannot read the policy file: not a regular file (a character device)"]
+    assert validate_file(tmp_path) == [f"{tmp_path}: cannot read the policy file: Is a directory"]
+
+
+def test_read_regular_file_bounds_and_kinds(tmp_path, fifo) -> None:
+    from capctl.policy.yamlpos import NotRegularFileError, read_regular_file
+
+    path = tmp_path / "a.yaml"
+    path.write_bytes(b"x" * 100)
+    assert read_regular_file(path, 10) == b"x" * 11  # max_bytes + 1: the caller tells "too large"
+    assert read_regular_file(path, 1000) == b"x" * 100
+    with pytest.raises(NotRegularFileError) as info:
+        read_regular_file(fifo, 10)
+    assert info.value.strerror == "not a regular file (a FIFO)" and info.value.filename == str(fifo)
+    with pytest.raises(IsADirectoryError):
+        read_regular_file(tmp_path, 10)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(path)  # a symlink to a regular file is one
+    assert read_regular_file(link, 1000) == b"x" * 100

@@ -1,0 +1,116 @@
+"""Numbers in policy files (and every file read with capctl.policy.yamlpos): plain decimals and
+YAML 1.2 exponents are read as written; notations YAML 1.1 reads otherwise (octal, base 60, hex)
+are refused with file:line:col, the key, the value as written and the decimal to write."""
+
+from __future__ import annotations
+
+import pytest
+
+from capctl.policy import check_text, parse_policy
+from capctl.policy.units import format_number
+from capctl.policy.yamlpos import YamlInputError, load_with_positions
+
+BASE = "version: 1\nbudget_w: 20000\n"
+
+
+def only_error(text: str) -> str:
+    report = check_text(text, "p.yaml")
+    assert report.policy is None and len(report.errors) == 1, report.errors
+    return report.errors[0]
+
+
+@pytest.mark.parametrize("written,expected", [
+    ("020000", "p.yaml:2:11: budget_w: 020000 is not allowed: YAML 1.1 reads a leading 0 as octal (8192), "
+               "YAML 1.2 as decimal (20000); allowed: a plain decimal number of watts, e.g. 20000"),
+    ("1:30", "p.yaml:2:11: budget_w: 1:30 is not allowed: YAML 1.1 reads 1:30 as a base-60 number (90); "
+             "allowed: a plain decimal number of watts, e.g. 90"),
+    ("0x1000", "p.yaml:2:11: budget_w: 0x1000 is not allowed: a hexadecimal number (0x prefix); "
+               "allowed: a plain decimal number of watts, e.g. 4096"),
+    ("0o17", "p.yaml:2:11: budget_w: 0o17 is not allowed: an octal number (0o prefix); "
+             "allowed: a plain decimal number of watts, e.g. 15"),
+    ("0b101", "p.yaml:2:11: budget_w: 0b101 is not allowed: a binary number (0b prefix); "
+              "allowed: a plain decimal number of watts, e.g. 5"),
+    ("09000", "p.yaml:2:11: budget_w: 09000 is not allowed: YAML 1.1 reads 09000 as text, YAML 1.2 as decimal "
+              "(9000); allowed: a plain decimal number of watts, e.g. 9000"),
+], ids=["octal", "base60", "hex", "0o", "binary", "leading-zero-not-octal"])
+def test_ambiguous_numbers_refused_with_the_decimal_to_write(written: str, expected: str) -> None:
+    assert only_error(f"version: 1\nbudget_w: {written}\n") == expected
+
+
+def test_ambiguous_number_in_a_nested_key_names_its_path_and_unit() -> None:
+    text = BASE + "failsafe:\n  lease_s: 1:30\nslew_w: 0100\n"
+    error = only_error(text)  # the first one stops the read
+    assert error.startswith("p.yaml:4:12: failsafe.lease_s: 1:30 is not allowed: ")
+    assert error.endswith("allowed: a plain decimal number of seconds, e.g. 90")
+    error = only_error(BASE + "domains: {name: c, children: [{name: r, kind: rack, limit_w: 0100}]}\n")
+    assert error.startswith("p.yaml:3:62: domains.children[0].limit_w: 0100 is not allowed: ")
+    assert error.endswith("e.g. 100")
+
+
+def test_ambiguous_text_where_a_name_belongs_says_to_quote_it() -> None:
+    error = only_error(BASE + "domains: {name: 0755, nodes: a1}\n")
+    assert error == ('p.yaml:3:17: domains.name: 0755 is not allowed: YAML 1.1 reads a leading 0 as octal (493), '
+                     'YAML 1.2 as decimal (755); allowed: a plain decimal number, e.g. 755 (or quote it, "0755", '
+                     'if it is text)')
+    assert parse_policy(BASE + 'domains: {name: "0755", nodes: a1}\n').domains.name == "0755"
+
+
+def test_ambiguous_keys_are_names_as_written() -> None:
+    policy = parse_policy(BASE + "weights: {partitions: {0100: 2, 1:30: 3, 0x1f: 4}}\n")
+    assert dict(policy.weights.partitions) == {"0100": 2.0, "1:30": 3.0, "0x1f": 4.0}
+
+
+@pytest.mark.parametrize("written,value_w", [
+    ("2e4", 20000.0), ("1.5e3", 1500.0), ("2E+4", 20000.0), ("25e-1", 2.5), (".5e1", 5.0), ("+4000", 4000.0),
+    ("4_000", 4000.0), ("20000.0", 20000.0), ("0", 0.0), ("-0.5", -0.5),
+])
+def test_decimal_and_exponent_numbers_read_as_written(written: str, value_w: float) -> None:
+    data, _ = load_with_positions(f"budget_w: {written}\n")
+    assert data["budget_w"] == value_w and isinstance(data["budget_w"], (int, float))
+
+
+def test_exponents_accepted_everywhere_numbers_are_read() -> None:
+    policy = parse_policy("version: 1\nbudget_w: 2e4\ninterval_s: 5e-1\nfailsafe: {lease_s: 3e1}\n"
+                          "domains: {name: c, children: [{name: r, kind: rack, limit_w: 1.5e4, nodes: a1}]}\n"
+                          "weights: {qos: {high: 2e0}}\n")
+    assert (policy.budget_w, policy.interval_s, policy.failsafe.lease_s) == (20000.0, 0.5, 30.0)
+    assert policy.domains.children[0].limit_w == 15000.0 and policy.weights.qos["high"] == 2.0
+
+
+def test_quoted_numbers_stay_text() -> None:
+    data, _ = load_with_positions('a: "020000"\nb: \'2e4\'\n')
+    assert data == {"a": "020000", "b": "2e4"}
+
+
+def test_overflowing_number_is_refused_as_written() -> None:
+    with pytest.raises(YamlInputError) as info:
+        load_with_positions("budget_w: 1e999\n")
+    assert (info.value.line, info.value.col) == (1, 11)
+    assert info.value.message == ("budget_w: 1e999 is not allowed: too large for a number (it reads as "
+                                  "infinity); give a finite number")
+
+
+def test_version_must_be_the_integer_1() -> None:
+    assert only_error("version: 1.0\nbudget_w: 20000\n") == (
+        "p.yaml:1:10: version: 1.0 is not allowed; the format version is an integer: write version: 1")
+    assert parse_policy("version: 1\nbudget_w: 20000\n").version == 1
+
+
+def test_tiny_numbers_shown_as_written() -> None:
+    assert format_number(1e-320) == "1e-320"  # stored as a denormal: was shown as 9.99989e-321
+    assert format_number(5e-324) == "5e-324"
+    assert (format_number(0.1 + 0.2), format_number(123.456789), format_number(1e20)) == ("0.3", "123.457", "1e+20")
+    error = only_error('version: 1\nbudget_w: "1e-320 W"\n')
+    assert error.endswith("write the number in watts without a unit: budget_w: 1e-320")
+
+
+def test_prefixed_integers_only_where_the_reader_takes_them() -> None:
+    text = "pci_device_id: 0x20B0_10DE\nmask: 0b101\nmode: 0o17\n"
+    data, _ = load_with_positions(text, prefixed_ints=True)  # device profiles: PCI ids in hex
+    assert data == {"pci_device_id": 0x20B010DE, "mask": 5, "mode": 15}
+    with pytest.raises(YamlInputError) as info:
+        load_with_positions(text)
+    assert info.value.message.startswith("pci_device_id: 0x20B0_10DE is not allowed: a hexadecimal number")
+    for refused in ("0755", "1:30"):  # leading zero and base 60: refused by every reader
+        with pytest.raises(YamlInputError):
+            load_with_positions(f"n: {refused}\n", prefixed_ints=True)
