@@ -289,11 +289,14 @@ def _unreported_alert(unreported: list[str], hold_increases: bool) -> list[str]:
                else "their GPUs are not counted against the budget")]
 
 
-def _deficit_alerts(out) -> list[str]:
+def _deficit_alerts(out, alerts=()) -> list[str]:
+    """One alert per domain whose minimum caps exceed its limit, unless ``alerts`` (the solver's)
+    already name that domain's deficit (the allocator's "limit ... below the sum of minimum caps")."""
     if out is None:
         return []
+    said = {a.split(":", 1)[0] for a in alerts if "below the sum of minimum caps" in a}
     return [f"domain {name}: minimum caps exceed its limit by {deficit:.0f} W"
-            for name, deficit in out.domain_deficit_w.items() if deficit > 0]
+            for name, deficit in out.domain_deficit_w.items() if deficit > 0 and f"domain {name}" not in said]
 
 
 def by_node(keys, positions, values) -> dict[str, dict[int, float]]:
@@ -348,7 +351,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)
     alerts = (list(solution.alerts) + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases)
-              + _deficit_alerts(solution.out))
+              + _deficit_alerts(solution.out, solution.alerts))
     return Decision(
         now=obs.now, mode=mode, desired_w=dict(zip(keys, pa.desired_w.tolist())), safe_caps=safe_caps,
         decreases=decreases, increase_candidates=candidates, early_holds=early, live_nodes=live_nodes,

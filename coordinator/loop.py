@@ -960,9 +960,25 @@ class Coordinator:
         msg = f"policy {target} loaded: budget {self.policy.budget_w:g} W, interval {self.policy.interval_s:g} s"
         if self.policy.budget_w != new.budget_w:
             msg += f" (budget set by an admin; the file says {new.budget_w:g} W)"
+        msg += self._below_minimum_warning()
         log.info("%s", msg)
         self.wake()
         return pb.ReloadPolicyReply(ok=True, message=msg)
+
+    def _below_minimum_warning(self) -> str:
+        """"; WARNING: ..." when the budget in force is below what the cluster needs at least
+        (:func:`coordinator.allocation.minimum_needed_w`), else "". A reload is not refused for it
+        (``budget set`` is): the file may lower the budget for a facility limit, and its caps are
+        then the lowest the devices allow, which is closer to it than the old budget's."""
+        inputs = allocation.build_inputs(self.registry, self.models, self.policy, self.registry.clock(),
+                                         self.lease_s, self.ack_memory_s())
+        need = allocation.minimum_needed_w(inputs)
+        budget = self.policy.budget_w
+        if budget >= need:
+            return ""
+        return (f"; WARNING: budget {budget:g} W is below the {need:g} W the cluster needs at least (live GPUs at "
+                f"their minimum cap, stale nodes at their held caps): every GPU goes to its minimum cap and "
+                f"{need - budget:g} W stay over the budget until GPUs go idle or the budget is raised")
 
 
 _HAVE_READING = operator.attrgetter("have_reading")

@@ -115,7 +115,7 @@ def prepare(pb: AllocationProblem) -> Prep:
                                            pair_dom, pair_gpu, depth)
         for d in np.nonzero(in_deficit)[0][:20]:
             alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
-                          f"caps {min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
+                          f"caps {dev_min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
     hi_reason = np.where((hi <= lo) & (hi_reason == HI_DEVICE_MAX), HI_MIN, hi_reason)
 
     jg = np.nonzero(in_job)[0]

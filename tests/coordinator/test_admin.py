@@ -105,7 +105,23 @@ def test_reload_broken_policy_keeps_the_old_one(cluster):
         policy.write_text(good.replace("budget_w: 3000", "budget_w: 2800"))
         r = c.reload_policy()
         assert r.ok, r.errors
+        assert "WARNING" not in r.message
         wait_for(lambda: c.status().budget_w == 2800, 5, "new budget in force")
+        # below the 8 x 200 W the GPUs need at least: loaded (the caps go as low as the devices
+        # allow) and said so, with the figures budget set refuses with
+        # (without gpu_model the file's check cannot know the GPUs' minimum caps: only the live fleet can)
+        policy.write_text(good.replace("budget_w: 3000", "budget_w: 1000").replace("  gpu_model: H100-SXM\n", "")
+                          .replace("  gpus_per_node: 4\n", ""))
+        r = c.reload_policy()
+        assert r.ok, r.errors
+        assert "WARNING: budget 1000 W is below the 1600 W the cluster needs at least" in r.message
+        assert "600 W stay over the budget" in r.message
+
+        def deficit_alerts():
+            alerts = [a for a in c.status().alerts if a.startswith("domain cluster:")]
+            return alerts if any("below the sum of minimum caps" in a for a in alerts) else None
+        alerts = wait_for(deficit_alerts, 10, "the cluster's deficit alert")
+        assert len(alerts) == 1 and "minimum caps 1600.0 W (deficit 600.0 W)" in alerts[0]  # once, one figure
 
 
 def test_metrics_endpoint_parses(cluster):
