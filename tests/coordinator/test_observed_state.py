@@ -27,6 +27,16 @@ def _gpus(st):
     return {g.index: g for n in st.nodes for g in n.gpus}
 
 
+def _job_at(cl, c, lo_w: float, hi_w: float) -> None:
+    """Job J on n1's four GPUs at 650 W demand; wait until every cap is in (lo_w, hi_w) W."""
+    sim = cl.sims["n1"]
+    for i in range(4):
+        sim.set_load(i, 650.0)
+    wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+    assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+    wait_for(lambda: all(lo_w < sim.read(i)["limit_w"] < hi_w for i in range(4)), 20, f"caps in {lo_w}-{hi_w} W")
+
+
 def test_bad_limit_constraints_hold_one_gpu_and_the_rest_of_the_node_works(tmp_path):
     from capctl import capstates
     from capctl.simgpu.journal import check_nodes
@@ -78,12 +88,8 @@ def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
 
     with _cluster(tmp_path, budget_w=0.85 * 700.0 * 4) as cl:
         sim = cl.sims["n1"]
-        for i in range(4):
-            sim.set_load(i, 650.0)
         with AdminClient(cl.coordinator.admin_address) as c:
-            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
-            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
-            wait_for(lambda: all(570 < sim.read(i)["limit_w"] < 620 for i in range(4)), 20, "caps near 595 W")
+            _job_at(cl, c, 570, 620)
             mate_clock = sim.read(1)["sm_clock_mhz"]
             sim.inject(0, "oob_limit", 500.0)
 
@@ -210,12 +216,8 @@ def test_limit_constraints_that_change_mid_job_hold_the_gpu_and_never_raise_it(t
     budget_w = 2240.0
     with _cluster(tmp_path, budget_w=budget_w) as cl:
         sim = cl.sims["n1"]
-        for i in range(4):
-            sim.set_load(i, 650.0)
         with AdminClient(cl.coordinator.admin_address) as c:
-            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
-            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
-            wait_for(lambda: all(520 < sim.read(i)["limit_w"] < 600 for i in range(4)), 20, "caps near 560 W")
+            _job_at(cl, c, 520, 600)
             held_w = sim.read(3)["limit_w"]
             since_ns = time.monotonic_ns()
             sim.inject(3, "bad_constraints", 650.0, max_w=700.0)
