@@ -26,18 +26,21 @@ def _num(v: float) -> float | None:
 
 
 def gpu_dict(g) -> dict:
-    """``GpuStatus`` -> dict (docs/status-schema.json ``#/$defs/gpu``)."""
+    """``GpuStatus`` -> dict (docs/status-schema.json ``#/$defs/gpu``). A GPU without a live
+    reading (``no_live_reading``: LOST, STALLED, not read yet, ...) has null ``power_w``,
+    ``temp_c`` and ``sm_clock_mhz`` and no clocks event reasons: unknown, not its last values."""
+    live = not g.no_live_reading
     return {
         "index": int(g.index),
         "uuid": g.uuid,
         "cap_w": _num(g.cap_w),
         "enforced_w": _num(g.enforced_w),
-        "power_w": _num(g.power_w),
-        "temp_c": _num(g.temp_c),
+        "power_w": _num(g.power_w) if live else None,
+        "temp_c": _num(g.temp_c) if live else None,
         "slowdown_temp_c": _num(g.slowdown_temp_c),
-        "sm_clock_mhz": int(g.sm_clock_mhz),
+        "sm_clock_mhz": int(g.sm_clock_mhz) if live else None,
         "max_sm_clock_mhz": int(g.max_sm_clock_mhz),
-        "clocks_event_reasons": list(g.clocks_event_reasons),
+        "clocks_event_reasons": list(g.clocks_event_reasons) if live else [],
         "job_id": ",".join(g.job_ids) or g.job_id,
         "job_ids": list(g.job_ids) or ([g.job_id] if g.job_id else []),
         "min_cap_w": _num(g.min_cap_w),
@@ -210,15 +213,18 @@ def render_nodes_summary(d: dict) -> str:
 
 
 def render_gpus(d: dict, limit: int | None = None, with_node: bool = True) -> str:
-    """One row per GPU (``limit``: only the hottest, by margin to the slowdown temperature)."""
+    """One row per GPU (``limit``: only the hottest, by margin to the slowdown temperature; a GPU
+    without a temperature reading is not ranked). Unknown values show as "-"."""
     rows = []
     for n in d["nodes"]:
         for g in n["gpus"]:
+            if limit is not None and g["temp_c"] is None:
+                continue
             margin = (None if g["temp_c"] is None or g["slowdown_temp_c"] is None
                       else g["slowdown_temp_c"] - g["temp_c"])
             rows.append((margin if margin is not None else math.inf, [
                 n["name"], str(g["index"]), g["job_id"] or "-", _f(g["cap_w"]), _f(g["enforced_w"]), _f(g["power_w"]),
-                _f(g["temp_c"], "{:.1f}"), _f(margin, "{:+.1f}"), str(g["sm_clock_mhz"]),
+                _f(g["temp_c"], "{:.1f}"), _f(margin, "{:+.1f}"), _f(g["sm_clock_mhz"], "{:d}"),
                 _short_reasons(g["clocks_event_reasons"]),
                 "+".join([g["cap_state"] or "-"] + list(g.get("flags") or []))]))
     if limit is not None:

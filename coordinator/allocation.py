@@ -110,6 +110,7 @@ class InputColumns:
     curve_min_w: np.ndarray
     curves: object
     pace_slope_w: np.ndarray | None = None  # measured slope (W per unit pace, NaN: none); None: none at all
+    oob_w: np.ndarray | None = None  # enforced limit (W) an out-of-band limit holds it to, NaN: none; None: unknown
 
     def curve(self, i: int):
         c = self.curves
@@ -481,7 +482,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         fixed=fixed, accounted_w=acc, observed_w=np.where(have, enforced, acc), thermal_ceiling_w=ceiling,
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
         straggler=straggler, draw_w=draw, pace_step=step, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
-        curve_min_w=curves.valid_min_w, curves=curves, pace_slope_w=slope)
+        curve_min_w=curves.valid_min_w, curves=curves, pace_slope_w=slope,
+        oob_w=np.where(oob & ~fixed, enforced, np.nan))
 
 
 def _idle_rule(policy, pre_job_cap_w: np.ndarray, acc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:
@@ -733,12 +735,35 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     for j, n in enumerate(names):
         s = int(result.slowest_gpu[j])
         slowest[n] = keys[s] if 0 <= s < len(keys) else None
+        if 0 <= s < len(keys):
+            job_binding[n] = observed_binding(job_binding[n], c, s)
     dnames = list(problem.domain_names)
     price = {n: float(result.domain_price[d]) for d, n in enumerate(dnames)}
     deficit = {n: float(result.domain_deficit_w[d]) for d, n in enumerate(dnames)}
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+
+
+OOB_LIMIT = "oob_limit"
+"""Binding of a job whose slowest GPU is held below its cap by another limiter (out-of-band)."""
+HELD = "held"
+"""Binding of a job whose slowest GPU the coordinator holds at its accounted cap (LOST, STALLED,
+unusable constraints, a stale node, ...: :data:`UNCONTROLLABLE_STATES`)."""
+
+
+def observed_binding(binding: str, c: InputColumns, s: int) -> str:
+    """The binding of a job as the devices show it: the allocator names the upper bound of the
+    job's slowest GPU ``s`` (a position in ``c``) "device_max" / "device_min", but where that bound
+    is an out-of-band limit (``c.oob_w``) it is :data:`OOB_LIMIT`, and where the coordinator holds
+    the GPU at its accounted cap (``c.fixed``) :data:`HELD`; any other binding is returned as is."""
+    if binding not in ("device_max", "device_min"):
+        return binding
+    if bool(c.fixed[s]):
+        return HELD
+    if c.oob_w is not None and math.isfinite(float(c.oob_w[s])):
+        return OOB_LIMIT
+    return binding
 
 
 def paced_split(inputs: SolveInputs, desired: dict) -> set:

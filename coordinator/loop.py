@@ -1012,7 +1012,7 @@ def ledger_rows(registry, now: float, ack_memory_s: float, planned: dict, floor:
 
 _GPU_FIELDS = operator.attrgetter(
     "index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz", "reasons",
-    "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error",
+    "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error", "reading_live",
 )
 """The GpuObs fields a view shows, read in one call (order: see :func:`build_view`)."""
 
@@ -1055,6 +1055,7 @@ class _Tally:
     alerts: list = dataclasses.field(default_factory=list)
     clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
     straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
+    no_reading: dict = dataclasses.field(default_factory=dict)  # GPU key -> its state, for GPUs without a live reading
 
 
 def build_view(snap: _Snapshot) -> View:
@@ -1105,17 +1106,21 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
     temps = []
     for fields, acc, (th_n, th_t, th_p) in rows:
         (idx, uuid_, have_reading, power_w, enforced_w, temp_c, slowdown_c, sm_clock, reasons, min_w, max_w,
-         cap_state, max_sm_clock, util, energy_j, error) = fields
+         cap_state, max_sm_clock, util, energy_j, error, reading_live) = fields
         key = (name, idx)
         tally.accounted[key] = acc
-        tally.draw[key] = power_w if have_reading else 0.0
+        tally.draw[key] = power_w if have_reading else 0.0  # (accounting: the last known draw keeps counting)
+        live = have_reading and reading_live and not stale  # its readings are facts of now
+        if not live:
+            tally.no_reading[key] = "node stale" if stale else (cap_state or capstates.NO_READING)
         on_gpu = jobs_on.get(idx, ())
         job = on_gpu[0] if on_gpu else ""
         tally.sharers[key] = len(on_gpu)
         ns.gpus.add(job_ids=list(on_gpu),
-            node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc), enforced_w=enforced_w if have_reading else 0.0,
-            power_w=power_w, temp_c=temp_c, slowdown_temp_c=slowdown_c, sm_clock_mhz=sm_clock,
-            clocks_event_reasons=list(reasons), job_id=job, min_cap_w=min_w, max_cap_w=max_w,
+            node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc),
+            enforced_w=enforced_w if have_reading else math.nan,
+            slowdown_temp_c=slowdown_c, job_id=job, min_cap_w=min_w, max_cap_w=max_w,
+            **_readings(live, power_w, temp_c, sm_clock, reasons),
             thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w),
             max_sm_clock_mhz=max_sm_clock,
             detail=error if cap_state and cap_state not in capstates.NORMAL else tally.straggler.get(key, ""),
@@ -1124,8 +1129,8 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             memory_bound_fraction=snap.memory_bound.get(key),
             **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),
         )
-        busy = util >= 20.0 and max_sm_clock > 0
-        if busy and have_reading:
+        busy = live and util >= 20.0 and max_sm_clock > 0
+        if busy:
             frac = observed.clock_fraction(sm_clock, max_sm_clock)
             share = snap.memory_bound.get(key)  # the step rate at that clock (coordinator.membound)
             tally.clock_fraction[key] = membound.rate_of_clock(frac, share) if share and frac > 0 else frac
@@ -1133,17 +1138,28 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             node=name, index=idx, uuid=uuid_, job_id=job,
             thermal_fraction=th_t / th_n if th_n else 0.0, power_fraction=th_p / th_n if th_n else 0.0,
             throttle_intensity=max(0.0, 1.0 - sm_clock / max_sm_clock) if busy else 0.0,
-            hotspot_margin_c=(slowdown_c - temp_c) if (have_reading and slowdown_c > 0) else math.nan,
+            hotspot_margin_c=(slowdown_c - temp_c) if (live and slowdown_c > 0) else math.nan,
             energy_j=energy_j,
         ))
-        if have_reading:
+        if live:
             temps.append(temp_c)
-            if cap_state and cap_state not in capstates.NORMAL:
-                tally.alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
+        if have_reading and cap_state and cap_state not in capstates.NORMAL:
+            tally.alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
     if temps and not stale:
         tally.node_means.append(statistics.fmean(temps))
     if stale and rows:
         tally.alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+
+
+def _readings(live: bool, power_w: float, temp_c: float, sm_clock_mhz: int, reasons) -> dict:
+    """The readings of a ``GpuStatus`` (W, °C, MHz, clocks event reasons): without a live reading
+    (``live`` False: LOST, STALLED, not read yet, a stale node) NaN / 0 / none, unknown rather
+    than its last values, and ``no_live_reading`` set."""
+    if live:
+        return {"power_w": power_w, "temp_c": temp_c, "sm_clock_mhz": sm_clock_mhz,
+                "clocks_event_reasons": list(reasons), "no_live_reading": False}
+    return {"power_w": math.nan, "temp_c": math.nan, "sm_clock_mhz": 0, "clocks_event_reasons": [],
+            "no_live_reading": True}
 
 
 def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
@@ -1168,7 +1184,7 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
             predicted_step_rate=finite(rate), binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
             energy_j=energy, user=first.user, partition=first.partition, account=first.account,
-            measured_step_rate=observed.measured_step_rate(tally.clock_fraction, keys),
+            measured_step_rate=observed.measured_step_rate(tally.clock_fraction, keys, tally.no_reading),
         )
         mine = {name for k in keys for name in gpu_domains.get(k, ())}
         doms = [d["name"] for d in inputs.domains if d["name"] in mine]
@@ -1210,12 +1226,13 @@ def _deficit_from_message(text: str) -> float:
 
 
 def _shown_ceiling_w(ceiling_w: float, min_cap_w: float, max_cap_w: float) -> float:
-    """A GPU's thermal ceiling as status shows it (W), clipped to the device's limit range: 0 when
-    unknown; the device maximum when at or above it (no constraint: the RC model can give
-    thousands of watts for a cool GPU); the minimum cap when below it (the GPU is held at its
-    minimum: the model can give a negative ceiling for a GPU far too hot)."""
+    """A GPU's thermal ceiling as status shows it (W), clipped to the device's limit range: NaN
+    (null in JSON) when there is no estimate (a GPU held, not read, ...: 0 W would be no fact);
+    the device maximum when at or above it (no constraint: the RC model can give thousands of
+    watts for a cool GPU); the minimum cap when below it (the GPU is held at its minimum: the
+    model can give a negative ceiling for a GPU far too hot)."""
     if not math.isfinite(ceiling_w):
-        return 0.0
+        return math.nan
     if max_cap_w > 0:
         ceiling_w = min(ceiling_w, max_cap_w)
     return float(max(ceiling_w, min_cap_w))
@@ -1226,6 +1243,21 @@ def _binding_ceiling_w(ceiling_w: float, max_cap_w: float) -> float:
     if not math.isfinite(ceiling_w) or (max_cap_w > 0 and ceiling_w >= max_cap_w):
         return 0.0
     return float(ceiling_w)
+
+
+def _held_binding_text(binding: str, reply, gpus) -> str:
+    """The explain line of a job bound by its slowest GPU's out-of-band limit or by the coordinator
+    holding that GPU (``binding``: allocation.OOB_LIMIT / HELD; ``gpus``: (node, GpuStatus))."""
+    g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
+    where = f"GPU {reply.slowest_node}/{reply.slowest_gpu_index}"
+    if binding == allocation.OOB_LIMIT:
+        at = f" enforced at {g.enforced_w:.0f} W" if g is not None and g.enforced_w > 0 else ""
+        return (f"Binding constraint: {binding} ({where}{at} by another limiter, below the cap capctl would give it) "
+                "— its job-mates are paced to it and the watts it cannot use go to other jobs.")
+    state = (capstates.of(g) or "held") if g is not None else "held"
+    at = f" at {g.cap_w:.0f} W" if g is not None else ""
+    return (f"Binding constraint: {binding} ({where} {state}: the coordinator holds it{at}, its last known cap, "
+            "and counts it there) — the job runs no faster than that GPU.")
 
 
 def explain_text(job, reply, gpus, status) -> str:
@@ -1245,11 +1277,16 @@ def explain_text(job, reply, gpus, status) -> str:
     elif b == "straggler":
         lines.append("Binding constraint: a straggler — a GPU of this job runs slow at any cap; its job-mates are "
                      "capped toward its pace (not below their minimum limit) and the watts freed go to other jobs.")
+    elif b in (allocation.OOB_LIMIT, allocation.HELD):
+        lines.append(_held_binding_text(b, reply, gpus))
     elif b:
         lines.append(f"Binding constraint: {b}.")
     if reply.slowest_node:
         g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
-        if g is not None:
+        if g is not None and g.no_live_reading:
+            lines.append(f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {observed.limit_text(g)}, no live "
+                         f"reading ({observed.reading_state(g)}).")
+        elif g is not None:
             limit = observed.limit_text(g)
             lines.append(
                 f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {limit}, "

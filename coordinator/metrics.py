@@ -118,10 +118,12 @@ def _gpu_families(view, rows):
     for node, gs, _state in rows:
         lab = {"node": node, "gpu": str(gs.index), "uuid": gs.uuid}
         add[0](Sample(names[0], lab, gs.cap_w))
-        add[1](Sample(names[1], lab, gs.enforced_w))
-        add[2](Sample(names[2], lab, gs.power_w))
-        add[3](Sample(names[3], lab, gs.temp_c))
-        add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
+        if gs.enforced_w == gs.enforced_w:  # (not NaN: never read)
+            add[1](Sample(names[1], lab, gs.enforced_w))
+        if not gs.no_live_reading:  # no live reading (LOST, STALLED, ...): no sample rather than a stale one
+            add[2](Sample(names[2], lab, gs.power_w))
+            add[3](Sample(names[3], lab, gs.temp_c))
+            add[4](Sample(names[4], lab, gs.sm_clock_mhz * 1e6))
         if gs.thermal_ceiling_w > 0:
             add[5](Sample(names[5], lab, gs.thermal_ceiling_w))
         if gs.HasField("memory_bound_fraction"):

@@ -29,9 +29,15 @@ def clock_fraction(sm_clock_mhz: float, max_sm_clock_mhz: float) -> float:
     return min(1.0, max(0.0, float(sm_clock_mhz) / float(max_sm_clock_mhz)))
 
 
-def measured_step_rate(fraction_of: Mapping, keys: Iterable) -> float:
+def measured_step_rate(fraction_of: Mapping, keys: Iterable, no_reading: Mapping | None = None) -> float:
     """The measured step rate of a job: the lowest clock fraction (see module doc) over its GPUs
-    ``keys`` that have one in ``fraction_of`` (GPU key -> fraction); 0.0 when none has."""
+    ``keys`` that have one in ``fraction_of`` (GPU key -> fraction); 0.0 (no reading) when none
+    has, or when one of its GPUs is in ``no_reading`` (GPU key -> state: no live reading, e.g.
+    LOST): a synchronous step runs at its slowest GPU's pace, unknown for that GPU (its last clock
+    is no measurement of now, and its job-mates' clocks would overstate the pace)."""
+    keys = list(keys)
+    if no_reading and any(k in no_reading for k in keys):
+        return 0.0
     vals = [fraction_of[k] for k in keys if k in fraction_of and math.isfinite(fraction_of[k])]
     return min(vals) if vals else 0.0
 
@@ -62,11 +68,24 @@ def limit_text(gpu) -> str:
     return f"cap {gpu.cap_w:.0f} W"
 
 
+def reading_state(gpu) -> str:
+    """Why a ``GpuStatus`` with ``no_live_reading`` has none, for the text: its cap state (LOST,
+    STALLED, ...) or "no reading" (a GPU not read yet, or on a stale node)."""
+    state = capstates.of(gpu)
+    return state if state and state not in capstates.NORMAL else "no reading"
+
+
 def explain_lines(job, reply, gpus) -> list[str]:
     """The observed-state lines of ``explain``: measured against predicted step rate, and the job's
     GPUs whose cap state or curve needs the admin's eye (``gpus``: ``(node, GpuStatus)`` pairs)."""
     lines = []
-    if job.measured_step_rate > 0:
+    dark = [(node, g) for node, g in gpus if g.no_live_reading and (g.job_id == job.job_id or job.job_id in g.job_ids)]
+    if dark:
+        names = ", ".join(f"{node} GPU {g.index} ({reading_state(g)})" for node, g in dark[:4])
+        more = f" and {len(dark) - 4} more" if len(dark) > 4 else ""
+        lines.append(f"Measured step rate: no reading — {names}{more} without a live reading (its last clock is "
+                     f"no measurement of the job's pace); predicted {job.predicted_step_rate:.3f}.")
+    elif job.measured_step_rate > 0:
         how = ("slowest GPU's SM clock / max SM clock, through its memory-bound share" if any(
             g.job_id == job.job_id and g.HasField("memory_bound_fraction") for _, g in gpus)
             else "slowest GPU's SM clock / max SM clock")

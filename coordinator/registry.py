@@ -119,6 +119,10 @@ class GpuObs:
     pre_job_cap_w: float = 0.0
     # latest readings (telemetry or ack read-back, by order of arrival)
     have_reading: bool = False
+    # the latest sample was a valid reading (False from a sample or read-back without one, e.g.
+    # LOST / STALLED / ERROR, until the next valid sample): power, temperature, clock and reasons
+    # are live; the caps keep counting at their last known values either way
+    reading_live: bool = False
     power_w: float = 0.0
     cap_w: float = 0.0  # requested limit as read back
     enforced_w: float = 0.0  # enforced limit as read back
@@ -262,6 +266,20 @@ def _constraints_problem(min_w: float, max_w: float) -> str:
     """:func:`capctl.devicedata.constraints_problem`, memoized (a pure function of two floats,
     asked for every GPU several times an interval; a cluster has a handful of distinct pairs)."""
     return devicedata.constraints_problem(min_w, max_w)
+
+
+def held_detail(min_w: float, max_w: float, state: str, error: str) -> str:
+    """The detail of a GPU the coordinator holds as ``UNSUPPORTED_CONSTRAINTS`` because its
+    agent's hello reported unusable limit constraints ``(min_w, max_w)`` (W), whatever the agent
+    reports now: its cap state ``state`` and why (``error``). The agent's own text when it reports
+    the same state (it tells what it reads now); else the hello's constraints and the agent's
+    current state, so that the detail follows the state (never the text of one it left)."""
+    if state == capstates.UNSUPPORTED_CONSTRAINTS and error:
+        return error
+    problem = _constraints_problem(min_w, max_w).replace("read from the device", "reported by the agent at its start")
+    now = f"; the agent reports {state}" + (f": {error}" if error else "") if state else ""
+    return (f"{problem}: held and counted at its current limit until the agent is restarted and reads them "
+            f"again{now}")
 
 
 _STATE_NAMES: dict[tuple, str] = {}
@@ -435,15 +453,15 @@ class Registry:
                 continue
             # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
             state = state_of(t.cap_state, t.cap_state_name)
-            g.have_reading = True
+            g.have_reading = g.reading_live = True
             g.cap_w = t.cap_w
             g.enforced_w = enforced_w
+            error = t.error
             if constraints_problem(g.min_cap_w, g.max_cap_w):
-                g.cap_state = unsupported
+                g.cap_state, error = unsupported, held_detail(g.min_cap_w, g.max_cap_w, state, error)
             elif state:
                 g.cap_state = state
             g.pre_job_cap_w = t.pre_job_cap_w
-            error = t.error
             power_w = t.power_w
             temp_c = t.temp_c
             sm_clock = t.sm_clock_mhz
@@ -523,6 +541,7 @@ class Registry:
             if state:
                 g.cap_state = state
             g.error = error or g.error
+            g.reading_live = False  # the last readings are no longer live (the caps keep counting)
             return False
         g.have_reading = True
         g.cap_w = t.cap_w
@@ -530,6 +549,7 @@ class Registry:
         if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
             # holds the GPU
             g.cap_state = capstates.UNSUPPORTED_CONSTRAINTS
+            error = held_detail(g.min_cap_w, g.max_cap_w, state, error)
         elif state:
             g.cap_state = state
         g.pre_job_cap_w = t.pre_job_cap_w

@@ -202,7 +202,10 @@ class AgentCore:
 
     def _gpu_telemetry(self, s: GpuSample, bound: dict[int, list[str]], states: dict[int, str] | None = None):
         cap_state = states.get(s.index, capstates.OK) if states is not None else capstates.OK
-        error = self.gpu_error.get(s.index, "")
+        # why it is in that state: the CapManager's message, kept with the state it explains (the
+        # last set-cap error is kept until a write succeeds, which a held GPU never has: it may
+        # tell of a state the GPU left long ago)
+        error = self.caps.message(s.index) or self.gpu_error.get(s.index, "")
         if not error and cap_state == capstates.UNSUPPORTED_CONSTRAINTS:  # also before any write: the values read
             problem = devicedata.unsupported_message(s.min_cap_w, s.max_cap_w)
             # sane values that differ from those at start: the reason the cap state machine kept

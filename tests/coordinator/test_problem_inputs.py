@@ -161,7 +161,7 @@ def test_status_shows_ceilings_only_where_they_constrain():
     from coordinator.loop import _shown_ceiling_w
 
     assert _shown_ceiling_w(8554.0, 200.0, 700.0) == 700.0    # cool GPU: the device maximum, not "8554 W"
-    assert _shown_ceiling_w(math.inf, 200.0, 700.0) == 0.0
+    assert math.isnan(_shown_ceiling_w(math.inf, 200.0, 700.0))  # no estimate: null, not "0 W"
     assert _shown_ceiling_w(-590.1, 200.0, 700.0) == 200.0    # too hot: held at its minimum
     assert _shown_ceiling_w(650.0, 200.0, 700.0) == 650.0
 

@@ -43,6 +43,10 @@ def _reference_record(reg: Registry, node: NodeObs, msg, now: float) -> None:
         mem_pct = t.utilization_rates.memory_pct if t.HasField("utilization_rates") else math.nan
         g.memory_utilization_pct = mem_pct
         g.job_id, g.error = t.job_id, t.error
+        g.reading_live = True
+        if g.constraints_problem:  # held for the hello's constraints: the detail says so and what the agent reports
+            g.error = R.held_detail(g.min_cap_w, g.max_cap_w, R._cap_state_name(t.cap_state, t.cap_state_name),
+                                    t.error)
         thermal, power, stuck = R.reason_flags(reasons)
         g.add_throttle(now, thermal, power)
         g.sample_enforced_w, g.sample_mono = t.enforced_w, now
