@@ -147,8 +147,9 @@ class AgentCore:
     def _clamp(self, index: int, cap_w: float) -> float:
         """``cap_w`` (W) clamped into GPU ``index``'s limit constraints as read at open."""
         dev = self.devices.get(index)
-        if dev is None or not math.isfinite(dev.min_cap_w) or not math.isfinite(dev.max_cap_w):
-            return float(cap_w)
+        if (dev is None or not math.isfinite(dev.min_cap_w) or not math.isfinite(dev.max_cap_w)
+                or devicedata.unsupported_message(dev.min_cap_w, dev.max_cap_w)):
+            return float(cap_w)  # unusable constraints (0, 0 ...): never a 0 W request; the backend holds it
         return min(max(float(cap_w), dev.min_cap_w), dev.max_cap_w)
 
     def _safe_cap_for(self, index: int) -> float | None:

@@ -704,7 +704,11 @@ class NvmlBackend:
             return ""
         start = (info.min_cap_w, info.max_cap_w)
         if not all(math.isfinite(v) for v in start) or devicedata.unsupported_message(*start):
-            return ""  # unusable at start: the GPU is held already; the constraints read now rule
+            # unusable at start: the hello said so and the coordinator holds the GPU at its limit;
+            # whatever it reads now, nothing is written before a restart reports them again
+            return (f"limit constraints read from the device at start were unusable (min {start[0]:g} W, "
+                    f"max {start[1]:g} W); now min {_mw_to_w(min_mw):g} W, max {_mw_to_w(max_mw):g} W; no "
+                    f"limit is written to this GPU until the agent is restarted and reads them again")
         lo_mw, hi_mw = round(start[0] * 1000.0), round(start[1] * 1000.0)
         if abs(min_mw - lo_mw) <= 1 and abs(max_mw - hi_mw) <= 1:
             return ""

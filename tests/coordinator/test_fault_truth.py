@@ -169,6 +169,8 @@ def test_a_held_gpus_detail_follows_its_current_state(tmp_path):
                 return g if "read from the device: min 0 W, max 0 W" not in g.detail and "1 W" in g.detail else None
             g = wait_for(current, 10, "GPU 1's detail about what the agent reports now")
             assert capstates.of(g) == capstates.UNSUPPORTED_CONSTRAINTS
-            assert "min 0 W, max 0 W" not in g.detail or "reported by the agent at its start" in g.detail
+            assert "now min 1 W, max 2 W" in g.detail or "reported by the agent at its start" in g.detail
             state = capstates.of(cl.agent("n1").status().gpus[1])
             assert state == capstates.UNSUPPORTED_CONSTRAINTS or f"the agent reports {state}" in g.detail
+            # held since the hello: never written, not after the fault cleared nor with (1, 2) read
+            assert sim.read(1)["set_count"] == 0
