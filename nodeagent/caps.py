@@ -187,6 +187,10 @@ class CapManager:
             foreign_window_s if foreign_window_s is not None else 4.0 * rewrite_interval_s
         )
         self.state_file_error: SavedStateError | None = None
+        # GPU index -> the ceiling (W) of a restore whose allowance (:meth:`set_restore_ceiling`)
+        # is unknown, e.g. after a restart (allowances are kept in memory only); None: no bound.
+        # The agent sets it (nodeagent.core.AgentCore.restore_fallback_w)
+        self.fallback_ceiling: Callable[[int], float | None] | None = None
         self._lock = threading.RLock()
         self._devices = backend.devices()
         self._count = len(self._devices)
@@ -465,7 +469,7 @@ class CapManager:
                 if isinstance(cap, (int, float)) and math.isfinite(cap):
                     self._rt[i].restore_ceiling_w = float(cap)
             pending = [i for i in held if self._rt[i].held_w is None
-                       or abs(self._restore_target_w(i) - self._rt[i].held_w) >= 1e-3
+                       or not _same_w(self._restore_target_w(i), self._rt[i].held_w)
                        or self._rt[i].state == RESTORE_FAILED]
             if pending:
                 results.update(self._restore(pending))
@@ -485,10 +489,15 @@ class CapManager:
 
     # -- restoring -----------------------------------------------------------------------------
 
-    def _restore_target_w(self, index: int) -> float:
-        """The value a restore writes now: the saved pre-job limit, never above the ceiling (W)."""
+    def _restore_target_w(self, index: int) -> float | None:
+        """The value a restore writes now (W): the saved pre-job limit, never above the ceiling:
+        the coordinator's allowance, else :attr:`fallback_ceiling`'s (a restart forgets the
+        allowances; it finished held restores at full pre-job limits before it connected: 1.4 kW
+        over a 10 kW budget for 0.8 s)."""
         saved_w = self._state.gpus[index].saved_limit_w
         ceiling_w = self._rt[index].restore_ceiling_w
+        if ceiling_w is None and self.fallback_ceiling is not None:
+            ceiling_w = self.fallback_ceiling(index)
         return saved_w if ceiling_w is None else min(saved_w, ceiling_w)
 
     def _restore(self, indices: list[int]) -> dict[int, CapResult]:
@@ -567,8 +576,7 @@ class CapManager:
             pending = [
                 i for i, rec in self._state.gpus.items()
                 if rec.restore_pending and self.job_count(i) == 0
-                and not (self._rt[i].held_w is not None
-                         and abs(self._restore_target_w(i) - self._rt[i].held_w) < 1e-3)
+                and not (self._rt[i].held_w is not None and _same_w(self._restore_target_w(i), self._rt[i].held_w))
             ]
             return self._restore(sorted(pending)) if pending else {}
 
@@ -681,3 +689,8 @@ class CapManager:
             rt.last_rewrite_s = now_s
             return True
         return False
+
+
+def _same_w(target_w: float, held_w: float) -> bool:
+    """True when a restore's target is the value already held (W, to 1 mW)."""
+    return abs(target_w - held_w) < 1e-3

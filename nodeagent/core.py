@@ -90,6 +90,8 @@ class AgentCore:
         self.link: AgentLinkClient | None = None
         self.local = None  # nodeagent.local.LocalServer once started
         self._loop_thread: threading.Thread | None = None
+        self.dry_run_plans = False  # the last plan was a dry run (the coordinator manages no cap)
+        caps.fallback_ceiling = self.restore_fallback_w
 
     # ------------------------------------------------------------------------------------------
     # state
@@ -151,6 +153,19 @@ class AgentCore:
                 or devicedata.unsupported_message(dev.min_cap_w, dev.max_cap_w)):
             return float(cap_w)  # unusable constraints (0, 0 ...): never a 0 W request; the backend holds it
         return min(max(float(cap_w), dev.min_cap_w), dev.max_cap_w)
+
+    def restore_fallback_w(self, index: int) -> float | None:
+        """The ceiling (W) of a restore of GPU ``index`` while the coordinator's allowance for it is
+        unknown (after a restart, or never planned): ``max(its current limit, its safe cap)``, the
+        most it may hold without a lease (an unreadable limit: the safe cap). None, a full restore,
+        when no safe cap is known (no coordinator ever) or the coordinator runs a dry run."""
+        safe_w = self._safe_cap_for(index)
+        if safe_w is None or self.dry_run_plans:
+            return None
+        try:
+            return max(self.backend.get_cap_w(index), safe_w)
+        except CapctlError:
+            return safe_w
 
     def _safe_cap_for(self, index: int) -> float | None:
         """The failsafe cap of GPU ``index`` (W): the lower of the coordinator's and the policy's."""

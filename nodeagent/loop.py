@@ -141,6 +141,7 @@ class AgentLoop(AgentCore):
                 log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
                 self.safe_mode.clear()
             errors: list[str] = []
+            self.dry_run_plans = bool(plan.dry_run)
             ok = self._apply_plan_caps(plan, errors) if not plan.dry_run and plan.caps else True
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
             samples = self.backend.telemetry_all()

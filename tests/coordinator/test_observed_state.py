@@ -235,3 +235,31 @@ def test_limit_constraints_that_change_mid_job_hold_the_gpu_and_never_raise_it(t
             assert all(sim.read(i)["limit_w"] >= 200.0 for i in range(4))
             check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
             assert check.ok, check.describe()
+
+
+def test_an_agent_restarted_with_held_restores_raises_no_gpu_above_its_allowance(tmp_path):
+    """Job J ends under a budget too small for the four 700 W pre-job limits: the restores are held at
+    the coordinator's allowance. The agent is restarted (it keeps no allowance across a restart): it
+    must not finish the held restores at 700 W before the coordinator speaks again (it did: the
+    journal showed the sum over the budget). Checked exactly on the driver's journal."""
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+
+    budget_w = 2000.0
+    with _cluster(tmp_path, budget_w=budget_w) as cl:
+        sim = cl.sims["n1"]
+        with AdminClient(cl.coordinator.admin_address) as c:
+            _job_at(cl, c, 400, 600)
+            assert cl.agent("n1").client().job_end("J").ok
+            for i in range(4):
+                sim.set_load(i, 100.0)
+            time.sleep(2.0)  # the held restores at the idle allowance
+            held = [sim.read(i)["limit_w"] for i in range(4)]
+            assert sum(held) <= budget_w + 1e-3 and max(held) < 699.0
+            since_ns = time.monotonic_ns()
+            cl.agent("n1").stop()
+            cl.start_agent("n1").wait_ready(30.0, connected=True)
+            time.sleep(2.0)  # the restarted agent's retries and the coordinator's next plans
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()
+            assert all(sim.read(i)["limit_w"] <= held[i] + 1e-3 for i in range(4))  # the budget has no room left
