@@ -340,5 +340,7 @@ def test_cluster_file_read_errors_are_worded(tmp_path, capsys):
 def test_cli_refuses_a_run_too_short_for_one_step_and_an_empty_policy_list(capsys, args, says):
     rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), *args, "--json"])
     out = capsys.readouterr()
-    assert rc != 0 and says in out.err and "Traceback" not in out.err and out.out == ""
+    assert rc != 0 and says in out.err and "Traceback" not in out.err
+    reply = json.loads(out.out)  # --json: the outcome as one JSON object on stdout, errors too
+    assert reply["ok"] is False and says in reply["error"]
 
