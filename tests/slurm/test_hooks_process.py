@@ -140,3 +140,18 @@ def test_config_policy_and_overrides(tmp_path):
     cfg = load_config({"CAPCTL_POLICY": str(policy), "SLURMD_NODENAME": "n"})
     assert cfg.fail_open and cfg.timeout_s == 5.0 and cfg.problems and str(policy) in cfg.problems[0]
     assert expand_node("a%nb%%c%x", "N") == "aNb%c%x"
+
+
+def test_an_interpreter_that_starts_too_slowly_is_bounded_and_fails_open(tmp_path):
+    """The hook's own watchdog starts with the interpreter: the wrapper bounds the whole run
+    (CAPCTL_HOOK_TIMEOUT_S + 2 s), so a slow start never outlasts slurmd's PrologEpilogTimeout (a
+    killed prolog drains the node) and under fail-open the job runs."""
+    slow = tmp_path / "slowpy"
+    slow.write_text(f"#!/bin/sh\nsleep 20\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    proc, elapsed, _ = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="0", CAPCTL_PYTHON=slow, CAPCTL_HOOK_TIMEOUT_S="1")
+    assert proc.returncode == 0 and elapsed < 8.0, (proc.returncode, elapsed)
+    assert "hook did not run" in proc.stderr and "exited 124" in proc.stderr
+    proc, elapsed, _ = run_hook("epilog", tmp_path, CAPCTL_PYTHON=slow, CAPCTL_HOOK_TIMEOUT_S="1",
+                                CAPCTL_ON_UNREACHABLE="fail-closed")
+    assert proc.returncode == 1 and elapsed < 8.0
