@@ -233,9 +233,13 @@ class JobBinding(AgentCore):
             ok = self._note_errors(results)
             self.save_state()
             gpus = [messages.cap_result(i, r) for i, r in sorted(results.items())]
-        msg = (f"job {job_id} ended on {self.node}; restored GPUs {sorted(results)}" if known
+        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False))
+        failed = sorted(i for i, r in results.items() if not getattr(r, "ok", False))
+        msg = (f"job {job_id} ended on {self.node}; restored GPUs {restored}" if known
                else f"job {job_id} was not bound on {self.node}; nothing to restore")
-        if not ok:
+        if known and failed:
+            msg += f"; GPUs {failed} could not be restored and will be retried"
+        elif not ok:
             msg += "; some GPUs could not be restored and will be retried"
         log.info("JobEnd %s: %s", job_id, msg)
         if self.link is not None:

@@ -141,7 +141,7 @@ class Run:
         code = EXIT_FAIL_CLOSED if fail_closed else EXIT_OK
         if failure:
             text += " -> fail-closed: hook fails on purpose" if fail_closed else \
-                " -> fail-open: job runs (node safe cap)" if self.hook == "prolog" else " -> fail-open"
+                " -> fail-open: job runs, its GPUs keep the caps they have" if self.hook == "prolog" else " -> fail-open"
         self.log.event(text, {"outcome": outcome, "exit": 0 if code == 0 else 1, "failure": failure,
                               "duration_s": round(self.elapsed_s(), 4), "timeout_s": self.timeout_s,
                               "fail_open": self.fail_open, **self.extra, **fields},

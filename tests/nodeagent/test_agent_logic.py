@@ -227,3 +227,31 @@ def test_boot_moves_gpus_at_their_default_to_the_saved_safe_cap(tmp_path):
 def test_gpu_ids_map_to_indices(tmp_path, kind, ids):
     agent = make_agent(tmp_path, PureDevice(4))
     assert agent.map_gpu_ids(ids, kind) == [2]
+
+
+def test_job_end_names_only_the_gpus_it_restored(tmp_path):
+    from nodeagent.backend import NvmlPermissionError
+
+    dev = PureDevice(2, limit_w=650.0)
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0, connected=False)
+    job_start(agent, "42", 0, 1)
+    dev.fail("set", 1, NvmlPermissionError("no permission", gpu_index=1))
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    assert not reply.ok and dev.limits_w() == [650.0, 300.0]
+    assert "restored GPUs [0]" in reply.message and "GPUs [1] could not be restored" in reply.message
+
+
+def test_a_restarted_agent_keeps_a_held_restore_below_the_allowance_it_no_longer_knows(tmp_path):
+    dev = PureDevice(2)  # pre-job limit 700 W
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0)
+    agent.on_plan(plan(1, {0: 450.0}, safe={0: 350.0, 1: 350.0}))
+    job_start(agent, "42", 0)
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    assert dev.limit_w(0) == 300.0 and agent.caps.saved_limits_w() == {0: 700.0}  # held at the allowance
+    agent.save_state()
+    again = make_agent(tmp_path, dev, start_cap_w=300.0)  # a restart: allowances are not saved
+    again.load_state()
+    again.tick()
+    assert dev.limit_w(0) == 350.0  # at most its safe cap without a lease, never the 700 W pre-job limit
+    again.on_plan(plan(2, {0: 700.0}, safe={0: 350.0, 1: 350.0}))  # the coordinator hands the watts back
+    assert dev.limit_w(0) == 700.0 and again.caps.saved_limits_w() == {}
