@@ -1143,6 +1143,7 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
         ))
         if live:
             temps.append(temp_c)
+            tally.alerts.extend(near_slowdown_alert(name, idx, temp_c, slowdown_c, snap.policy.thermal.margin_c))
         if have_reading and cap_state and cap_state not in capstates.NORMAL:
             tally.alerts.append(f"{name} GPU {idx}: cap state {cap_state}{': ' + error if error else ''}")
     if temps and not stale:
@@ -1160,6 +1161,19 @@ def _readings(live: bool, power_w: float, temp_c: float, sm_clock_mhz: int, reas
                 "clocks_event_reasons": list(reasons), "no_live_reading": False}
     return {"power_w": math.nan, "temp_c": math.nan, "sm_clock_mhz": 0, "clocks_event_reasons": [],
             "no_live_reading": True}
+
+
+def near_slowdown_alert(node: str, index: int, temp_c: float, slowdown_c: float, margin_c: float) -> list[str]:
+    """[an alert] when a GPU's measured temperature (°C) is closer to its slowdown temperature than
+    half the policy's ``thermal.margin_c`` (the thermal ceilings aim at the full margin; half of it
+    leaves room for the ~1 °C noise of the readings and for prediction error); else []."""
+    if not (slowdown_c > 0 and margin_c > 0 and math.isfinite(temp_c)):
+        return []
+    left_c = slowdown_c - temp_c
+    if left_c >= margin_c / 2:
+        return []
+    return [f"{node} GPU {index}: {temp_c:.1f} °C, {left_c:.1f} °C below its slowdown temperature "
+            f"{slowdown_c:.0f} °C (the policy keeps {margin_c:g} °C: its thermal model is off, or a cooling problem)"]
 
 
 def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:

@@ -72,3 +72,13 @@ def test_a_held_gpus_detail_follows_the_state_the_agent_reports():
     own = "GPU 1: limit constraints read from the device: min 1 W, max 2 W; ..."
     assert held_detail(0.0, 0.0, capstates.UNSUPPORTED_CONSTRAINTS, own) == own
     assert "the agent reports" not in held_detail(0.0, 0.0, "", "")
+
+
+def test_a_gpu_closer_to_slowdown_than_half_the_policy_margin_raises_an_alert():
+    from coordinator.loop import near_slowdown_alert
+
+    (alert,) = near_slowdown_alert("n2", 1, 87.0, 89.0, 5.0)  # the demo's hot GPU: 2 degC left of 5
+    assert alert.startswith("n2 GPU 1: 87.0 °C, 2.0 °C below its slowdown temperature 89 °C") and "keeps 5 °C" in alert
+    assert near_slowdown_alert("n2", 1, 86.5, 89.0, 5.0) == []  # 2.5 degC left: within the noise of the target
+    assert near_slowdown_alert("n2", 1, 87.0, 0.0, 5.0) == []  # no slowdown temperature read
+    assert near_slowdown_alert("n2", 1, float("nan"), 89.0, 5.0) == []
