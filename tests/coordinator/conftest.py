@@ -109,6 +109,21 @@ class Coordinator:
         return self.proc.returncode
 
 
+
+def one_node_cluster(tmp_path, **kw):
+    """A :class:`tests.support.processes.Cluster` of one simulated node n1 with 4 GPUs, interval 0.5 s,
+    lease 3 s (real coordinator and agent); ``kw`` as ``Cluster`` takes them."""
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    return Cluster(tmp_path, {"n1": 4}, interval_s=0.5, lease_s=3.0, **kw)
+
+
+def gpus_by_index(status) -> dict:
+    """GPU index -> ``GpuStatus`` of a one-node ``StatusReply``."""
+    return {g.index: g for n in status.nodes for g in n.gpus}
+
 @pytest.fixture
 def start_coordinator(tmp_path):
     """Factory: ``start_coordinator(policy_path, **kw) -> Coordinator``; every one is stopped at the end."""

@@ -12,22 +12,13 @@ import types
 
 import pytest
 
-from tests.conftest import require
-from tests.coordinator.conftest import wait_for
+from tests.coordinator.conftest import gpus_by_index, one_node_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def _cluster(tmp_path, **kw):
-    try:
-        from tests.support.processes import Cluster
-    except ImportError as exc:
-        require(False, f"tests.support.processes unavailable: {exc}")
-    return Cluster(tmp_path, {"n1": 4}, interval_s=0.5, lease_s=3.0, **kw)
-
-
-def _gpus(st):
-    return {g.index: g for n in st.nodes for g in n.gpus}
+_cluster = one_node_cluster
+_gpus = gpus_by_index
 
 
 def _started(cl, c, sim, load_w=650.0):
