@@ -200,6 +200,29 @@ class JobBinding(AgentCore):
             cap = min(cap, self.allowed_w[index])
         return self._clamp(index, cap)
 
+    def end_left_jobs(self) -> list[str]:
+        """End the jobs whose epilog could not reach this agent and left their end in its drop box
+        (:mod:`capctl.endedjobs`), as :meth:`job_end` would have; returns their ids. A bad id is
+        logged and dropped; an end that fails (no state file write) stays for the next interval."""
+        from capctl import endedjobs
+        from capctl.v1 import capctl_pb2
+
+        ended = []
+        for job_id in endedjobs.waiting(self.socket_path):
+            try:
+                reply = self.job_end(capctl_pb2.JobEndRequest(job_id=job_id))
+            except UserInputError as err:
+                log.error("drop box %s: %s: dropped", endedjobs.drop_box(self.socket_path), err)
+            except CapctlError as err:
+                log.error("ending job %s left by its epilog failed: %s; retried", job_id, err)
+                continue
+            else:
+                log.warning("job %s ended from the drop box (its epilog could not reach the agent): %s",
+                            job_id, reply.message)
+                ended.append(job_id)
+            endedjobs.done(self.socket_path, job_id)
+        return ended
+
     def job_end(self, req):
         """AgentLocal.JobEnd: restore the pre-job limits of the GPUs whose last job this was (per GPU,
         best effort, failures retried), unbind, forward JobEnded; idempotent, valid without JobStart.

@@ -221,7 +221,9 @@ class AgentLoop(AgentCore):
     # ------------------------------------------------------------------------------------------
     # periodic work
     def tick(self) -> None:
-        """One interval: retries, failsafe, drift reconcile, telemetry. CapManager errors are logged."""
+        """One interval: jobs ended in the drop box, retries, failsafe, drift reconcile, telemetry.
+        CapManager errors are logged."""
+        self.end_left_jobs()
         with self.lock:
             try:
                 self.caps.retry_pending()

@@ -130,6 +130,22 @@ class Run:
         self._timer.daemon = True
         self._timer.start()
 
+    def _leave_for_agent(self, fields: dict) -> None:
+        """The epilog's end was not delivered: leave it in the agent's drop box
+        (:mod:`capctl.endedjobs`), noted in ``fields`` (``left_for_agent``: the file, or the error)."""
+        from capctl import endedjobs
+
+        socket_path = self.extra.get("socket")
+        if not self.job_id or not socket_path:
+            return
+        try:
+            path = endedjobs.leave(socket_path, self.job_id)
+        except OSError as err:
+            fields["left_for_agent"] = f"not written: {err}"
+            return
+        if path:
+            fields["left_for_agent"] = path
+
     def _expire(self) -> None:
         self.finish("timeout", f"no answer within the {self.timeout_s:g} s bound", failure=True)
 
@@ -139,6 +155,8 @@ class Run:
             return EXIT_OK  # another thread already finishing
         fail_closed = failure and not self.fail_open
         code = EXIT_FAIL_CLOSED if fail_closed else EXIT_OK
+        if failure and self.hook == "epilog":
+            self._leave_for_agent(fields)
         if failure:
             text += " -> fail-closed: hook fails on purpose" if fail_closed else \
                 " -> fail-open: job runs, its GPUs keep the caps they have" if self.hook == "prolog" else " -> fail-open"

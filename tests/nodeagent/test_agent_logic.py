@@ -255,3 +255,19 @@ def test_a_restarted_agent_keeps_a_held_restore_below_the_allowance_it_no_longer
     assert dev.limit_w(0) == 350.0  # at most its safe cap without a lease, never the 700 W pre-job limit
     again.on_plan(plan(2, {0: 700.0}, safe={0: 350.0, 1: 350.0}))  # the coordinator hands the watts back
     assert dev.limit_w(0) == 700.0 and again.caps.saved_limits_w() == {}
+
+
+def test_jobs_left_in_the_drop_box_are_ended_at_the_next_interval(tmp_path):
+    from capctl import endedjobs
+
+    dev = PureDevice(2, limit_w=650.0)
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0, connected=False)
+    job_start(agent, "42", 0, 1)
+    agent.tick()
+    assert set(agent.jobs) == {"42"} and dev.limits_w() == [300.0, 300.0]
+    endedjobs.leave(agent.socket_path, "42")  # the epilog could not reach the agent
+    endedjobs.leave(agent.socket_path, "7")  # an end that did arrive, or a job never bound here
+    (tmp_path / "agent.sock.ended" / "bad name").write_text("")  # not a job id: ignored
+    agent.tick()
+    assert agent.jobs == {} and dev.limits_w() == [650.0, 650.0]  # unbound, pre-job limits restored
+    assert endedjobs.waiting(agent.socket_path) == [] and agent.link.sent[-2].WhichOneof("body") == "job_ended"

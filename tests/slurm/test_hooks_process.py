@@ -155,3 +155,15 @@ def test_an_interpreter_that_starts_too_slowly_is_bounded_and_fails_open(tmp_pat
     proc, elapsed, _ = run_hook("epilog", tmp_path, CAPCTL_PYTHON=slow, CAPCTL_HOOK_TIMEOUT_S="1",
                                 CAPCTL_ON_UNREACHABLE="fail-closed")
     assert proc.returncode == 1 and elapsed < 8.0
+
+
+def test_an_epilog_that_cannot_reach_the_agent_leaves_the_jobs_end_in_its_drop_box(tmp_path):
+    from capctl import endedjobs
+
+    sock = tmp_path / "agent-nX.sock"
+    proc, _, events = run_hook("epilog", tmp_path, CAPCTL_AGENT_SOCKET=tmp_path / "agent-%n.sock")
+    assert proc.returncode == 0 and events[-1]["outcome"] == "agent-unreachable"
+    assert endedjobs.waiting(str(sock)) == ["4242"] and events[-1]["left_for_agent"].endswith("agent-nX.sock.ended/4242")
+    proc, _, events = run_hook("prolog", tmp_path, SLURM_JOB_ID="4343", SLURM_JOB_GPUS="0",
+                               CAPCTL_AGENT_SOCKET=tmp_path / "agent-%n.sock")
+    assert events[-1]["outcome"] == "agent-unreachable" and endedjobs.waiting(str(sock)) == ["4242"]  # prologs: none
