@@ -903,9 +903,7 @@ class Coordinator:
     # -- admin -------------------------------------------------------------------------------
     async def set_budget(self, budget_w: float) -> pb.SetBudgetReply:
         """Set the cluster budget (W): refused with the deficit below the minimum caps; persisted."""
-        now = self.registry.clock()
-        inputs = allocation.build_inputs(self.registry, self.models, self.policy, now, self.lease_s, self.ack_memory_s())
-        need = allocation.minimum_needed_w(inputs)
+        need = self._minimum_needed_w()
         current = self.policy.budget_w
         if budget_w < need:
             return pb.SetBudgetReply(
@@ -970,15 +968,20 @@ class Coordinator:
         (:func:`coordinator.allocation.minimum_needed_w`), else "". A reload is not refused for it
         (``budget set`` is): the file may lower the budget for a facility limit, and its caps are
         then the lowest the devices allow, which is closer to it than the old budget's."""
-        inputs = allocation.build_inputs(self.registry, self.models, self.policy, self.registry.clock(),
-                                         self.lease_s, self.ack_memory_s())
-        need = allocation.minimum_needed_w(inputs)
+        need = self._minimum_needed_w()
         budget = self.policy.budget_w
         if budget >= need:
             return ""
-        return (f"; WARNING: budget {budget:g} W is below the {need:g} W the cluster needs at least (live GPUs at "
-                f"their minimum cap, stale nodes at their held caps): every GPU goes to its minimum cap and "
-                f"{need - budget:g} W stay over the budget until GPUs go idle or the budget is raised")
+        return (f"; WARNING: budget {format_watts(budget)} W is below the {format_watts(need)} W the cluster needs "
+                f"at least (live GPUs at their minimum cap, stale nodes at their held caps): every GPU goes to its "
+                f"minimum cap and {format_watts(need - budget)} W stay over the budget until GPUs go idle or the "
+                f"budget is raised")
+
+    def _minimum_needed_w(self) -> float:
+        """What the fleet needs at least now (W, :func:`coordinator.allocation.minimum_needed_w`)."""
+        inputs = allocation.build_inputs(self.registry, self.models, self.policy, self.registry.clock(),
+                                         self.lease_s, self.ack_memory_s())
+        return allocation.minimum_needed_w(inputs)
 
 
 _HAVE_READING = operator.attrgetter("have_reading")

@@ -187,9 +187,9 @@ class CapManager:
             foreign_window_s if foreign_window_s is not None else 4.0 * rewrite_interval_s
         )
         self.state_file_error: SavedStateError | None = None
-        # GPU index -> the ceiling (W) of a restore whose allowance (:meth:`set_restore_ceiling`)
-        # is unknown, e.g. after a restart (allowances are kept in memory only); None: no bound.
-        # The agent sets it (nodeagent.core.AgentCore.restore_fallback_w)
+        # called with a GPU index: the ceiling (W) of its restore while its allowance
+        # (:meth:`set_restore_ceiling`) is unknown, e.g. after a restart (allowances are kept in
+        # memory only); None from it: no bound. The agent sets it (AgentCore.restore_fallback_w)
         self.fallback_ceiling: Callable[[int], float | None] | None = None
         self._lock = threading.RLock()
         self._devices = backend.devices()
@@ -489,7 +489,7 @@ class CapManager:
 
     # -- restoring -----------------------------------------------------------------------------
 
-    def _restore_target_w(self, index: int) -> float | None:
+    def _restore_target_w(self, index: int) -> float:
         """The value a restore writes now (W): the saved pre-job limit, never above the ceiling:
         the coordinator's allowance, else :attr:`fallback_ceiling`'s (a restart forgets the
         allowances; it finished held restores at full pre-job limits before it connected: 1.4 kW

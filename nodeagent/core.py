@@ -224,8 +224,7 @@ class AgentCore:
         error = self.caps.message(s.index) or self.gpu_error.get(s.index, "")
         if not error and cap_state == capstates.UNSUPPORTED_CONSTRAINTS:  # also before any write: the values read
             problem = devicedata.unsupported_message(s.min_cap_w, s.max_cap_w)
-            # sane values that differ from those at start: the reason the cap state machine kept
-            error = f"GPU {s.index}: {problem}" if problem else self.caps.message(s.index)
+            error = f"GPU {s.index}: {problem}" if problem else ""
         return messages.gpu_telemetry(
             s, state=messages.telemetry_state(s, cap_state, s.index in self.safe_mode),
             job_ids=bound.get(s.index, []), error=error,

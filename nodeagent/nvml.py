@@ -707,15 +707,13 @@ class NvmlBackend:
             # unusable at start: the hello said so and the coordinator holds the GPU at its limit;
             # whatever it reads now, nothing is written before a restart reports them again
             return (f"limit constraints read from the device at start were unusable (min {start[0]:g} W, "
-                    f"max {start[1]:g} W); now min {_mw_to_w(min_mw):g} W, max {_mw_to_w(max_mw):g} W; no "
-                    f"limit is written to this GPU until the agent is restarted and reads them again")
+                    f"max {start[1]:g} W); now min {_mw_to_w(min_mw):g} W, max {_mw_to_w(max_mw):g} W; {_HELD}")
         lo_mw, hi_mw = round(start[0] * 1000.0), round(start[1] * 1000.0)
         if abs(min_mw - lo_mw) <= 1 and abs(max_mw - hi_mw) <= 1:
             return ""
         return (f"limit constraints read from the device changed: min {_mw_to_w(min_mw):g} W, max "
                 f"{_mw_to_w(max_mw):g} W, at start min {start[0]:g} W, max {start[1]:g} W (as reported to "
-                f"the coordinator); no limit is written to this GPU until the agent is restarted and "
-                f"reads them again")
+                f"the coordinator); {_HELD}")
 
     def get_cap_w(self, index: int) -> float:
         """Requested power limit of GPU ``index`` in W (nvmlDeviceGetPowerManagementLimit)."""
@@ -764,6 +762,10 @@ class NvmlBackend:
             cap_w=_mw_to_w(cap_mw), enforced_w=_mw_to_w(enforced_mw),
             clamped=math.floor(round(float(cap_w) * 1000.0, 3)) != value_mw,
         )
+
+
+_HELD = "no limit is written to this GPU until the agent is restarted and reads them again"
+"""How a GPU with constraints the agent may not use is held (:meth:`NvmlBackend._constraints_changed`)."""
 
 
 def _check_finite(value: float, field: str) -> None:
