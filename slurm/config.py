@@ -74,9 +74,33 @@ def env_timeout_s(env: dict[str, str]) -> float | None:
         value = float(raw)
     except ValueError:
         return None
-    if not math.isfinite(value) or value <= 0:
-        return None
-    return min(value, MAX_TIMEOUT_S)
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        return None  # refused, not clamped: the prolog script's own bound refuses it too
+    return value
+
+
+OUTER_MARGIN_S = 2.0
+"""Seconds the prolog script's outer ``timeout`` adds to the hook's bound (slurm/prolog)."""
+
+
+def _fit_outer_bound(cfg: HookConfig, env: dict[str, str]) -> None:
+    """Keep ``cfg.timeout_s`` inside the prolog script's outer bound ``CAPCTL_HOOK_BOUND_S`` (s).
+
+    The script kills the hook at that bound, which comes from ``CAPCTL_HOOK_TIMEOUT_S`` only (a shell
+    script does not read the YAML policy). A longer policy ``prolog.timeout_s`` would be cut there
+    and end as "hook did not run" (fail-open whatever the policy says), so the hook's own bound is
+    lowered to fit, and the mismatch is reported in :attr:`HookConfig.problems`.
+    """
+    try:
+        outer_s = float(env.get("CAPCTL_HOOK_BOUND_S", ""))
+    except ValueError:
+        return
+    fit_s = outer_s - OUTER_MARGIN_S
+    if math.isfinite(fit_s) and fit_s > 0 and cfg.timeout_s > fit_s:
+        cfg.problems.append(f"hook bound {cfg.timeout_s:g} s (policy prolog.timeout_s) does not fit the prolog "
+                            f"script's outer bound of {outer_s:g} s: using {fit_s:g} s; set "
+                            f"CAPCTL_HOOK_TIMEOUT_S={cfg.timeout_s:g} in hooks.env to match the policy")
+        cfg.timeout_s = fit_s
 
 
 def load_config(env: dict[str, str] | None = None) -> HookConfig:
@@ -112,6 +136,7 @@ def load_config(env: dict[str, str] | None = None) -> HookConfig:
     elif env.get("CAPCTL_HOOK_TIMEOUT_S"):
         cfg.problems.append(f"CAPCTL_HOOK_TIMEOUT_S={env['CAPCTL_HOOK_TIMEOUT_S']!r} ignored: "
                             f"a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
+    _fit_outer_bound(cfg, env)
     socket_template = env.get("CAPCTL_AGENT_SOCKET") or socket_template
     cfg.socket_path = expand_node(socket_template, node)
     return cfg

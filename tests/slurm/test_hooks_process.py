@@ -142,6 +142,50 @@ def test_config_policy_and_overrides(tmp_path):
     assert expand_node("a%nb%%c%x", "N") == "aNb%c%x"
 
 
+def test_timeout_beyond_the_scripts_outer_bound_is_refused_or_fitted(tmp_path):
+    """CAPCTL_HOOK_TIMEOUT_S above 300 s is refused with a problem line (not silently clamped: the
+    script's own bound refuses it too); a policy prolog.timeout_s longer than the script's outer
+    bound (CAPCTL_HOOK_BOUND_S) is lowered to fit, and the mismatch reported."""
+    from capctl.policy import DEFAULT_POLICY_YAML
+
+    cfg = load_config({"SLURMD_NODENAME": "n", "CAPCTL_POLICY": str(tmp_path / "none.yaml"),
+                       "CAPCTL_HOOK_TIMEOUT_S": "600"})
+    assert cfg.timeout_s == 5.0 and any("CAPCTL_HOOK_TIMEOUT_S='600' ignored" in p for p in cfg.problems)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(DEFAULT_POLICY_YAML.replace("timeout_s: 5", "timeout_s: 30"))
+    cfg = load_config({"SLURMD_NODENAME": "n", "CAPCTL_POLICY": str(policy), "CAPCTL_HOOK_BOUND_S": "7.000"})
+    assert cfg.timeout_s == 5.0, cfg
+    (problem,) = cfg.problems
+    assert "30 s" in problem and "7 s" in problem and "CAPCTL_HOOK_TIMEOUT_S=30" in problem
+    cfg = load_config({"SLURMD_NODENAME": "n", "CAPCTL_POLICY": str(policy), "CAPCTL_HOOK_BOUND_S": "32.000"})
+    assert (cfg.timeout_s, cfg.problems) == (30.0, [])
+
+
+def test_policy_timeout_longer_than_the_outer_bound_keeps_fail_closed(tmp_path):
+    """A fail-closed policy with prolog.timeout_s 30 s and no CAPCTL_HOOK_TIMEOUT_S: the script's outer
+    bound is 7 s. The hook fits inside it and ends by its own timeout under the policy (exit 1, the
+    mismatch in the log) instead of being killed at 7 s and counted as "did not run" (exit 0)."""
+    from capctl.policy import DEFAULT_POLICY_YAML
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(DEFAULT_POLICY_YAML.replace("timeout_s: 5", "timeout_s: 30")
+                      .replace("on_unreachable: fail-open", "on_unreachable: fail-closed"))
+    path = tmp_path / "hung.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(16)
+    try:
+        proc, elapsed, events = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="3", CAPCTL_AGENT_SOCKET=path,
+                                         CAPCTL_POLICY=policy)
+    finally:
+        srv.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "hook did not run" not in proc.stderr
+    assert 4.0 < elapsed < 7.0, elapsed
+    assert events[-1]["outcome"] in ("agent-unreachable", "timeout") and events[-1]["timeout_s"] == 5.0
+    assert "does not fit" in events[-1]["config_problems"][0]
+
+
 def test_an_interpreter_that_starts_too_slowly_is_bounded_and_fails_open(tmp_path):
     """The hook's own watchdog starts with the interpreter: the wrapper bounds the whole run
     (CAPCTL_HOOK_TIMEOUT_S + 2 s), so a slow start never outlasts slurmd's PrologEpilogTimeout (a
