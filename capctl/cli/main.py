@@ -30,9 +30,28 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class UsageError(Exception):
+    """A command line argparse refused (exit 2): ``str(err)`` is its one-line message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors raise :class:`UsageError` after printing the usage
+    (the subcommands' parsers are of this class too: ``add_subparsers`` takes the parent's), so
+    that ``--json`` can report them as JSON as well."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def wants_json(argv: list[str]) -> bool:
+    """True when the command line ``argv`` asks for ``--json`` (before a ``--``, if any)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every available subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="capctl",
         description="capctl: power-capping coordinator for Slurm GPU clusters (watts, degrees C).",
     )
@@ -67,7 +86,16 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     lifeline.watch_parent()  # `capctl demo` or `status --watch` started by a test: stop with it
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:  # printed like argparse's own; with --json one JSON object too (docs/cli.md)
+        print(err, file=sys.stderr)
+        if wants_json(argv):
+            from capctl.errors import print_json_error
+
+            return print_json_error(str(err), 2)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -207,6 +207,29 @@ def test_json_commands_print_one_json_object_for_every_outcome(admin, tmp_path, 
                                              "message": ""}
 
 
+def test_usage_errors_with_json_are_one_json_object_too(capsys):
+    """argparse's usage errors (exit 2): the usage and the error line on stderr as always; with
+    ``--json`` (before or after the subcommand, never after ``--``) also one JSON object on stdout."""
+    cases = [  # (argv, the error's end)
+        (["status", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--json", "nodes", "--socket", "/x"], "unrecognized arguments: --socket /x"),
+        (["--json", "budget", "set"], "the following arguments are required: WATTS"),
+        (["--json", "frobnicate"], "invalid choice: 'frobnicate'"),
+    ]
+    for argv, error in cases:
+        code, out, err = run(capsys, *argv)
+        d = json.loads(out)
+        assert code == 2 and out.count("\n") == 1, (argv, out)
+        assert d["ok"] is False and d["exit_code"] == 2 and error in d["error"], (argv, d)
+        assert err.splitlines()[0].startswith("usage: capctl") and d["error"] in err, (argv, err)
+    code, out, err = run(capsys, "status", "--bogus")  # without --json: argparse's text only
+    assert (code, out) == (2, "") and "unrecognized arguments: --bogus" in err
+    from capctl.cli.main import wants_json
+
+    assert wants_json(["--json", "x"]) and wants_json(["status", "--json"])
+    assert not wants_json(["explain", "--", "--json"]) and not wants_json(["status", "--jsonx"])
+
+
 def test_watch_json_retry_lines_are_json(tmp_path, capsys, monkeypatch):
     from capctl.cli import status as status_cli
     from capctl.errors import UnreachableError
