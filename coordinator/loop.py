@@ -955,9 +955,9 @@ class Coordinator:
         self.policy_path = target
         override = await self.store_read(self._read_override) if self.store is not None and self.store.ok else None
         self.policy = self._apply_override(new, override, read=False)
-        msg = f"policy {target} loaded: budget {self.policy.budget_w:g} W, interval {self.policy.interval_s:g} s"
+        msg = f"policy {target} loaded: budget {format_watts(self.policy.budget_w)} W, interval {self.policy.interval_s:g} s"
         if self.policy.budget_w != new.budget_w:
-            msg += f" (budget set by an admin; the file says {new.budget_w:g} W)"
+            msg += f" (budget set by an admin; the file says {format_watts(new.budget_w)} W)"
         msg += self._below_minimum_warning()
         log.info("%s", msg)
         self.wake()

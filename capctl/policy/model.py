@@ -347,17 +347,20 @@ class Policy:
                 :func:`capctl.policy.minimums.minimum_w`).
         """
         from capctl.policy.minimums import minimum_w
+        from capctl.wattunits import format_watts as fw
 
         if isinstance(budget_w, bool) or not isinstance(budget_w, (int, float)) or not math.isfinite(budget_w) or budget_w <= 0:
             raise UserInputError(f"budget_w: {budget_w!r} is not allowed; give a finite number of watts > 0")
         budget_w = float(budget_w)
         if self.budget_ceiling_w is not None and budget_w > self.budget_ceiling_w:
             raise UserInputError(
-                f"budget_w: {budget_w:g} W is above the root domain limit_w {self.budget_ceiling_w:g} W of {self.source}"
+                f"budget_w: {fw(budget_w)} W is above the root domain limit_w {fw(self.budget_ceiling_w)} W of "
+                f"{self.source}"
             )
         floor_w = minimum_w(self.domains, self.min_cap_w)
         if floor_w is not None and budget_w < floor_w:
             raise UserInputError(
-                f"budget_w: {budget_w:g} W is below the sum of minimum caps {floor_w:g} W (deficit {floor_w - budget_w:g} W)"
+                f"budget_w: {fw(budget_w)} W is below the sum of minimum caps {fw(floor_w)} W "
+                f"(deficit {fw(floor_w - budget_w)} W)"
             )
         return dataclasses.replace(self, budget_w=budget_w, domains=dataclasses.replace(self.domains, limit_w=budget_w))

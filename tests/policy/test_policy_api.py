@@ -124,6 +124,8 @@ def test_with_budget() -> None:
     assert lower.domains.children == policy.domains.children
     with pytest.raises(UserInputError, match="above the root domain limit_w 170000 W"):
         policy.with_budget(170001)
+    with pytest.raises(UserInputError, match="budget_w: 170000.5 W is above the root domain limit_w 170000 W"):
+        policy.with_budget(170000.5)  # every digit that tells the two apart (":g" printed 170000 for both)
     # 512 GPUs x max(min_cap_w 150 W, A100 minimum 100 W) = 76,800 W
     with pytest.raises(UserInputError, match="below the sum of minimum caps 76800 W \\(deficit 800 W\\)"):
         policy.with_budget(76000)
