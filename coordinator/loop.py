@@ -1048,7 +1048,7 @@ class _Tally:
     """What :func:`build_view` gathers over the nodes (W, s, degC), for its job and domain rows."""
 
     accounted: dict = dataclasses.field(default_factory=dict)  # GPU key -> accounted cap (W)
-    draw: dict = dataclasses.field(default_factory=dict)  # GPU key -> power draw (W; 0 without a reading)
+    draw: dict = dataclasses.field(default_factory=dict)  # GPU key -> power draw (W; 0 without a live reading)
     extras: list = dataclasses.field(default_factory=list)  # GpuExtra per GPU
     node_means: list = dataclasses.field(default_factory=list)  # mean GPU temperature of each live node (degC)
     stale_age: dict = dataclasses.field(default_factory=dict)  # node -> seconds since its last report (-1: never)
@@ -1112,8 +1112,10 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
          cap_state, max_sm_clock, util, energy_j, error, reading_live) = fields
         key = (name, idx)
         tally.accounted[key] = acc
-        tally.draw[key] = power_w if have_reading else 0.0  # (accounting: the last known draw keeps counting)
         live = have_reading and reading_live and not stale  # its readings are facts of now
+        # measured draw: live readings only, as the GPU rows show them (a LOST GPU or a stale
+        # node's last draw is no fact of now; their caps keep counting in enforced_w)
+        tally.draw[key] = power_w if live else 0.0
         if not live:
             tally.no_reading[key] = "node stale" if stale else (cap_state or capstates.NO_READING)
         on_gpu = jobs_on.get(idx, ())

@@ -49,6 +49,10 @@ def test_a_lost_gpu_shows_no_live_reading_and_keeps_counting_at_its_last_caps(tm
             assert g.enforced_w > 200.0 and g.cap_w == pytest.approx(g.enforced_w, abs=1.0)
             assert st.enforced_w == pytest.approx(sum(x.enforced_w for x in _gpus(st).values()), abs=1e-3)
             assert st.enforced_w <= 1000.0 + 1e-6
+            # the measured draw: the live readings only (the lost GPU's last draw is no fact of now)
+            live_w = [x.power_w for i, x in _gpus(st).items() if i != 3]
+            assert st.draw_w == pytest.approx(sum(live_w), abs=1e-3) and min(live_w) > 100.0
+            assert st.domains[0].draw_w == pytest.approx(st.draw_w, abs=1e-3)
             d = status_dict(st)
             lost = next(x for x in d["nodes"][0]["gpus"] if x["index"] == 3)
             assert (lost["power_w"], lost["temp_c"], lost["sm_clock_mhz"], lost["thermal_ceiling_w"]) == (None,) * 4
