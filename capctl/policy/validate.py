@@ -198,7 +198,7 @@ _PATTERN_WORDS = {
     "address": "unix:/absolute/path or host:port",
     "admin_group": "a unix group name",
     "status_group": "a unix group name",
-    "endpoints": "http://HOST:PORT or https://HOST:PORT",
+    "endpoints": "http://HOST:PORT or https://HOST:PORT (PORT 1..65535)",
     "prefix": "a key prefix starting with / (letters, digits, _ . / -)",
     "socket_group": "a unix group name",
     "name": "a name of letters, digits and _ . : / -",
