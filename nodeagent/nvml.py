@@ -285,6 +285,7 @@ class NvmlBackend:
         self.simulated: bool = False
         self._handles: list = []
         self._devices: list[DeviceInfo] = []
+        self._clamp_logged: dict[int, tuple[int, int]] = {}  # index -> (asked mW, used mW) last logged
         self._open = False
         # one lock per GPU (set + read-backs are atomic per GPU): a stalled write on one GPU never
         # holds back another GPU's write (nodeagent.callguard)
@@ -660,7 +661,9 @@ class NvmlBackend:
         The value is rounded DOWN to whole mW (after removing float noise below 1 µW, so
         250.0 W -> 250000 mW and 199.9999999999 W -> 200000 mW) and then clamped, in integer
         mW, to the device's limit constraints, so the result always lies inside them (never
-        99 999 mW on a 100 000 mW minimum). Clamping is logged.
+        99 999 mW on a 100 000 mW minimum). A clamp is logged once per GPU and value (the caps
+        manager converts a cap before writing it and the write converts it again; a start cap
+        outside the constraints is asked for again at every reconcile).
 
         Args:
             policy_min_w: when given, validated first (:meth:`validate_policy_limits_w`).
@@ -685,7 +688,8 @@ class NvmlBackend:
             raise UnsupportedConstraintsError(f"GPU {index}: {changed}", gpu_index=index)
         value_mw = math.floor(round(float(cap_w) * 1000.0, 3))
         clamped_mw = min(max(value_mw, min_mw), max_mw)
-        if clamped_mw != value_mw:
+        if clamped_mw != value_mw and self._clamp_logged.get(index) != (value_mw, clamped_mw):
+            self._clamp_logged[index] = (value_mw, clamped_mw)
             LOG.warning(
                 "GPU %d: cap %.3f W outside the limit constraints %.3f..%.3f W, using %.3f W",
                 index, cap_w, _mw_to_w(min_mw), _mw_to_w(max_mw), _mw_to_w(clamped_mw),

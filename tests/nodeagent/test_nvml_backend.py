@@ -151,6 +151,25 @@ def test_cap_below_device_minimum_is_never_requested(make_node, open_backend):
     assert backend.clamp_cap_mw(0, 10_000.0) == 700_000
 
 
+def test_a_clamp_is_logged_once_per_gpu_and_value(make_node, open_backend, caplog):
+    make_node(gpus=2)
+    backend = open_backend()
+    caplog.set_level("WARNING", logger="capctl")
+
+    def clamp_lines():
+        return [r.getMessage() for r in caplog.records if "outside the limit constraints" in r.getMessage()]
+
+    backend.set_cap_w(0, 150.0)  # converted twice: by the caller's plan and by the write
+    backend.set_cap_w(0, 150.0)
+    assert clamp_lines() == ["GPU 0: cap 150.000 W outside the limit constraints 200.000..700.000 W, using 200.000 W"]
+    backend.set_cap_w(1, 150.0)  # another GPU, another value: each logged
+    backend.set_cap_w(0, 120.0)
+    backend.set_cap_w(0, 300.0)  # inside: nothing
+    backend.set_cap_w(0, 150.0)  # back to the first value after another: logged again
+    assert [ln.split(":")[0] + " " + ln.split()[3] for ln in clamp_lines()] == [
+        "GPU 0 150.000", "GPU 1 150.000", "GPU 0 120.000", "GPU 0 150.000"]
+
+
 def test_policy_minimum_below_device_minimum_is_rejected(make_node, open_backend):
     node = make_node(gpus=2)
     backend = open_backend()
