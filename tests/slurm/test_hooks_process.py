@@ -109,6 +109,11 @@ def test_config_file_next_to_slurm_conf(tmp_path):
     proc = subprocess.run([str(REPO / "slurm" / "prolog")], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert f"{tmp_path}/from-env-file-n9.sock" in log.read_text()
+    # a key of the file replaces the same variable of slurmd's environment (docs/slurm.md)
+    env.update(CAPCTL_ON_UNREACHABLE="fail-open", CAPCTL_AGENT_SOCKET=f"{tmp_path}/from-slurmd-%n.sock")
+    proc = subprocess.run([str(REPO / "slurm" / "prolog")], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr  # the file's fail-closed
+    assert "from-slurmd" not in log.read_text()
 
 
 def test_parse_job_gpus():
