@@ -36,7 +36,6 @@ import numpy as np
 from capctl import capstates
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
-from coordinator import membound
 from coordinator.registry import gpu_jobs
 
 GpuKey = tuple[str, int]
@@ -560,75 +559,6 @@ def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]
     return gpu_jobs(node.bindings.values())
 
 
-class _GpuRows:
-    """The :class:`GpuInput` list of :func:`build_inputs`, node by node, and the GPUs whose thermal
-    ceilings are to be computed: positions ``c_pos`` and ``(temp, R, tau, inlet, slowdown)`` rows."""
-
-    def __init__(self, policy, models, now_mono: float, ack_memory_s: float) -> None:
-        self.policy_min = policy.min_cap_w
-        self.idle_policy = policy.idle_cap_w
-        self.reserve = bool(getattr(policy, "reserve_pre_job_limits", False))
-        self.curve_of = models.curve
-        self.share_of = getattr(models, "memory_bound", None)  # memory-bound share (coordinator.membound)
-        self.now_mono = now_mono
-        self.ack_memory_s = ack_memory_s
-        self.gpus: list[GpuInput] = []
-        self.c_pos: list[int] = []
-        self.c_vals: list[tuple] = []
-
-    def add_node(self, name: str, node, indices, dom: str, job_of: dict, stale: bool, thermal: dict) -> None:
-        """Append the GPUs ``indices`` of ``node`` (domain ``dom``): fixed at their accounted cap
-        (W) when the node is stale, without a reading, without limits or uncontrollable."""
-        gpus, c_pos, c_vals = self.gpus, self.c_pos, self.c_vals
-        policy_min, idle_policy, curve_of = self.policy_min, self.idle_policy, self.curve_of
-        now_mono, ack_memory_s = self.now_mono, self.ack_memory_s
-        gpumap = node.gpus
-        for idx in indices:
-            g = gpumap[idx]
-            key = (name, idx)
-            accounted = g.accounted_w(now_mono, ack_memory_s)
-            target = 0.0
-            strag = ""
-            fixed = (stale or not g.have_reading or g.max_cap_w <= 0 or g.cap_state in UNCONTROLLABLE_STATES
-                     or bool(g.constraints_problem))  # (memoized: coordinator.registry)
-            if fixed:
-                v = max(accounted, FIXED_EPS_W)
-                lo = hi = v
-                idle = v
-            else:
-                lo = g.min_cap_w if policy_min is None else max(g.min_cap_w, min(policy_min, g.max_cap_w))
-                hi = g.max_cap_w
-                lo = max(lo, FIXED_EPS_W)
-                strag = straggler_reason(g, now_mono) if g.slowdown_run >= STRAGGLER_SAMPLES else ""
-                if strag:  # held where extra watts buy nothing (its draw, +5 % and 5 W for noise);
-                    # the solve paces its job-mates to it (its measured speed) and frees the rest
-                    hi = max(lo, min(hi, g.sample_enforced_w, STRAGGLER_MARGIN * g.power_w + 5.0))
-                if g.cap_state == capstates.OOB_LIMITED and g.enforced_w < g.cap_w - OOB_TOLERANCE_W:
-                    # observed state first: another limit binds below the request (out-of-band):
-                    # the GPU cannot use more than its enforced limit, so it is planned (and its
-                    # request brought down) within it and the job-mates pace to it
-                    hi = max(lo, min(hi, g.enforced_w))
-                th = thermal.get(idx)
-                if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
-                    c_pos.append(len(gpus))
-                    c_vals.append((g.temp_c, th[0], th[1], th[2], g.slowdown_temp_c))
-                if idle_policy is not None:
-                    idle = min(max(idle_policy, lo), hi)
-                elif self.reserve:  # null, reserved: back to the pre-job limit to restore, else kept
-                    idle = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
-                else:  # null: at its minimum in the solve; its pre-job limit (else its cap) comes
-                    idle = lo  # back from the headroom left once every running job has its watts
-                    target = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else accounted, lo), hi)
-            job = job_of.get(idx)
-            gpus.append(GpuInput(  # positional (hot): key, domain, min, max, fixed, accounted, observed, job,
-                key, dom, lo, hi, fixed, accounted,  # curve, thermal ceiling, idle cap
-                g.enforced_w if g.have_reading else accounted, job, curve_of(key), math.inf, idle,
-                target if job is None else 0.0,
-            ))
-            if not fixed and g.max_sm_clock_mhz > 0 and now_mono - g.sample_mono <= PACE_FRESH_S:
-                _pace(gpus[-1], g, strag, self.share_of if strag else None)
-
-
 CLOCK_STEP_MHZ = 15.0
 """SM clock step (MHz) of the pace measurements (coordinator.pacealign.CLOCK_STEP_MHZ: A100/H100
 graphics clocks are 15 MHz apart)."""
@@ -663,31 +593,6 @@ def _pace_reasons(reasons: tuple) -> tuple[bool, bool]:
             _PACE_REASONS.clear()
         _PACE_REASONS[reasons] = hit
     return hit
-
-
-def _pace(gi: GpuInput, g, strag: str, share_of=None) -> None:
-    """Fill ``gi``'s measured pace from ``g``'s latest sample (see :class:`GpuInput`); a straggler's
-    speed compares its step rate (its pace through its memory-bound share, ``share_of(key)``, when
-    known: :func:`coordinator.membound.rate_of_clock`) with its curve at its cap."""
-    gi.pace = min(1.0, max(0.0, g.sm_clock_mhz / g.max_sm_clock_mhz))
-    gi.pace_at_w = g.sample_enforced_w
-    gi.draw_w = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else 0.0
-    gi.pace_step = CLOCK_STEP_MHZ / g.max_sm_clock_mhz
-    reasons = g.reasons
-    slowed, capped = _pace_reasons(reasons if isinstance(reasons, tuple) else tuple(reasons))
-    # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
-    # (pace 1.0: the fastest a GPU gets, so the loop may bring its cap down, never needs to raise it)
-    gi.paced = (not strag and g.utilization_pct >= 20.0 and not slowed
-                and (capped or gi.pace >= 0.99) and gi.pace > 0 and gi.pace_at_w > 0)
-    if strag:
-        from capctl.allocator.curves import DEFAULT_CURVES
-
-        curve = gi.curve if gi.curve is not None and not isinstance(gi.curve, dict) else DEFAULT_CURVES["H100"]
-        model = float(curve.rate(max(gi.max_cap_w, gi.min_cap_w)))  # at the cap it is held at
-        gi.straggler = strag
-        share = share_of(gi.key) if share_of is not None else None
-        rate = membound.rate_of_clock(gi.pace, share) if share and gi.pace > 0 else gi.pace
-        gi.speed = min(1.0, max(0.05, rate / model)) if model > 0 else 1.0
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:

@@ -82,7 +82,7 @@ def _registry(rng: random.Random) -> tuple[Registry, Models]:
 
 
 def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dict]:
-    """The per-GPU rules of main before (allocation._GpuRows.add_node and _pace), as dicts."""
+    """The per-GPU rules of main before (the per-record GpuInput rows of allocation before the columns), as dicts."""
     out = []
     for name in sorted(registry.nodes):
         node = registry.nodes[name]
