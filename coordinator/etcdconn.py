@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -84,20 +85,18 @@ def check_tls(endpoints: list[tuple[str, str, int]], tls: EtcdTls, *, insecure: 
 
     Raises:
         UserInputError: ``--etcd-cert`` without ``--etcd-key`` (or the reverse), a file that cannot
-            be read, TLS files with only ``http://`` members, or an ``http://`` member that is not
+            be read or is no regular file, a key readable by every user, TLS files with only ``http://`` members, or an ``http://`` member that is not
             loopback without ``insecure`` (each names the flag, the value and the ways out).
     """
     from capctl.security.plaintext import is_local
 
     if (tls.cert_file is None) != (tls.key_file is None):
         raise UserInputError("--etcd-cert and --etcd-key go together: give both (etcd's --client-cert-auth) or neither")
+    from capctl.security.tls import read_pem
+
     for flag, path in (("--etcd-ca", tls.ca_file), ("--etcd-cert", tls.cert_file), ("--etcd-key", tls.key_file)):
-        if path is not None:
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as exc:
-                raise UserInputError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
+        if path is not None:  # as the gRPC TLS files: a regular file (never a FIFO that blocks the
+            read_pem(flag, Path(path), secret=flag == "--etcd-key")  # start), a key not world-readable
     _check_pem(tls)
     schemes = {s for s, _, _ in endpoints}
     if schemes == {"http"} and any((tls.ca_file, tls.cert_file)):

@@ -27,7 +27,9 @@ def read_regular_file(flag: str, path: Path, max_bytes: int,
             ``path``), or whatever ``check`` raises.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO at the path must not block the open (no writer: forever); the
+        # fstat below refuses it; for a regular file the flag changes nothing
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise UserInputError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
     try:

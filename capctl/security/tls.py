@@ -86,6 +86,17 @@ class TlsConfig:
         return TlsMaterial(ca, cert, key)
 
 
+def read_pem(flag: str, path: Path, secret: bool = False) -> bytes:
+    """The PEM file ``path`` of option ``flag``, read once from one open descriptor: a regular file
+    of at most :data:`MAX_PEM_BYTES`, not empty; a ``secret`` one (a private key) not readable by
+    every user.
+
+    Raises:
+        UserInputError: naming ``flag``, ``path`` and what is wrong (and the chmod that fixes a mode).
+    """
+    return _read_pem(flag, path, secret)
+
+
 def _read_pem(flag: str, path: Path, secret: bool = False) -> bytes:
     def check(st: os.stat_result) -> None:
         if secret and st.st_mode & stat.S_IROTH:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -148,6 +150,15 @@ def test_etcd_over_mutual_tls_and_clear_text_refused_on_the_network(tmp_path):
         check_tls(parse_endpoints("http://127.0.0.1:2379"), tls, insecure=False)
     with pytest.raises(UserInputError, match=r"--etcd-ca /nonexistent/ca.pem: cannot read it"):
         check_tls(parse_endpoints(etcd.endpoints), EtcdTls("/nonexistent/ca.pem"), insecure=False)
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)  # a plain open() of a FIFO blocks the coordinator's start
+    with pytest.raises(UserInputError, match=r"--etcd-ca .*ca.fifo: not a regular file"):
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls(str(fifo)), insecure=False)
+    open_key = tmp_path / "open.key"
+    open_key.write_bytes(Path(tls.key_file).read_bytes())
+    open_key.chmod(0o644)
+    with pytest.raises(UserInputError, match=r"--etcd-key .*open.key: private key readable by every user \(mode 0644\)"):
+        check_tls(parse_endpoints(etcd.endpoints), EtcdTls(tls.ca_file, tls.cert_file, str(open_key)), insecure=False)
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
     with pytest.raises(UserInputError, match=r"--etcd-ca .*junk.pem: not PEM CA certificates"):
