@@ -95,13 +95,44 @@ def read_admin_state(coord):
     return coord._read_override(), ledger
 
 
+def _reread_policy(coord) -> None:
+    """A new leader reads its policy file again (``coord.policy_path``): a ``capctl policy reload``
+    reaches only the leader of its time, so a file changed and reloaded since this coordinator
+    started (a lower domain limit) would be lost on failover. A file that does not load now
+    keeps the policy parsed before (at start or at a reload here), with an alert naming it."""
+    from capctl.policy import PolicyError, load_policy
+
+    path = getattr(coord, "policy_path", "")
+    if not path:
+        return  # the embedded default: nothing to re-read
+    try:
+        fresh = load_policy(path)
+    except PolicyError as exc:
+        why = "; ".join(list(exc.errors)[:3]) or str(exc)
+    except Exception as exc:  # noqa: BLE001 (a user file must never stop a takeover)
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        coord.persistent_alerts.pop("policy", None)
+        if fresh != coord.file_policy:
+            log.warning("taking over: policy %s changed since it was last read here; the file's new content is used",
+                        path)
+        coord.file_policy = fresh
+        return
+    coord.persistent_alerts["policy"] = (f"policy {path} not re-read at takeover ({why}); the policy read at "
+                                         "start or at the last reload here stays")
+    log.error("%s", coord.persistent_alerts["policy"])
+
+
 def elected(coord, state=False) -> None:
-    """Take over: admin state from the store (``state``: as :func:`read_admin_state` read it, else
-    read here); every node without a stream counted at the caps of the ledger the last leader
-    wrote (write-ahead of its increases)."""
+    """Take over: the policy file read again (:func:`_reread_policy`), admin state from the store
+    (``state``: as :func:`read_admin_state` read it, else read here); every node without a stream
+    counted at the caps of the ledger the last leader wrote (write-ahead of its increases)."""
     if state is False:
         state = read_admin_state(coord)
-    if state is not None:
+    _reread_policy(coord)
+    if state is None:
+        coord.policy = coord._apply_override(coord.file_policy, None, read=False)
+    else:
         override, ledger = state
         try:
             coord.policy = coord._apply_override(coord.file_policy, override, read=False)

@@ -953,6 +953,7 @@ class Coordinator:
                                         message="policy rejected; the previous one stays")
         self.file_policy = new
         self.policy_path = target
+        self.persistent_alerts.pop("policy", None)  # (a file that failed to load at a takeover: it loads now)
         override = await self.store_read(self._read_override) if self.store is not None and self.store.ok else None
         self.policy = self._apply_override(new, override, read=False)
         msg = f"policy {target} loaded: budget {format_watts(self.policy.budget_w)} W, interval {self.policy.interval_s:g} s"

@@ -54,8 +54,18 @@ def test_standby_answers_reads_and_redirects_writes(rig):
         assert local.plan_term == rig.status().term and local.plans_refused == 0
 
 
+def _rack_limits(rig) -> dict:
+    return {d.name: d.limit_w for d in rig.status().domains if d.kind == "rack"}
+
+
 def test_kill9_leader_standby_takes_over(rig):
     _set_budget(rig, 2600.0)  # an admin change just before the kill: must not be lost
+    # and a policy reload (a lower rack limit): it reaches only the leader; the new one reads the file
+    original = rig.policy_path.read_text()
+    rig.policy_path.write_text(original.replace("name: rack-b, kind: rack, limit_w: 1500", "name: rack-b, kind: rack, limit_w: 1200"))
+    assert rig.admin("ReloadPolicy", pb.ReloadPolicyRequest()).ok
+    new_limits = {"rack-a": 1500.0, "rack-b": 1200.0}
+    wait_until(lambda: _rack_limits(rig) == new_limits, 10.0, 0.1, "the reloaded rack limit in force")
     rig.wait_settled()
     old = rig.leader_name()
     old_term = rig.status().term
@@ -67,8 +77,13 @@ def test_kill9_leader_standby_takes_over(rig):
     assert took_s < LEASE_S  # before any agent lease ran out: no fallback
     assert not rig.safe_cap_seen, f"agents fell back to safe caps: {rig.safe_cap_seen}"
     assert rig.status().budget_w == 2600.0  # from etcd
+    # the file, read again at takeover (the new leader's status, one interval after it took over)
+    wait_until(lambda: _rack_limits(rig) == new_limits, 10.0, 0.1, "the new leader at the reloaded rack limit")
+    wait_until(lambda: sum(rig.enforced("n2")) <= 1200.0 + 1e-6, 10.0, 0.1, "rack-b within its new limit")
     rig.start_one(old)
     _wait_standby(rig, old, new)
+    rig.policy_path.write_text(original)
+    assert rig.admin("ReloadPolicy", pb.ReloadPolicyRequest()).ok
     _set_budget(rig, 2800.0)
     rig.wait_settled()
 
