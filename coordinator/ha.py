@@ -155,7 +155,7 @@ def elected(coord, state=False) -> None:
 
 
 def deposed(coord) -> None:
-    """Step down: close every agent stream (they reconnect to the leader)."""
+    """Step down: close every agent stream (they reconnect to the leader); its view is emptied."""
     if getattr(coord, "ha_elected", None) is not None:
         coord.ha_elected.clear()
     n = 0
@@ -163,4 +163,9 @@ def deposed(coord) -> None:
         if node.session is not None:
             node.session.close("this coordinator is no longer the leader")
             n += 1
+    # the view of its last interval as leader would be shown as live (nodes fresh, caps it no longer
+    # plans) for as long as it stands by: a standby shows no nodes and names the leader instead
+    from coordinator.view import empty_view
+
+    coord.view = empty_view(coord.coordinator_id, coord.policy, coord.policy_path, coord.dry_run)
     log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)

@@ -100,6 +100,8 @@ def test_sigstop_leader_past_its_lease_steps_down_and_never_sends_again(rig):
         proc.signal(signal.SIGCONT)
     _wait_standby(rig, old, new)
     assert "stepping down as leader" in proc.log_path.read_text()
+    st = rig.ha_status(old)  # no frozen view of its last interval as leader shown as live
+    assert st.ha_role == "standby" and len(st.nodes) == 0 and len(st.jobs) == 0 and st.enforced_w == 0.0, st
     sent = rig.plans_sent(old)
     time.sleep(3 * INTERVAL_S)
     assert rig.plans_sent(old) == sent  # the deposed leader sends nothing (its own counter)
