@@ -568,6 +568,7 @@ def _check_meaning(data: dict, diag: _Diag, source: str, device_min, device_max)
     _check_minimums(data, diag, root, min_cap_w, device_min)
     socket_path = _check_socket_path(data, diag)
     _check_coordinator_address(data, diag)
+    _check_etcd(data, diag, interval_s, lease_s)
     if diag.errors:
         return None
     return _make_policy(data, source, budget_w, root, interval_s, lease_s, root_limit, socket_path)
@@ -715,6 +716,37 @@ def _check_coordinator_address(data: dict, diag: _Diag) -> None:
         check_address(address, "coordinator.address")
     except UserInputError as err:
         diag.error(("coordinator", "address"), str(err))
+
+
+def _check_etcd(data: dict, diag: _Diag, interval_s: float, lease_s: float) -> None:
+    """Warn about a ``coordinator.etcd`` block the coordinator would refuse or that makes every
+    failover a fallback (docs/ha.md):
+
+    - an ``http://`` member that is not loopback: the coordinator refuses clear text to etcd over
+      the network unless started with ``--insecure`` (:func:`coordinator.etcdconn.check_tls`);
+    - ``failsafe.lease_s`` (s) not longer than ``lease_ttl_s + 2 x interval_s`` (s): a failover
+      takes up to that long, so the agents' leases run out first and they fall back to safe caps.
+    """
+    from urllib.parse import urlsplit
+
+    from capctl.security.plaintext import is_local
+
+    etcd = (data.get("coordinator") or {}).get("etcd")
+    if not etcd:
+        return
+    for i, raw in enumerate(etcd.get("endpoints") or []):
+        url = urlsplit(str(raw))
+        if url.scheme == "http" and not is_local(url.netloc):
+            diag.warn(("coordinator", "etcd", "endpoints", i),
+                      f"coordinator.etcd.endpoints[{i}]: {raw!r} is clear text to etcd over the network: the "
+                      "coordinator refuses it unless started with --insecure; use https:// members (docs/ha.md)")
+    ttl_s = float(etcd.get("lease_ttl_s", 2))
+    takeover_s = ttl_s + 2 * interval_s
+    if lease_s <= takeover_s:
+        path = ("coordinator", "etcd", "lease_ttl_s") if "lease_ttl_s" in etcd else ("coordinator", "etcd")
+        diag.warn(path, f"coordinator.etcd.lease_ttl_s: {format_number(ttl_s)} s + 2 intervals = "
+                        f"{format_number(takeover_s)} s is not shorter than failsafe.lease_s {format_number(lease_s)} s: "
+                        "a failover outlasts the agents' lease and every agent falls back to its safe cap")
 
 
 def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval_s: float, lease_s: float,

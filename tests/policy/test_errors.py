@@ -160,6 +160,20 @@ def test_unreachable_parent_limit_is_a_warning() -> None:
     assert warnings == ["p.yaml:2:11: warning: budget_w: 9000 W can never be reached: the limits of domain 'c''s children sum to 7000 W"]
 
 
+def test_etcd_settings_the_coordinator_refuses_or_that_outlast_the_lease_are_warnings() -> None:
+    base = "version: 1\nbudget_w: 9000\ninterval_s: 1\nfailsafe: {lease_s: 8}\ndomains: {name: c, nodes: a1}\n"
+    ok = base + 'coordinator: {etcd: {endpoints: ["http://127.0.0.1:2379", "https://10.0.0.2:2379", "http://[::1]:2379"]}}\n'
+    assert warnings_of(ok) == []  # loopback clear text, TLS on the network, 2 s + 2 intervals < 8 s
+    bad = base + 'coordinator: {etcd: {endpoints: ["http://10.0.0.1:2379"], lease_ttl_s: 6}}\n'
+    assert warnings_of(bad) == [
+        "p.yaml:6:34: warning: coordinator.etcd.endpoints[0]: 'http://10.0.0.1:2379' is clear text to etcd over "
+        "the network: the coordinator refuses it unless started with --insecure; use https:// members (docs/ha.md)",
+        "p.yaml:6:72: warning: coordinator.etcd.lease_ttl_s: 6 s + 2 intervals = 8 s is not shorter than "
+        "failsafe.lease_s 8 s: a failover outlasts the agents' lease and every agent falls back to its safe cap",
+    ]
+    assert check_text(bad, "p.yaml").ok  # warnings only: a site with --insecure may run it
+
+
 def test_children_sum_above_parent_is_fine() -> None:
     report = check_text(
         "version: 1\nbudget_w: 5000\ndomains:\n  name: c\n  children:\n"
