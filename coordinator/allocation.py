@@ -44,6 +44,9 @@ FIXED_EPS_W = 1e-3
 OOB_TOLERANCE_W = 1.0
 """An enforced limit this far or more below the requested one is another limit binding (W; the
 agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W)."""
+OOB_HOLD_S = 30.0
+"""How long (s) a GPU stays planned within an out-of-band limit after a reading last showed it
+(the request brought down to it hides it); then one raise probes whether it is still there."""
 
 UNCONTROLLABLE_STATES = capstates.UNCONTROLLABLE  # held at their accounted cap (capctl.capstates)
 """Agent cap states of a GPU whose limit capctl cannot set now: it is fixed at its accounted
@@ -449,10 +452,15 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         hi[sp] = np.maximum(lo[sp], np.minimum(np.minimum(hi[sp], c["sample_enforced_w"][sp]),
                                                STRAGGLER_MARGIN * c["power_w"][sp] + 5.0))
     enforced = c["enforced_w"]
-    oob = np.fromiter((s == capstates.OOB_LIMITED for s in states), bool, G) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
+    oob_now = np.fromiter((s == capstates.OOB_LIMITED for s in states), bool, G) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
     # observed state first: another limit binds below the request (out-of-band): the GPU is
-    # planned (and its request brought down) within its enforced limit
-    hi = np.where(oob, np.maximum(lo, np.minimum(hi, enforced)), hi)
+    # planned (and its request brought down) within its enforced limit; once the request is down
+    # the device no longer shows that limit, so it is kept for OOB_HOLD_S after it was last seen
+    # (then one raise probes it: counted at its request, coordinator.registry.GpuObs.accounted_w)
+    held = ~oob_now & ((now_mono - c["oob_mono"]) <= OOB_HOLD_S) & np.isfinite(c["oob_w"])
+    oob_ceiling = np.where(oob_now, enforced, c["oob_w"])
+    oob = oob_now | held
+    hi = np.where(oob, np.maximum(lo, np.minimum(hi, oob_ceiling)), hi)
     idle, target = _idle_rule(policy, c["pre_job_cap_w"], acc, lo, hi)
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
@@ -482,7 +490,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
         straggler=straggler, draw_w=draw, pace_step=step, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
         curve_min_w=curves.valid_min_w, curves=curves, pace_slope_w=slope,
-        oob_w=np.where(oob & ~fixed, enforced, np.nan))
+        oob_w=np.where(oob & ~fixed, oob_ceiling, np.nan))
 
 
 def _idle_rule(policy, pre_job_cap_w: np.ndarray, acc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:

@@ -45,10 +45,12 @@ COLUMNS: tuple[tuple[str, object], ...] = (
     ("sample_enforced_w", float),
     ("sample_mono", float),
     ("slowdown_run", np.int64),
+    ("oob_w", float),
+    ("oob_mono", float),
 )
 """Every gathered ``GpuObs`` field: (name, dtype; ``object`` keeps the Python values as a tuple)."""
 
-ACCOUNTING = ("have_reading", "enforced_w", "min_cap_w", "max_cap_w", "default_cap_w", "last_ack_w",
+ACCOUNTING = ("have_reading", "enforced_w", "cap_w", "min_cap_w", "max_cap_w", "default_cap_w", "last_ack_w",
               "last_ack_mono", "safe_cap_w", "pending")
 """The fields :func:`accounted_w` and the planner read (a cheaper gather after the solve)."""
 
@@ -116,10 +118,13 @@ def pending_top_w(pending) -> np.ndarray:
 
 def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.ndarray) -> np.ndarray:
     """[G] (W): :meth:`coordinator.registry.GpuObs.accounted_w` of every GPU, element-wise equal:
-    ``max(enforced read-back, pending caps, the last acknowledged read-back within ack_memory_s)``;
+    ``max(enforced read-back, requested limit read back, pending caps, the last acknowledged
+    read-back within ack_memory_s)``;
     without a reading its maximum limit (unusable constraints, ``problem``: the highest value it
     reported, at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W`)."""
     value = c["enforced_w"]
+    cap = c["cap_w"]
+    value = np.where(cap > value, cap, value)  # the request read back (out-of-band limits)
     top = pending_top_w(c["pending"])
     value = np.where(top > value, top, value)
     ack = c["last_ack_w"]

@@ -12,11 +12,14 @@ the reconcile loop publishes (:mod:`coordinator.view`).
 Accounting rule (docs/protocol.md, "Two-phase apply"): a GPU counts against its power domains at
 the highest cap it may be enforcing right now, :meth:`GpuObs.accounted_w`::
 
-    max(latest enforced read-back, caps sent but not yet acknowledged,
-        the latest acknowledged read-back if younger than ``ack_memory_s``)
+    max(latest enforced read-back, latest requested limit read back, caps sent but not yet
+        acknowledged, the latest acknowledged read-back if younger than ``ack_memory_s``)
 
 The last term covers a telemetry sample taken before an increase was applied but delivered after
-its acknowledgement. A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
+its acknowledgement. The requested limit counts too: a GPU held below its request by an
+out-of-band limit enforces the request the instant that limit lifts (found with the journal: a
+340 W request booked at its 250 W enforced limit put a 3,600 W cluster at 3,690 W for 0.74 s when
+the out-of-band limit was cleared). A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
 
 Per interval the decision path reads the GPUs as columns, not record by record:
 :meth:`Registry.gpu_table` gives the GPU slots (nodes by name, GPUs by index, cached per
@@ -43,6 +46,10 @@ log = logging.getLogger("capctl.coordinator.registry")
 
 THROTTLE_WINDOW_S = 60.0
 """Window of the throttling time fractions, in seconds."""
+OOB_LIMITED = capstates.OOB_LIMITED
+OOB_TOLERANCE_W = 1.0
+"""An out-of-band limit is one that holds the enforced limit this far (W) below the request (the
+agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W; coordinator.allocation)."""
 
 
 @dataclasses.dataclass
@@ -150,6 +157,11 @@ class GpuObs:
     sample_enforced_w: float = 0.0
     sample_mono: float = -1e18
     slowdown_run: int = 0  # consecutive busy samples in a slowdown power cannot lift (HW, not thermal)
+    # the last reading held below its request by an out-of-band limit: its enforced limit (W) and
+    # when (mono s); the allocation keeps it within that limit for a while after the request came
+    # down to it (then the device can no longer show the limit: enforced == requested)
+    oob_w: float = math.nan
+    oob_mono: float = -1e18
 
     @property
     def key(self) -> tuple[str, int]:
@@ -170,6 +182,8 @@ class GpuObs:
                 return min(max(self.min_cap_w, self.max_cap_w, self.default_cap_w), devicedata.MAX_SANE_LIMIT_W)
             return self.max_cap_w
         value = self.enforced_w
+        if self.cap_w > value:  # the request read back: enforced as soon as an out-of-band limit lifts
+            value = self.cap_w
         pending = self.pending
         if pending:
             top = max(pending.values())
@@ -461,6 +475,8 @@ class Registry:
                 g.cap_state, error = unsupported, held_detail(g.min_cap_w, g.max_cap_w, state, error)
             elif state:
                 g.cap_state = state
+            if state == OOB_LIMITED and enforced_w < t.cap_w - OOB_TOLERANCE_W:
+                g.oob_w, g.oob_mono = enforced_w, now
             g.pre_job_cap_w = t.pre_job_cap_w
             power_w = t.power_w
             temp_c = t.temp_c
@@ -552,6 +568,8 @@ class Registry:
             error = held_detail(g.min_cap_w, g.max_cap_w, state, error)
         elif state:
             g.cap_state = state
+        if state == OOB_LIMITED and enforced_w < t.cap_w - OOB_TOLERANCE_W:
+            g.oob_w, g.oob_mono = enforced_w, self.clock()
         g.pre_job_cap_w = t.pre_job_cap_w
         if error:
             g.error = error

@@ -99,6 +99,11 @@ def test_budget_is_respected_by_the_desired_caps_and_every_excess_is_decreased()
     assert d.live_nodes == ("node1", "node2")
 
 
+def read_back(gpu, cap_w: float) -> None:
+    """A read-back of ``gpu`` at ``cap_w`` (W): its requested and enforced limits (both count)."""
+    gpu.cap_w = gpu.enforced_w = cap_w
+
+
 def test_decreases_come_first_and_increases_only_within_the_headroom_as_accounted():
     policy = parse_policy(policy_text(1800.0))
     reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
@@ -113,7 +118,7 @@ def test_decreases_come_first_and_increases_only_within_the_headroom_as_accounte
     # phase 2 before any acknowledgement: the decreases still count at 700 W, the budget is spent
     assert decide.plan_increases(d, state(reg, obs, NOW + 0.1)) == {}
     # node1 acknowledged only GPU 0 (GPU 1 still enforces 700 W): the headroom is what GPU 0 freed
-    reg.nodes["node1"].gpus[0].enforced_w = want[("node1", 0)]
+    read_back(reg.nodes["node1"].gpus[0], want[("node1", 0)])
     inc = decide.plan_increases(d, state(reg, obs, NOW + 0.2))
     freed = 700.0 - want[("node1", 0)]
     assert set(inc) == {("node2", 0), ("node2", 1)}
@@ -121,7 +126,7 @@ def test_decreases_come_first_and_increases_only_within_the_headroom_as_accounte
     assert sum(inc.values()) == pytest.approx(400.0 + freed, abs=1e-2)  # all of it granted, in proportion
     assert inc[("node2", 0)] == pytest.approx(inc[("node2", 1)], abs=1e-3)
     # both acknowledged: node2 gets its desired caps, and the sum of caps respects the budget
-    reg.nodes["node1"].gpus[1].enforced_w = want[("node1", 1)]
+    read_back(reg.nodes["node1"].gpus[1], want[("node1", 1)])
     inc = decide.plan_increases(d, state(reg, obs, NOW + 0.3))
     assert inc == pytest.approx({("node2", 0): want[("node2", 0)], ("node2", 1): want[("node2", 1)]}, abs=1e-3)
     assert want[("node1", 0)] + want[("node1", 1)] + sum(inc.values()) <= 1800.0 + 1e-6
@@ -137,7 +142,7 @@ def test_same_observations_same_decision_and_nothing_to_send_at_the_desired_caps
     assert decide.decide(snapshot(reg, policy)) == first  # a new snapshot of the same registry
     # the fleet applied the decision (read back within the deadband): only holds are left
     for (n, i), w in first.desired_w.items():
-        reg.nodes[n].gpus[i].enforced_w = w + (0.9 if i == 0 else -0.9) * DEADBAND_W
+        read_back(reg.nodes[n].gpus[i], w + (0.9 if i == 0 else -0.9) * DEADBAND_W)
     obs2 = snapshot(reg, policy)
     again = decide.plan(first.solution, obs2)
     assert again.decreases == {} and again.increase_candidates == frozenset()

@@ -76,6 +76,7 @@ def test_bad_limit_constraints_hold_one_gpu_and_the_rest_of_the_node_works(tmp_p
 
 def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
     from capctl import capstates
+    from capctl.simgpu.journal import check_nodes
     from coordinator.client import AdminClient
 
     with _cluster(tmp_path, budget_w=0.85 * 700.0 * 4) as cl:
@@ -109,6 +110,18 @@ def test_out_of_band_limit_is_planned_around_and_shown(tmp_path):
             wait_for(measured_is_the_devices_pace, 10, "the measured step rate is the slowest GPU's step rate")
             text = c.explain("J").text
             assert "Measured step rate" in text and "cap 59" not in text
+            # the request stays down while the out-of-band limit may still be there, and the
+            # limit lifting never takes the budget over (it was: a request above the enforced
+            # limit, booked at the enforced one, enforced at once when the limit lifted)
+            time.sleep(2.0)
+            assert sim.read(0)["limit_w"] <= 501.0, sim.read(0)
+            since_ns = time.monotonic_ns()
+            sim.clear(0, "oob_limit")
+            time.sleep(2.0)
+            budget = 0.85 * 700.0 * 4
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()
+            assert sim.read(0)["enforced_w"] <= 501.0  # planned within the limit it had until OOB_HOLD_S
 
 
 def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
