@@ -36,14 +36,11 @@ import numpy as np
 from capctl import capstates
 from capctl.allocator.problem import domain_tree
 from capctl.allocator.thermal import thermal_ceiling_w
-from coordinator.registry import gpu_jobs
+from coordinator.registry import OOB_TOLERANCE_W, gpu_jobs  # noqa: F401 (OOB_TOLERANCE_W: re-exported)
 
 GpuKey = tuple[str, int]
 
 FIXED_EPS_W = 1e-3
-OOB_TOLERANCE_W = 1.0
-"""An enforced limit this far or more below the requested one is another limit binding (W; the
-agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W)."""
 OOB_HOLD_S = 30.0
 """How long (s) a GPU stays planned within an out-of-band limit after a reading last showed it
 (the request brought down to it hides it); then one raise probes whether it is still there."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from capctl.errors import CapctlError, UserInputError
@@ -85,15 +85,15 @@ def check_tls(endpoints: list[tuple[str, str, int]], tls: EtcdTls, *, insecure: 
 
     Raises:
         UserInputError: ``--etcd-cert`` without ``--etcd-key`` (or the reverse), a file that cannot
-            be read or is no regular file, a key readable by every user, TLS files with only ``http://`` members, or an ``http://`` member that is not
-            loopback without ``insecure`` (each names the flag, the value and the ways out).
+            be read or is no regular file, a key readable by every user, TLS files with only
+            ``http://`` members, or an ``http://`` member that is not loopback without ``insecure``
+            (each names the flag, the value and the ways out).
     """
     from capctl.security.plaintext import is_local
+    from capctl.security.tls import read_pem
 
     if (tls.cert_file is None) != (tls.key_file is None):
         raise UserInputError("--etcd-cert and --etcd-key go together: give both (etcd's --client-cert-auth) or neither")
-    from capctl.security.tls import read_pem
-
     for flag, path in (("--etcd-ca", tls.ca_file), ("--etcd-cert", tls.cert_file), ("--etcd-key", tls.key_file)):
         if path is not None:  # as the gRPC TLS files: a regular file (never a FIFO that blocks the
             read_pem(flag, Path(path), secret=flag == "--etcd-key")  # start), a key not world-readable

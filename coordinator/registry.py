@@ -48,8 +48,9 @@ THROTTLE_WINDOW_S = 60.0
 """Window of the throttling time fractions, in seconds."""
 OOB_LIMITED = capstates.OOB_LIMITED
 OOB_TOLERANCE_W = 1.0
-"""An out-of-band limit is one that holds the enforced limit this far (W) below the request (the
-agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W; coordinator.allocation)."""
+"""An enforced limit this far or more below the requested one is another limit binding (W; the
+agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W); the registry's OOB memory
+and the allocation (coordinator.allocation) share it."""
 
 
 @dataclasses.dataclass

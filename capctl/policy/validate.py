@@ -740,7 +740,7 @@ def _check_etcd(data: dict, diag: _Diag, interval_s: float, lease_s: float) -> N
             diag.warn(("coordinator", "etcd", "endpoints", i),
                       f"coordinator.etcd.endpoints[{i}]: {raw!r} is clear text to etcd over the network: the "
                       "coordinator refuses it unless started with --insecure; use https:// members (docs/ha.md)")
-    ttl_s = float(etcd.get("lease_ttl_s", 2))
+    ttl_s = float(etcd.get("lease_ttl_s", model.EtcdPolicy.lease_ttl_s))
     takeover_s = ttl_s + 2 * interval_s
     if lease_s <= takeover_s:
         path = ("coordinator", "etcd", "lease_ttl_s") if "lease_ttl_s" in etcd else ("coordinator", "etcd")
@@ -803,7 +803,7 @@ def _etcd_policy(etcd: dict | None):
     if not etcd:
         return None
     return model.EtcdPolicy(endpoints=tuple(str(e) for e in etcd["endpoints"]), prefix=str(etcd.get("prefix", "/capctl")),
-                            lease_ttl_s=int(etcd.get("lease_ttl_s", 2)))
+                            lease_ttl_s=int(etcd.get("lease_ttl_s", model.EtcdPolicy.lease_ttl_s)))
 
 
 def _path_of(data: dict, name: str) -> tuple:

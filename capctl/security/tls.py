@@ -72,9 +72,9 @@ class TlsConfig:
             UserInputError: a file is missing/unreadable/too large, is not PEM of the right kind,
                 or the key is readable by every user (names the flag, the path and the fix).
         """
-        ca = _read_pem("--tls-ca", self.ca_path)
-        cert = _read_pem("--tls-cert", self.cert_path)
-        key = _read_pem("--tls-key", self.key_path, secret=True)
+        ca = read_pem("--tls-ca", self.ca_path)
+        cert = read_pem("--tls-cert", self.cert_path)
+        key = read_pem("--tls-key", self.key_path, secret=True)
         if _CERT_MARK not in ca:
             raise UserInputError(f"--tls-ca {self.ca_path}: no PEM certificate in it (expected {_CERT_MARK.decode()})")
         if _CERT_MARK not in cert:
@@ -94,10 +94,6 @@ def read_pem(flag: str, path: Path, secret: bool = False) -> bytes:
     Raises:
         UserInputError: naming ``flag``, ``path`` and what is wrong (and the chmod that fixes a mode).
     """
-    return _read_pem(flag, path, secret)
-
-
-def _read_pem(flag: str, path: Path, secret: bool = False) -> bytes:
     def check(st: os.stat_result) -> None:
         if secret and st.st_mode & stat.S_IROTH:
             raise UserInputError(f"{flag} {path}: private key readable by every user (mode "
