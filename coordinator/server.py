@@ -299,11 +299,15 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                     log.warning("agent %s stream: %s: %s", hello.node, type(task.exception()).__name__, task.exception())
         finally:
             # the handler ends (agent gone, stream replaced, shutdown, or the RPC itself cancelled by
-            # gRPC): stop the reader and writer and wait for them, so that none outlives its stream
-            await _stop_tasks(tasks)
-            session.close(session.close_reason or "stream ended")
-            coord.detach(hello.node, session)
-            log.info("agent %s disconnected (%s)", hello.node, session.close_reason)
+            # gRPC): stop the reader and writer and wait for them, so that none outlives its stream.
+            # The node is detached even if that wait is cancelled in turn (a second cancellation of
+            # the handler): a stream that ended must never stay attached
+            try:
+                await _stop_tasks(tasks)
+            finally:
+                session.close(session.close_reason or "stream ended")
+                coord.detach(hello.node, session)
+                log.info("agent %s disconnected (%s)", hello.node, session.close_reason)
 
     async def _read(self, context, session: AgentSession) -> None:
         coord = self.coord

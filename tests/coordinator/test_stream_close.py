@@ -60,7 +60,10 @@ def test_killed_agents_leave_no_pending_or_unretrieved_tasks(tmp_path, start_coo
         for p in procs:
             p.send_signal(signal.SIGKILL)
             p.wait(10)
-        wait_for(lambda: coord.log().count("disconnected") >= len(nodes), 15, "every agent detached")
+        try:
+            wait_for(lambda: coord.log().count("disconnected") >= len(nodes), 15, "every agent detached")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ncoordinator log (tail):\n{coord.log()[-4000:]}") from None
         time.sleep(1.0)  # a few intervals with the streams gone
     finally:
         for p in procs:
@@ -74,3 +77,86 @@ def test_killed_agents_leave_no_pending_or_unretrieved_tasks(tmp_path, start_coo
     assert "Task was destroyed but it is pending" not in log, log[-3000:]
     assert "Task exception was never retrieved" not in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+class _SlowCancelContext:
+    """A gRPC servicer context whose reads hang and take 0.5 s to unwind once cancelled (as a read
+    in gRPC's core may), so the handler's cleanup wait is still running when it is cancelled again."""
+
+    def __init__(self, hello) -> None:
+        self._first = hello
+        self.written = []
+
+    async def read(self):
+        import asyncio
+
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)
+            raise
+
+    async def write(self, msg):
+        self.written.append(msg)
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+
+class _Coord:
+    def __init__(self):
+        from capctl.v1 import capctl_pb2 as pb
+
+        self.pb = pb
+        self.attached, self.detached = [], []
+
+    def may_send(self):
+        return True
+
+    def attach(self, hello, session):
+        self.attached.append(hello.node)
+
+    def detach(self, node, session):
+        self.detached.append((node, session.closed.is_set()))
+
+    def welcome_for(self, node):
+        return self.pb.Welcome(protocol_version="capctl.v1")
+
+
+def test_a_handler_cancelled_twice_still_detaches_its_node():
+    """gRPC cancels a handler whose RPC ended; cancelled again while it waits for its reader, it
+    must still close the session and detach the node (else the node stays attached to a dead stream)."""
+    import asyncio
+
+    from tests.coordinator.conftest import require, importlib_ok
+
+    require(importlib_ok(), "generated gRPC code capctl.v1 missing (make build)")
+    from capctl.v1 import capctl_pb2 as pb
+    from coordinator.server import AgentLinkServicer
+
+    coord = _Coord()
+    hello = pb.AgentMessage(hello=pb.AgentHello(protocol_version="capctl.v1", node="n1", gpus=[
+        pb.GpuInfo(index=0, uuid="GPU-n1-0", name="NVIDIA H100 80GB HBM3", min_cap_w=200, max_cap_w=700,
+                   default_cap_w=700, slowdown_temp_c=89, shutdown_temp_c=92, max_sm_clock_mhz=1980)]))
+
+    async def scenario():
+        handler = asyncio.ensure_future(AgentLinkServicer(coord)._serve(_SlowCancelContext(hello), coord))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if coord.attached:
+                break
+        assert coord.attached == ["n1"]
+        handler.cancel()
+        await asyncio.sleep(0.1)  # the handler now waits for its reader to unwind
+        assert coord.detached == []
+        handler.cancel()
+        try:
+            await handler
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(scenario())
+    assert coord.detached == [("n1", True)]
