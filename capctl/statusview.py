@@ -249,7 +249,7 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
     budget = d["budget_w"] or 0.0
     pct = (lambda v: f" ({100 * v / budget:.0f}%)" if budget and v is not None else "")
     watts = (f"budget {_f(d['budget_w'])} W   allocated {_f(d['allocated_w'])} W{pct(d['allocated_w'])}   "
-             f"enforced {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}")
+             f"accounted {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}")
     parts = [head, watts]
     if d.get("ha"):
         ha = d["ha"]
@@ -262,7 +262,7 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
         rows = [[x["name"], x["kind"], _f(x["limit_w"] or None), _f(x["allocated_w"]), _f(x["enforced_w"]), _f(x["draw_w"]),
                  _f(x["price_rate_per_w"], "{:.4g}"), _f(x["deficit_w"]) if x["deficit_w"] else "-"]
                 for x in d["domains"]]
-        parts += ["", table(["DOMAIN", "KIND", "LIMIT W", "ALLOC W", "ENF W", "DRAW W", "PRICE/W", "DEFICIT W"], rows,
+        parts += ["", table(["DOMAIN", "KIND", "LIMIT W", "ALLOC W", "ACCT W", "DRAW W", "PRICE/W", "DEFICIT W"], rows,
                             right={2, 3, 4, 5, 6, 7})]
     parts += ["", render_jobs(d), "", render_nodes_summary(d)]
     if any(n["gpus"] for n in d["nodes"]) and hottest:

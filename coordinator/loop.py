@@ -902,10 +902,13 @@ class Coordinator:
 
     # -- admin -------------------------------------------------------------------------------
     async def set_budget(self, budget_w: float) -> pb.SetBudgetReply:
-        """Set the cluster budget (W): refused with the deficit below the minimum caps; persisted."""
+        """Set the cluster budget (W); persisted. Refused, with the deficit, below what the cluster
+        needs at least (its GPUs' minimum caps), unless it raises a budget in force that is lower
+        still (a reloaded facility limit, :meth:`_below_minimum_warning`): moving toward what the
+        devices allow is never refused, and it is accepted with the same warning as such a reload."""
         need = self._minimum_needed_w()
         current = self.policy.budget_w
-        if budget_w < need:
+        if budget_w < need and budget_w < current:
             return pb.SetBudgetReply(
                 ok=False, budget_w=current, deficit_w=need - budget_w,
                 message=(f"refused: {format_watts(budget_w)} W is below the {format_watts(need)} W the cluster needs "
@@ -931,9 +934,10 @@ class Coordinator:
         else:
             msg += "; WARNING: no state database, not persisted"
         self.policy = new_policy
+        msg += self._below_minimum_warning()
         log.info("%s", msg)
         self.wake()
-        return pb.SetBudgetReply(ok=True, budget_w=budget_w, message=msg)
+        return pb.SetBudgetReply(ok=True, budget_w=budget_w, deficit_w=max(0.0, need - budget_w), message=msg)
 
     async def reload_policy(self, path: str) -> pb.ReloadPolicyReply:
         """Load and validate a policy file; on success it replaces the policy, else nothing changes."""

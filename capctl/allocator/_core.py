@@ -312,12 +312,36 @@ def finalize(pb: AllocationProblem, prep: Prep, s: np.ndarray, price: np.ndarray
         cut_jobs = np.unique(pb.job_of_gpu[cut_gpu & prep.in_job])
         s_eff[cut_jobs] = np.minimum(s_eff[cut_jobs], job_rate[cut_jobs])
     binding = _bindings(pb, prep, s_eff, _strongest_domain(pb, prep, price, jg))
+    slowest = _pace_setter(prep, s_eff, slowest, jg, rho, job_rate)
     feasible = not bool(prep.in_deficit.any())
     return AllocationResult(
         cap_w=cap_w, job_rate=job_rate, job_binding=binding, slowest_gpu=slowest,
         domain_price=price, domain_load_w=load_w, domain_deficit_w=prep.deficit_w,
         feasible=feasible, alerts=alerts, solve_time_s=time.perf_counter() - t0,
         objective_value=job_objective(pb, job_rate), solver=solver, iterations=iterations)
+
+
+PACE_SETTER_RTOL = 1e-5
+"""Relative rate tolerance within which the GPU whose upper bound sets a job's highest reachable
+rate is named its slowest. Milliwatt rounding leaves the job-mates paced to it a hair slower: about
+1 mW below, measured 1.1e-6 of the rate on the H100 default curve at 500 W (a test); steeper curves
+at low caps lose a few times more. One clock step (15 MHz of ~2 GHz) is ~7e-3: far above it."""
+
+
+def _pace_setter(prep: Prep, s_eff: np.ndarray, slowest: np.ndarray, jg: np.ndarray, rho: np.ndarray,
+                 job_rate: np.ndarray) -> np.ndarray:
+    """``slowest`` [J] (GPU index per job) with a job that runs at its highest reachable rate named
+    after the GPU whose upper bound sets that rate (``prep.s_max_gpu``: the one its binding reason
+    is about, e.g. a GPU held at a fixed cap) when that GPU's rate is within
+    :data:`PACE_SETTER_RTOL` of the job's; ``rho`` [len(jg)]: the rates of the GPUs ``jg``."""
+    cand = prep.s_max_gpu
+    at_max = prep.has_gpu & (cand >= 0) & (s_eff >= prep.s_max - 1e-7 * np.maximum(1.0, prep.s_max))
+    if not at_max.any():
+        return slowest
+    rate_g = np.full(prep.G, np.inf)
+    rate_g[jg] = rho
+    near = rate_g[np.maximum(cand, 0)] <= np.minimum(job_rate, 1.0) * (1.0 + PACE_SETTER_RTOL) + 1e-12
+    return np.where(at_max & near, cand, slowest)
 
 
 def _round_caps_mw(pb: AllocationProblem, prep: Prep, cap: np.ndarray, alerts: list):

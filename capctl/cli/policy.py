@@ -82,7 +82,10 @@ def run_validate(args: argparse.Namespace) -> int:
         raise UserInputError(report.errors[0] if report.errors else f"{args.file}: cannot read the policy file")
     warnings = list(report.warnings) + _host_warnings(args.file, report.policy)
     if args.json:
-        print(json.dumps({"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": warnings}, indent=2))
+        out = {"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": warnings}
+        if not report.ok:  # the error contract of every --json command (docs/cli.md)
+            out.update(error=_first_error(report.errors, f"{args.file}: not a valid policy"), exit_code=1)
+        print(json.dumps(out, indent=2))
         return 0 if report.ok else 1
     for line in report.errors + warnings:
         print(line, file=sys.stderr)
@@ -90,6 +93,15 @@ def run_validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: ok")
         return 0
     return 1
+
+
+def _first_error(errors: list[str], fallback: str) -> str:
+    """The ``error`` of a failed ``--json`` reply: its first error line (``file:line:col: message``),
+    with a count of the others, or ``fallback`` when there are none."""
+    if not errors:
+        return fallback
+    more = len(errors) - 1
+    return errors[0] + (f" (and {more} more error{'s' if more > 1 else ''}; see \"errors\")" if more else "")
 
 
 def _host_warnings(path: str, policy) -> list[str]:
@@ -116,7 +128,10 @@ def run_reload(args: argparse.Namespace) -> int:
     with admin_client(args.coordinator) as client:
         reply = client.reload_policy(path)
     if args.json:
-        print(json.dumps({"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}, indent=2))
+        out = {"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}
+        if not reply.ok:
+            out.update(error=_first_error(list(reply.errors), reply.message or "policy not reloaded"), exit_code=1)
+        print(json.dumps(out, indent=2))
         return 0 if reply.ok else 1
     if reply.ok:
         print(reply.message or f"policy reloaded{': ' + path if path else ''}")

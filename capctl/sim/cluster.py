@@ -318,7 +318,8 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
                                                           and gpn and s % gpn == 0 for s in sizes)):
         r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {_show(sizes)} is invalid; allowed: a list of "
               f"positive multiples of gpus_per_node ({gpn})")
-        sizes = list(mix.sizes_gpus)
+        # keep the file's count for the weights' check (no knock-on error on a matching size_weights)
+        sizes = [gpn or 1] * len(sizes) if isinstance(sizes, list) and sizes else list(mix.sizes_gpus)
     elif sizes and max(sizes) > n_gpus > 0:
         r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {max(sizes)} GPUs is invalid; allowed: at most the cluster's {n_gpus} GPUs")
     weights = jd.get("size_weights", [1.0] * len(sizes) if "sizes_gpus" in jd else

@@ -49,6 +49,11 @@ class Topology:
                 for d in range(len(self.domains)) if np.isfinite(self.domain_limit_w[d])]
 
 
+def _more(names: list) -> str:
+    """`` (and N more)`` after the first of ``names`` when there are others, else ""."""
+    return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
 def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology:
     """Match the cluster file's nodes against the policy's domains and build the arrays.
 
@@ -61,12 +66,12 @@ def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology
     missing = [n for n in names if not policy.has_node(n)]
     if missing:
         raise UserInputError(
-            f"{spec.source}: node {missing[0]!r} (and {len(missing) - 1} more) is in no domain of the policy "
+            f"{spec.source}: node {missing[0]!r}{_more(missing)} is in no domain of the policy "
             f"{policy.source}; the policy must list every node of the cluster")
     extra = [n for n in policy.domains.all_nodes() if n not in set(names)]
     if extra:
         raise UserInputError(
-            f"{policy.source}: node {extra[0]!r} (and {len(extra) - 1} more) is not in the cluster file "
+            f"{policy.source}: node {extra[0]!r}{_more(extra)} is not in the cluster file "
             f"{spec.source}; both files must describe the same nodes")
     gpn = spec.gpus_per_node
     G = len(names) * gpn

@@ -96,7 +96,7 @@ def zeus_profiles(model: str, data_dir: str) -> tuple[WorkloadProfile, ...]:
 
     Raises UserInputError when the trace directory or files are missing.
     """
-    from capctl.allocator.curves import concave_start_w, load_zeus_traces, power_sensitive
+    from capctl.allocator.curves import DATA_DIR_ENV, concave_start_w, load_zeus_traces, power_sensitive
     from capctl.simgpu.profiles import get as get_profile
 
     prof = get_profile(model)
@@ -104,8 +104,9 @@ def zeus_profiles(model: str, data_dir: str) -> tuple[WorkloadProfile, ...]:
     files = sorted(d.glob("summary_power_*.csv"))
     if not files:
         raise UserInputError(
-            f"workload.curves: zeus needs the Zeus traces in {d} (summary_power_*.csv); "
-            "they are not there: use curves: default, or fetch ../shared/data")
+            f"workload.curves: zeus needs the Zeus traces in {d} (summary_power_*.csv); they are not there. "
+            f"Set {DATA_DIR_ENV}=DIR to the directory that holds zeus-power-traces/ (without it, "
+            "../shared/data is looked for beside the working directory), or use curves: default")
     out = []
     for f in files:
         traces = power_sensitive(load_zeus_traces(f))

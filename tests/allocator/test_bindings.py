@@ -113,3 +113,23 @@ def test_rates_never_negative_and_objective_finite_at_minimum_caps():
     r = solve(pb)
     assert np.all(r.job_rate >= RATE_MIN) and np.isfinite(r.objective_value)
     assert r.job_rate[0] == RATE_MIN
+
+
+@pytest.mark.parametrize("solver", ["fast", "reference"])
+def test_a_job_paced_by_a_held_gpu_names_that_gpu_as_its_slowest(solver):
+    """A GPU held at a fixed cap (a LOST GPU at its last known cap) below what its job-mates could
+    reach sets the job's pace: the job-mates are capped to keep pace with it, and the held GPU, not
+    a job-mate milliwatt rounding left a hair slower, is the job's slowest (the coordinator labels
+    the job ``held`` from it; before, a job-mate was named and the job showed ``device_min``)."""
+    pb = two_pdus(20000.0, held=(5,), held_w=500.0, jobs=("j",) * 8 + (None,) * 8)
+    if solver == "fast":
+        r = solve(pb)
+    else:
+        pytest.importorskip("cvxpy")
+        from capctl.allocator.reference import solve_reference
+
+        r = solve_reference(pb)
+    assert r.job_binding == ["device_min"]  # the held GPU's upper bound (= its fixed cap) binds
+    assert int(r.slowest_gpu[0]) == 5
+    mates = [g for g in range(8) if g != 5]
+    assert np.allclose(r.cap_w[mates], 500.0, atol=0.5)  # paced to the held GPU, no watts wasted above it

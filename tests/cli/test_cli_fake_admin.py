@@ -114,7 +114,8 @@ def test_status_table_for_people(admin, capsys):
     _, address = admin
     code, out, _ = run(capsys, "status", "--coordinator", address)
     assert code == 0
-    assert "budget 4480 W   allocated 4012 W (90%)" in out
+    assert "budget 4480 W   allocated 4012 W (90%)   accounted " in out  # accounted, not the devices' enforced
+    assert " ACCT W " in out.split("DOMAIN", 1)[1].splitlines()[0]
     assert "domain:pdu-a" in out and "0.931" in out
     assert "STALE" in out and "! node2 stale" in out
     hottest = out.split("hottest GPUs")[1].splitlines()[2]

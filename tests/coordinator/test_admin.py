@@ -122,6 +122,14 @@ def test_reload_broken_policy_keeps_the_old_one(cluster):
             return alerts if any("below the sum of minimum caps" in a for a in alerts) else None
         alerts = wait_for(deficit_alerts, 10, "the cluster's deficit alert")
         assert len(alerts) == 1 and "minimum caps 1600.0 W (deficit 600.0 W)" in alerts[0]  # once, one figure
+        # with 1000 W in force, budget set toward what the devices allow is accepted with the same
+        # warning (refusing it kept the lower budget in force); below the budget in force it is refused
+        r = c.set_budget(900.0)
+        assert not r.ok and r.budget_w == 1000 and abs(r.deficit_w - 700.0) < 1e-6
+        r = c.set_budget(1200.0)
+        assert r.ok and r.budget_w == 1200 and abs(r.deficit_w - 400.0) < 1e-6, r.message
+        assert "WARNING: budget 1200 W is below the 1600 W the cluster needs at least" in r.message
+        wait_for(lambda: c.status().budget_w == 1200, 5, "the raised budget in force")
 
 
 def test_metrics_endpoint_parses(cluster):

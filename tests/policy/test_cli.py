@@ -79,7 +79,13 @@ def test_validate_json(tmp_path) -> None:
     path.write_text("version: 1\nbudget_w: -3\n")
     result = capctl("policy", "validate", "--json", str(path))
     assert result.returncode == 1
-    assert json.loads(result.stdout)["errors"] == [f"{path}:2:11: budget_w: -3 W is not allowed; must be > 0 W"]
+    out = json.loads(result.stdout)
+    assert out["errors"] == [f"{path}:2:11: budget_w: -3 W is not allowed; must be > 0 W"]
+    assert out["error"] == out["errors"][0] and out["exit_code"] == 1  # the --json error contract (docs/cli.md)
+
+    path.write_text("version: 1\nbudget_w: -3\ninterval_s: -1\n")
+    out = json.loads(capctl("policy", "validate", "--json", str(path)).stdout)
+    assert len(out["errors"]) == 2 and out["error"] == out["errors"][0] + ' (and 1 more error; see "errors")'
 
 
 @pytest.mark.parametrize(
@@ -199,4 +205,10 @@ def test_reload_ok_and_refused(admin_server, tmp_path) -> None:
 
     result = capctl("policy", "reload", "--json", "--coordinator", address, str(bad))
     assert result.returncode == 1
-    assert json.loads(result.stdout)["errors"] == [lines[0]]
+    out = json.loads(result.stdout)
+    assert out["errors"] == [lines[0]]
+    assert out["ok"] is False and out["error"] == lines[0] and out["exit_code"] == 1  # the --json error contract
+
+    result = capctl("policy", "reload", "--json", "--coordinator", address, str(good))
+    out = json.loads(result.stdout)
+    assert result.returncode == 0 and out["ok"] is True and "error" not in out and "exit_code" not in out

@@ -165,7 +165,22 @@ def test_cluster_and_policy_must_describe_the_same_nodes(tmp_path, capsys):
     path.write_text("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"gpu[1-4]\"}\n")
     rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
     err = capsys.readouterr().err
-    assert rc == 1 and "'gpu1'" in err and "no domain of the policy" in err and "Traceback" not in err
+    assert rc == 1 and "'gpu1' (and 3 more) is in no domain of the policy" in err and "Traceback" not in err
+    path.write_text("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-3],gpu1\"}\n")
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "node 'gpu1' is in no domain" in err and "more)" not in err.split("no domain")[0], err
+
+
+def test_a_bad_size_list_is_one_error_not_two(tmp_path, capsys):
+    """sizes_gpus [1] on 2 GPUs per node is the error; its matching size_weights [1] is not."""
+    path = tmp_path / "sizes.yaml"
+    path.write_text("gpu_model: H100-SXM\ngpus_per_node: 2\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n"
+                    "workload:\n  jobs:\n    sizes_gpus: [1]\n    size_weights: [1]\n")
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{path}:7:" in err and "positive multiples of gpus_per_node (2)" in err, err
+    assert "size_weights" not in err, err
 
 
 def test_shared_scenario_files_load_and_match():
@@ -344,3 +359,14 @@ def test_cli_refuses_a_run_too_short_for_one_step_and_an_empty_policy_list(capsy
     reply = json.loads(out.out)  # --json: the outcome as one JSON object on stdout, errors too
     assert reply["ok"] is False and says in reply["error"]
 
+
+
+def test_missing_zeus_data_names_the_directory_and_capctl_data_dir(tmp_path):
+    """Without the traces, ``curves: zeus`` says where it looked and how to point it elsewhere."""
+    from capctl.errors import UserInputError
+    from capctl.sim.workload import zeus_profiles
+
+    with pytest.raises(UserInputError) as err:
+        zeus_profiles("H100-SXM", str(tmp_path / "zeus-power-traces"))
+    text = str(err.value)
+    assert str(tmp_path / "zeus-power-traces") in text and "CAPCTL_DATA_DIR=DIR" in text and "curves: default" in text
