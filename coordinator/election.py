@@ -12,7 +12,9 @@ state) only while :meth:`Leadership.may_send` holds: until ``sent + TTL - margin
 keep-alive that etcd confirmed, ``sent`` being when that request left (monotonic clock). etcd
 counts the TTL from when it handles the request, later than ``sent``, so the leader stops acting
 before etcd can let anyone else take the key — even if the process was frozen (SIGSTOP) or cut
-off from etcd (no quorum) meanwhile. A standby tries to create the key every
+off from etcd (no quorum) meanwhile. A coordinator never leads twice under one term: one that finds
+the leader key still its own while it does not lead (its lease outlived a step-down) deletes it and
+campaigns for a new one. A standby tries to create the key every
 :data:`CAMPAIGN_PERIOD_S` seconds, which succeeds as soon as etcd has expired or revoked the old
 leader's lease. A coordinator that stops cleanly revokes its lease: the hand-over is then
 immediate.
@@ -40,6 +42,8 @@ SAFETY_MARGIN_S = 0.25
 """A leader stops acting this long (s) before its lease can expire at etcd."""
 CAMPAIGN_PERIOD_S = 0.1
 """How often (s) a standby tries to take the leader key."""
+ERROR_REPEAT_S = 30.0
+"""An etcd failure that lasts is logged again this often (s), with how long it has lasted."""
 
 
 class Leadership:
@@ -124,15 +128,21 @@ class Leadership:
 
     # -- the election thread ----------------------------------------------------------------
     def _run(self) -> None:
+        failing_since = logged = 0.0
         while not self._stop.is_set():
             try:
                 self._step()
                 if self.error:
-                    log.info("etcd reachable again")
+                    log.info("etcd reachable again after %.0f s", time.monotonic() - failing_since)
                 self.error = ""
             except EtcdError as exc:
-                if exc.args and str(exc) != self.error:
-                    log.warning("%s", exc)
+                now = time.monotonic()
+                if not self.error:
+                    failing_since = now
+                if str(exc) != self.error or now - logged >= ERROR_REPEAT_S:  # a lasting outage is said again
+                    lasting = f" (failing for {now - failing_since:.0f} s; this coordinator cannot lead)" if self.error else ""
+                    log.warning("%s%s", exc, lasting)
+                    logged = now
                 self.error = str(exc)
             self._check_deadline()
             period = self.ttl_s / 4.0 if self.term > 0 else CAMPAIGN_PERIOD_S
@@ -177,7 +187,10 @@ class Leadership:
             return
         info = _json(kv.get("value", ""))
         term = int(kv.get("create_revision", 0))
-        if r.get("succeeded") or (info.get("id") == self.member_id and int(kv.get("lease", 0)) == self._lease_id):
+        if not r.get("succeeded") and info.get("id") == self.member_id and int(kv.get("lease", 0)) == self._lease_id:
+            self._drop_own_key(term)
+            return
+        if r.get("succeeded"):
             with self._lock:
                 self.term = term
                 self._deadline_mono = sent + ttl_s - SAFETY_MARGIN_S
@@ -187,6 +200,21 @@ class Leadership:
         else:
             with self._lock:
                 self.leader, self.leader_term = str(info.get("address", "")), term
+
+    def _drop_own_key(self, term: int) -> None:
+        """The leader key is still ours (our lease outlived a step-down, e.g. etcd lost its quorum
+        and kept the lease, or a create whose reply was lost) while we do not lead: delete it (only
+        if it is still that key) so that the next campaign creates it anew, with a higher create
+        revision. Leading again under the old ``term`` would let a plan delayed from the first
+        leadership pass the agents' fence (:mod:`nodeagent.fencing`) in the second."""
+        key = b64(self.leader_key)
+        self.conn.txn(
+            compare=[{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": term}],
+            success=[{"request_delete_range": {"key": key}}],
+            failure=[],
+        )
+        log.warning("leader key of term %d still held by this coordinator after it stepped down: deleted, "
+                    "campaigning for a new term", term)
 
     def _read_members(self) -> None:
         """The standbys: every registered coordinator's address except the leader's."""

@@ -45,7 +45,10 @@ def parse_endpoints(text: str, flag: str = "--etcd-endpoints") -> list[tuple[str
     """
     out = []
     for raw in [p.strip() for p in text.split(",") if p.strip()]:
-        url = urlsplit(raw if "://" in raw else "http://" + raw)
+        if "://" not in raw:  # as the policy's coordinator.etcd.endpoints: clear text is never implied
+            raise UserInputError(f"{flag}: endpoint {raw!r} has no scheme; write http://{raw} (clear text) or "
+                                 f"https://{raw} (TLS), as in the policy's coordinator.etcd.endpoints")
+        url = urlsplit(raw)
         try:
             port = url.port
         except ValueError:
@@ -147,6 +150,27 @@ def _check_pem(tls: EtcdTls) -> None:
                                  f"its key ({exc})") from None
 
 
+def why(exc: BaseException, limit: int = 200) -> str:
+    """The cause of an etcd request's failure in a few words (at most ``limit`` characters).
+    etcd3gw raises its own exceptions with the cause in ``detail_text`` (``str()`` of them is empty:
+    "ConnectionFailedError: " told a refused connection and a TLS handshake to a plain port apart
+    by nothing); the requests exception they wrap is the fallback."""
+    import re
+
+    text = str(exc) or str(getattr(exc, "detail_text", "") or "")
+    if not text:
+        inner = exc.__cause__ or exc.__context__
+        text = f"{type(inner).__name__}: {inner}" if inner is not None else "no detail given"
+    text = " ".join(text.split())
+    # urllib3 buries the cause at the end of a long "HTTPConnectionPool(...): Max retries exceeded"
+    for pattern in (r"\[Errno -?\d+\] [^'\")(]+", r"\[SSL[^\]]*\][^'\")(]*", r"[Rr]ead timed out[^'\")(]*",
+                    r"timed out", r"RemoteDisconnected\([^)]*\)"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(0).strip()[:limit]
+    return text[:limit]
+
+
 def _url(scheme: str, host: str, port: int) -> str:
     """``scheme://host:port`` with an IPv6 host in brackets."""
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
@@ -183,7 +207,7 @@ class EtcdConn:
 
         with self._lock:
             first = self._first
-        last = ""
+        failed = []
         n = len(self._clients)
         for k in range(n):
             i = (first + k) % n
@@ -191,12 +215,12 @@ class EtcdConn:
             try:
                 reply = client.post(client.get_url(path), json=payload)
             except (ex.Etcd3Exception, OSError, ValueError) as exc:
-                last = f"{self.endpoints[i]}: {type(exc).__name__}: {str(exc)[:200]}"
+                failed.append(f"{self.endpoints[i]}: {type(exc).__name__}: {why(exc)}")
                 continue
             with self._lock:
                 self._first = i
             return reply
-        raise EtcdError(f"etcd {','.join(self.endpoints)}: no member answered /v3/{path} ({last})")
+        raise EtcdError(f"etcd: no member answered /v3/{path} ({'; '.join(failed)})")
 
     # -- the few calls the coordinator makes --------------------------------------------------
     def grant(self, ttl_s: int) -> tuple[int, int]:

@@ -169,3 +169,24 @@ def test_etcd_over_mutual_tls_and_clear_text_refused_on_the_network(tmp_path):
     no_ha = SimpleNamespace(etcd_endpoints=None, etcd_ca=tls.ca_file, etcd_cert=None, etcd_key=None)
     with pytest.raises(UserInputError, match="--etcd-ca given without --etcd-endpoints"):
         HaSetup.from_args(no_ha, SimpleNamespace(coordinator=SimpleNamespace(etcd=None)))
+
+
+def test_a_leader_that_stepped_down_never_leads_again_under_the_same_term(etcd):
+    """A leader steps down when no keep-alive was confirmed in time (etcd without quorum), but etcd
+    may keep its lease, and so its leader key (etcd renews leases on a change of its own leader).
+    Found by a try-out: after a 27 s quorum loss the same coordinator was elected with the same term
+    138. It must take a new, higher term (docs/ha.md: a later leader has a higher term)."""
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    changes = []
+    a = Leadership(conn, "/t3", "A", "unix:/a", on_change=changes.append).start()
+    try:
+        wait_until(a.may_send, 10.0, 0.02, "A elected")
+        term = a.term
+        lease = a._lease_id
+        a._lose("test: no keep-alive confirmed in time")  # the step-down; the lease lives on at etcd
+        wait_until(lambda: changes[-1:] == [True], 10.0, 0.02, "A elected again")
+        assert a._lease_id == lease  # the same lease: only the key was made anew
+        assert a.term > term and conn.get("/t3/leader")["create_revision"] == a.term
+        assert changes == [True, False, True]
+    finally:
+        a.stop()

@@ -3,7 +3,10 @@ coordinator, endpoint parsing, the status view's HA fields."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -12,7 +15,7 @@ import pytest
 from capctl.errors import UserInputError
 from capctl.statusview import render_status, status_dict
 from capctl.v1 import capctl_pb2 as pb
-from coordinator.etcdconn import parse_endpoints
+from coordinator.etcdconn import EtcdConn, EtcdError, parse_endpoints
 from nodeagent.fencing import TermFence
 from nodeagent.link import AgentLinkClient
 
@@ -60,7 +63,8 @@ def test_link_rotates_through_the_coordinators_and_follows_a_named_leader():
 
 def test_parse_endpoints():
     assert parse_endpoints("http://127.0.0.1:2379,https://h:1") == [("http", "127.0.0.1", 2379), ("https", "h", 1)]
-    assert parse_endpoints("127.0.0.2:2380") == [("http", "127.0.0.2", 2380)]
+    with pytest.raises(UserInputError, match=r"endpoint '127\.0\.0\.2:2380' has no scheme; write http://127\.0\.0\.2:2380"):
+        parse_endpoints("127.0.0.2:2380")  # refused as in the policy (found by a try-out: the flag took it as http)
     for bad in ("", "ftp://h:1", "http://h", "http://h:0", "http://h:99999"):
         with pytest.raises(UserInputError, match="--etcd-endpoints"):
             parse_endpoints(bad)
@@ -143,3 +147,58 @@ def test_agent_refuses_clear_text_to_any_coordinator_of_its_list(tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "--coordinator 192.0.2.1:7373: a network address needs TLS" in r.stderr, r.stderr
+
+
+def _free_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unanswered_etcd_request_names_each_members_cause():
+    """Every member's cause is named (a refused connection; TLS spoken to a plain-HTTP port), not an
+    empty "ConnectionFailedError: " for the last member only (found by a try-out)."""
+    srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        refused = _free_port()
+        conn = EtcdConn(parse_endpoints(f"http://127.0.0.1:{refused},https://127.0.0.1:{srv.server_port}"),
+                        timeout_s=2.0)
+        with pytest.raises(EtcdError) as err:
+            conn.get("/x")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+    text = str(err.value)
+    assert f"http://127.0.0.1:{refused}: ConnectionFailedError: [Errno 111] Connection refused;" in text
+    assert f"https://127.0.0.1:{srv.server_port}: " in text and "SSL" in text
+
+
+def test_a_lasting_etcd_outage_is_logged_again_with_its_duration(monkeypatch, caplog):
+    """An unreachable etcd was logged once (the same text is not repeated): a standby that can never
+    lead then looked healthy in its log. A lasting outage is said again every ERROR_REPEAT_S."""
+    import logging
+    import time
+
+    from coordinator import election
+
+    class Down:
+        def grant(self, ttl_s):
+            raise election.EtcdError("etcd: no member answered /v3/lease/grant (http://127.0.0.1:1: refused)")
+
+    monkeypatch.setattr(election, "ERROR_REPEAT_S", 0.2)
+    monkeypatch.setattr(election, "CAMPAIGN_PERIOD_S", 0.02)
+    caplog.set_level(logging.WARNING, logger="capctl.coordinator.election")
+    lead = election.Leadership(Down(), "/x", "A", "unix:/a").start()
+    try:
+        time.sleep(0.7)
+    finally:
+        lead._stop.set()
+        lead._thread.join(5)
+    lines = [r.getMessage() for r in caplog.records if "no member answered" in r.getMessage()]
+    assert 2 <= len(lines) <= 5, lines  # ~every 0.2 s over 0.7 s, not every 0.02 s round
+    assert "failing for" not in lines[0] and "this coordinator cannot lead" in lines[-1]
+    assert lead.error.startswith("etcd: no member answered")
