@@ -253,7 +253,7 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
     parts = [head, watts]
     if d.get("ha"):
         ha = d["ha"]
-        parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none elected)'}, "
+        parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none known)'}, "
                      f"term {ha['term']}; standbys {', '.join(ha['standbys']) or '(none)'}")
         if ha["role"] != "leader" and not d["nodes"]:
             to = f"capctl status --coordinator {ha['leader']}" if ha["leader"] else "the leader, once one is elected"

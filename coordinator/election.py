@@ -144,6 +144,8 @@ class Leadership:
                     log.warning("%s%s", exc, lasting)
                     logged = now
                 self.error = str(exc)
+                if self.term == 0 and now - failing_since >= self.ttl_s:
+                    self._forget_leader()
             self._check_deadline()
             period = self.ttl_s / 4.0 if self.term > 0 else CAMPAIGN_PERIOD_S
             self._stop.wait(period)
@@ -215,6 +217,13 @@ class Leadership:
         )
         log.warning("leader key of term %d still held by this coordinator after it stepped down: deleted, "
                     "campaigning for a new term", term)
+
+    def _forget_leader(self) -> None:
+        """etcd has not answered for a lease TTL: the leader last read may be gone (its lease may
+        have expired meanwhile), so it is no longer named (found by a try-out: during a quorum
+        loss a standby named a leader that had stepped down)."""
+        with self._lock:
+            self.leader, self.leader_term = "", 0
 
     def _read_members(self) -> None:
         """The standbys: every registered coordinator's address except the leader's."""

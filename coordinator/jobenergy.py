@@ -28,6 +28,10 @@ MAX_JOB_ID_CHARS = 128
 
 FIELDS = ("energy_j", "gpu_s", "capped_s", "thermal_s", "power_w", "peak_power_w", "start_time_s",
           "end_time_s", "resets", "gpus")
+IDENTITY = ("user", "partition", "account")
+"""Who ran the job, as its agent's energy record says (the JobStart's; "" from older agents)."""
+MAX_IDENTITY_CHARS = 256
+"""Longest user / partition / account name kept from an agent's energy record (characters)."""
 
 
 def problem(je) -> str:
@@ -57,10 +61,14 @@ class NodeEnergy:
     resets: int = 0
     gpus: int = 0
     final: bool = False
+    user: str = ""
+    partition: str = ""
+    account: str = ""
 
     @classmethod
     def from_proto(cls, msg, final: bool = False) -> "NodeEnergy":
-        return cls(**{f: getattr(msg, f) for f in FIELDS}, final=final)
+        return cls(**{f: getattr(msg, f) for f in FIELDS}, final=final,
+                   **{f: getattr(msg, f)[:MAX_IDENTITY_CHARS] for f in IDENTITY})
 
 
 class JobEnergyBook:
@@ -111,7 +119,9 @@ class JobEnergyBook:
         """The finished record of ``job_id`` (forgotten here); ``bindings``: its
         :class:`~coordinator.registry.Binding` s (user, partition, account, nodes, GPUs)."""
         nodes = self.jobs.pop(job_id, {})
-        first = bindings[0] if bindings else None
+        # who ran it: its binding, else its agents' records (a job bound while another coordinator
+        # led, or none did, and ended before this one learnt its binding: found by a try-out)
+        first = bindings[0] if bindings else next((n for _, n in sorted(nodes.items()) if n.user), None)
         names = sorted({b.node for b in bindings} | set(nodes))
         starts = [n.start_time_s for n in nodes.values() if n.start_time_s > 0]
         starts += [b.start_time_s for b in bindings if b.start_time_s > 0]

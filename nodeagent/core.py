@@ -114,7 +114,7 @@ class AgentCore:
             agentstate.rebind(self.caps, meta, self._cap_bindings(), self.devices, path)
         self.jobs.update(agentstate.job_records(self._cap_bindings(), meta))
         for job_id, rec in self.jobs.items():
-            self.energy.start(job_id, float(rec.get("start_time_s") or 0.0), len(rec.get("gpu_indices", ())))
+            self.energy.start(job_id, float(rec.get("start_time_s") or 0.0), len(rec.get("gpu_indices", ())), rec)
         # their energy so far and the GPUs' last counter readings: the next reading charges the gap
         for problem in self.energy.restore(agentstate.energy(data), self._uuids()):
             log.warning("state file %s: %s", path, problem)

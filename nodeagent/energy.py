@@ -77,6 +77,16 @@ class JobEnergy:
     end_time_s: float = 0.0
     resets: int = 0
     gpus: int = 0
+    user: str = ""
+    partition: str = ""
+    account: str = ""
+
+
+IDENTITY = ("user", "partition", "account")
+"""The :class:`JobEnergy` fields naming who ran the job (from its JobStart), kept with its energy so
+that a coordinator that never saw its binding still records them."""
+MAX_IDENTITY_CHARS = 256
+"""Longest user / partition / account name taken back from a state file (characters)."""
 
 
 class EnergyMeter:
@@ -128,13 +138,17 @@ class EnergyMeter:
             rec.power_w = p
             rec.peak_power_w = max(rec.peak_power_w, p)
 
-    def start(self, job_id: str, start_time_s: float, gpus: int) -> JobEnergy:
-        """Start (or keep) the record of ``job_id`` (``gpus``: its GPU count on this node); call it
+    def start(self, job_id: str, start_time_s: float, gpus: int, meta: Mapping | None = None) -> JobEnergy:
+        """Start (or keep) the record of ``job_id`` (``gpus``: its GPU count on this node; ``meta``:
+        its binding's ``user``, ``partition``, ``account``, kept where the record has none); call it
         after the :meth:`observe` that closes the intervals before the job. Idempotent."""
         rec = self.jobs.get(job_id)
         if rec is None:
             rec = self.jobs[job_id] = JobEnergy(job_id=job_id, start_time_s=start_time_s)
         rec.gpus = max(rec.gpus, int(gpus))
+        for f in IDENTITY:
+            if not getattr(rec, f) and meta and meta.get(f):
+                setattr(rec, f, str(meta[f])[:MAX_IDENTITY_CHARS])
         return rec
 
     def finish(self, job_id: str, end_time_s: float) -> JobEnergy | None:
@@ -224,7 +238,9 @@ def _record(job_id, r, where: str, problems: list[str]) -> JobEnergy | None:
     if bad:
         problems.append(f"{where}: {', '.join(f'{f} {r.get(f)!r}' for f in bad)}: expected numbers >= 0")
         return None
-    return JobEnergy(job_id=job_id, **{f: float(r[f]) for f in _NUMBERS}, resets=int(r["resets"]), gpus=int(r["gpus"]))
+    who = {f: r[f][:MAX_IDENTITY_CHARS] for f in IDENTITY if isinstance(r.get(f), str)}  # (absent before)
+    return JobEnergy(job_id=job_id, **{f: float(r[f]) for f in _NUMBERS}, resets=int(r["resets"]), gpus=int(r["gpus"]),
+                     **who)
 
 
 def _finite(x) -> bool:

@@ -131,7 +131,7 @@ class JobBinding(AgentCore):
                 indices = sorted(set(self.jobs[job_id]["gpu_indices"]) | set(indices))
             self._meter()  # energy counters at the start: the intervals before belong to the jobs before
             start, results = self._bind_and_cap(job_id, indices, req, connected)
-            self.energy.start(job_id, self.jobs[job_id]["start_time_s"], len(indices))
+            self.energy.start(job_id, self.jobs[job_id]["start_time_s"], len(indices), self.jobs[job_id])
             # a GPU with unusable limit constraints is held at its limit (bad device data, flagged
             # UNSUPPORTED_CONSTRAINTS in its result): not a start-cap failure of the healthy ones
             ok = all(not messages.result_error(r) or getattr(r, "state", "") == capstates.UNSUPPORTED_CONSTRAINTS

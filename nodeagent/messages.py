@@ -172,7 +172,8 @@ def job_energy(node: str, rec):
         job_id=rec.job_id, node=node, energy_j=finite(rec.energy_j), gpu_s=finite(rec.gpu_s),
         capped_s=finite(rec.capped_s), thermal_s=finite(rec.thermal_s), power_w=finite(rec.power_w),
         peak_power_w=finite(rec.peak_power_w), start_time_s=finite(rec.start_time_s),
-        end_time_s=finite(rec.end_time_s), resets=max(0, int(rec.resets)), gpus=max(0, int(rec.gpus)))
+        end_time_s=finite(rec.end_time_s), resets=max(0, int(rec.resets)), gpus=max(0, int(rec.gpus)),
+        user=rec.user, partition=rec.partition, account=rec.account)
 
 
 def cap_ack(seq: int, ok: bool, gpus: list, errors: Sequence[str]):

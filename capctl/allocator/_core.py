@@ -43,7 +43,7 @@ class Prep:
     limit: np.ndarray       # [D] limit [W] (+inf none)
     deficit_w: np.ndarray   # [D]
     in_deficit: np.ndarray  # [D] bool
-    held_by: np.ndarray     # [G] deficit domain holding the GPU at its minimum, -1 none
+    held_by: np.ndarray     # [G] deficit or pinned domain holding the GPU at its minimum, -1 none
     fixed_load: np.ndarray  # [D] idle caps under each domain [W]
     s_lo: np.ndarray        # [J] job rate with every GPU at lo
     s_max: np.ndarray       # [J] highest job rate reachable (<= 1)
@@ -51,6 +51,7 @@ class Prep:
     has_gpu: np.ndarray     # [J] bool
     candidates: np.ndarray  # [C] domains whose constraint can bind
     alerts: list
+    pinned: np.ndarray      # [D] bool: limit within PIN_SLACK of its GPUs' minimum caps (held there)
 
 
 def _seg_min(values, seg, n):
@@ -110,8 +111,9 @@ def prepare(pb: AllocationProblem) -> Prep:
         lo = np.where(g_short & in_job, mn, lo)
     deficit = np.where(in_deficit, dev_min_load - limit, 0.0)
     held_by = np.full(G, -1, np.int64)
-    if in_deficit.any():
-        lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit, held_by,
+    pinned = _pinned(pair_dom, limit, dev_min_load, in_deficit, D)
+    if in_deficit.any() or pinned.any():
+        lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit | pinned, held_by,
                                            pair_dom, pair_gpu, depth)
         for d in np.nonzero(in_deficit)[0][:20]:
             alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
@@ -127,10 +129,27 @@ def prepare(pb: AllocationProblem) -> Prep:
     if jg.size:
         use_max[jg] = np.clip(cap_at_rate(pb, jg, sigma[jg], s_max[pb.job_of_gpu[jg]]), lo[jg], hi[jg])
     max_load = np.bincount(pair_dom, use_max[pair_gpu], minlength=D)
-    candidates = np.nonzero((max_load > limit - LIMIT_MARGIN_W) & ~in_deficit & np.isfinite(limit))[0]
+    candidates = np.nonzero((max_load > limit - LIMIT_MARGIN_W) & ~in_deficit & ~pinned & np.isfinite(limit))[0]
     return Prep(G, J, D, lo, hi, hi_reason, sigma, in_job, pair_dom, pair_gpu, depth, limit,
                 deficit, in_deficit, held_by, fixed_load, s_lo, s_max, s_max_gpu, has_gpu,
-                candidates, alerts)
+                candidates, alerts, pinned)
+
+
+PIN_SLACK_MW_PER_GPU = 1.0
+"""A domain whose limit leaves less than :data:`LIMIT_MARGIN_W` plus this many milliwatts per GPU
+below it above their minimum caps is *pinned*: its GPUs are held at their minimums (what milliwatt
+rounding could give them above is less than 1 mW each). Solving it instead drove the domain's
+price to ~1e28 and the fast path to its iteration limit (found by a try-out: a rack limit equal to
+4 x 200 W, the device minimum)."""
+
+
+def _pinned(pair_dom, limit, dev_min_load, in_deficit, D) -> np.ndarray:
+    """[D] bool: domains with a finite limit, not in deficit, within the pin slack of the sum of
+    their GPUs' device minimums ``dev_min_load`` [D] (W)."""
+    n_under = np.bincount(pair_dom, minlength=D)
+    slack = LIMIT_MARGIN_W + 1e-3 * PIN_SLACK_MW_PER_GPU * n_under
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(limit) & ~in_deficit & (n_under > 0) & (limit - dev_min_load < slack)
 
 
 def _cap_bounds(pb: AllocationProblem, in_job: np.ndarray, alerts: list):
@@ -346,7 +365,7 @@ def _pace_setter(prep: Prep, s_eff: np.ndarray, slowest: np.ndarray, jg: np.ndar
 
 def _round_caps_mw(pb: AllocationProblem, prep: Prep, cap: np.ndarray, alerts: list):
     """Round caps [G] in watts down to whole milliwatts within [lo, hi], then repair every domain
-    (not in deficit) left over its limit minus 1 mW, deepest first.
+    (not in deficit, not pinned) left over its limit minus 1 mW, deepest first.
 
     Returns (cap_mw [G] integral milliwatts as floats, cut_gpu [G] bool: GPUs the repair lowered,
     whose job's rate is then below the solver's). Appends an alert when a repair was needed."""
@@ -360,7 +379,8 @@ def _round_caps_mw(pb: AllocationProblem, prep: Prep, cap: np.ndarray, alerts: l
     cap_mw = np.clip(np.floor(cap * 1000.0), lo_mw, hi_mw)
     lim_mw = np.where(np.isfinite(prep.limit), np.floor(np.nan_to_num(prep.limit, posinf=0) * 1000.0) - 1, np.inf)
     load_mw = np.bincount(prep.pair_dom, cap_mw[prep.pair_gpu], minlength=prep.D)
-    over = np.nonzero((load_mw > lim_mw) & ~prep.in_deficit)[0]
+    # (a pinned domain's GPUs are at their minimums already: at most its limit, never over it)
+    over = np.nonzero((load_mw > lim_mw) & ~prep.in_deficit & ~prep.pinned)[0]
     cut_gpu = np.zeros(prep.G, bool)  # GPUs the repair lowered (their job's rate is below s)
     if over.size:
         order = np.argsort(-prep.depth[over], kind="stable")
@@ -411,7 +431,7 @@ def _slack_prices(prep: Prep, price: np.ndarray, load_w: np.ndarray) -> np.ndarr
     slack_tol = 1.0 + 1e-3 * n_under + 1e-6 * np.where(np.isfinite(lim), np.abs(np.nan_to_num(lim, posinf=0.0)), 0.0)
     slack = np.isfinite(lim) & (load_w < lim - slack_tol)
     price = np.where(slack | ~np.isfinite(lim), 0.0, price)
-    return np.where(prep.in_deficit, np.nan, price)
+    return np.where(prep.in_deficit | prep.pinned, np.nan, price)
 
 
 def _strongest_domain(pb: AllocationProblem, prep: Prep, price: np.ndarray, jg: np.ndarray) -> np.ndarray:
@@ -447,9 +467,12 @@ def _bindings(pb: AllocationProblem, prep: Prep, s_eff: np.ndarray, best_dom: np
         out[dom] = _labels(pb, "domain:", best_dom[dom])
     hi_names = np.array([_HI_NAMES[k] for k in range(len(_HI_NAMES))], dtype=object)
     out[at_max] = hi_names[prep.hi_reason[gl[at_max]]]
-    deficit = held >= 0
+    deficit = (held >= 0) & prep.in_deficit[np.maximum(held, 0)]
     if deficit.any():
         out[deficit] = _labels(pb, "deficit:", held[deficit])
+    pinned = (held >= 0) & ~deficit
+    if pinned.any():  # held at the minimums by a limit with no room above them: that domain binds
+        out[pinned] = _labels(pb, "domain:", held[pinned])
     out[s_eff >= 1.0 - tol] = "saturated"
     out[~prep.has_gpu] = "no_gpus"
     return out.tolist()

@@ -121,7 +121,7 @@ class ReferenceSolver:
             s_full[self.jobs_with_gpu] = s
             dual = self._dom_con.dual_value
             if dual is not None:
-                price = np.where(prep.in_deficit | ~np.isfinite(prep.limit), 0.0, np.maximum(np.asarray(dual), 0.0) / 1e3)
+                price = np.where(prep.in_deficit | prep.pinned | ~np.isfinite(prep.limit), 0.0, np.maximum(np.asarray(dual), 0.0) / 1e3)
         return finalize(pb, prep, s_full, price, solver="reference", t0=t0)
 
     def _set_parameters(self, pb: AllocationProblem, prep) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +142,8 @@ class ReferenceSolver:
         self.p_hi.value = np.maximum(prep.hi[jg], prep.lo[jg] + 1e-3) / 1e3
         B = prep.limit - prep.fixed_load - LIMIT_MARGIN_W
         slack = self._A @ prep.hi[jg] + 1.0  # a bound that never binds, well scaled
-        B = np.where(np.isfinite(B) & ~prep.in_deficit, np.minimum(B, slack), slack)
+        # (deficit and pinned domains: their GPUs are held at their minimums already, lo = hi)
+        B = np.where(np.isfinite(B) & ~prep.in_deficit & ~prep.pinned, np.minimum(B, slack), slack)
         self.p_B.value = B / 1e3
         self.p_w.value = pb.job_weight[self.jobs_with_gpu]
         self.p_tie.value = (TIE_BREAK * float(pb.job_weight.sum()) / max(1.0, float(np.sum(prep.hi[jg])) / 1e3)

@@ -133,3 +133,51 @@ def test_a_job_paced_by_a_held_gpu_names_that_gpu_as_its_slowest(solver):
     assert int(r.slowest_gpu[0]) == 5
     mates = [g for g in range(8) if g != 5]
     assert np.allclose(r.cap_w[mates], 500.0, atol=0.5)  # paced to the held GPU, no watts wasted above it
+
+
+def _rack_at_minimums(slack_w: float) -> AllocationProblem:
+    """Two racks of 8 H100 (200-700 W), one job each; rack-b's limit is its GPUs' minimum caps
+    (8 x 200 W) plus ``slack_w``; rack-a (2000 W) and the cluster (4000 W) leave room."""
+    doms = [{"name": "cluster", "parent": None, "limit_w": 4000.0, "kind": "cluster"},
+            {"name": "rack-a", "parent": "cluster", "limit_w": 2000.0, "kind": "rack"},
+            {"name": "rack-b", "parent": "cluster", "limit_w": 1600.0 + slack_w, "kind": "rack"},
+            {"name": "node:n1", "parent": "rack-a", "limit_w": None, "kind": "node"},
+            {"name": "node:n2", "parent": "rack-b", "limit_w": None, "kind": "node"}]
+    curve = {"a": H100.a, "k_w": H100.k_w, "sat_w": H100.sat_w, "valid_min_w": 200.0}
+    gpus = [{"name": f"n{1 + g // 8}/{g % 8}", "domain": f"node:n{1 + g // 8}", "min_cap_w": 200.0,
+             "max_cap_w": 700.0, "curve": curve, "job": "a" if g < 8 else "b"} for g in range(16)]
+    return AllocationProblem.build(gpus=gpus, jobs={"a": 1.0, "b": 1.0}, domains=doms)
+
+
+@pytest.mark.parametrize("slack_w", [0.0, 0.001, 0.005])
+@pytest.mark.parametrize("solver", ["fast", "reference"])
+def test_a_domain_limit_at_its_gpus_minimum_caps_holds_them_there(solver, slack_w):
+    """A rack limit equal to its GPUs' minimum caps (to within a milliwatt each) holds them at their
+    minimums: the rack binds its job, its price is unknown (NaN, shown "-"), the other rack is solved
+    as usual, and there is no solver alert. Before (found by a try-out): prices of ~1e28, the fast
+    path at its 200-iteration limit, "rounding left 1 mW over" and "rounding repair" alerts."""
+    pb = _rack_at_minimums(slack_w)
+    if solver == "fast":
+        r = solve(pb)
+    else:
+        pytest.importorskip("cvxpy")
+        from capctl.allocator.reference import solve_reference
+
+        r = solve_reference(pb)
+    assert_exactly_feasible(pb, r)
+    assert r.alerts == [], r.alerts
+    assert np.allclose(r.cap_w[8:], 200.0) and np.allclose(r.cap_w[:8], 250.0, atol=0.01)
+    assert r.job_binding == ["domain:rack-a", "domain:rack-b"]
+    d = list(pb.domain_names)
+    assert np.isnan(r.domain_price[d.index("rack-b")]) and 0 < r.domain_price[d.index("rack-a")] < 1.0
+    assert r.domain_deficit_w[d.index("rack-b")] == 0.0 and r.feasible
+
+
+def test_a_domain_limit_just_above_the_pin_slack_is_solved():
+    """10 mW per GPU above the minimums is solved (priced, caps above the minimums), not pinned."""
+    pb = _rack_at_minimums(1.0)
+    r = solve(pb)
+    assert_exactly_feasible(pb, r)
+    d = list(pb.domain_names)
+    assert r.alerts == [] and 0 < r.domain_price[d.index("rack-b")] < 1.0
+    assert r.cap_w[8:].sum() > 1600.9 and r.job_binding[1] == "domain:rack-b"

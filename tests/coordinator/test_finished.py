@@ -97,6 +97,21 @@ def test_the_book_sums_a_jobs_nodes_and_a_final_report_wins():
     assert not book.jobs
 
 
+def test_a_job_whose_binding_this_coordinator_never_saw_keeps_its_user_from_the_agents():
+    """A job that started and ended while another coordinator led (or none did) has no binding
+    here; its agents' energy records name who ran it (found by a try-out: user, partition and
+    account were empty in the finished record of every job whose end overlapped a failover)."""
+    book = JobEnergyBook()
+    rec = je("J", "n2", 60.0, 300.0, end_s=1011.0)
+    rec.user, rec.partition, rec.account = "alice", "gpu", "proj"
+    book.on_job_ended("n2", pb.JobEnded(job_id="J", node="n2", energy=rec))
+    out = book.finish("J", [], end_time_s=2000.0)
+    assert (out.user, out.partition, out.account) == ("alice", "gpu", "proj") and out.nodes == ("n2",)
+    old = je("K", "n1", 10.0, 100.0, end_s=1011.0)  # an older agent: no names, as before
+    book.on_job_ended("n1", pb.JobEnded(job_id="K", node="n1", energy=old))
+    assert book.finish("K", [], end_time_s=2000.0).user == ""
+
+
 def test_a_node_without_a_final_report_makes_the_record_incomplete():
     book = JobEnergyBook()
     book.on_telemetry("n1", pb.NodeTelemetry(job_energy=[je("J", "n1", 100.0, 500.0)]))

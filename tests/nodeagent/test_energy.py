@@ -114,8 +114,25 @@ def test_an_ended_jobs_energy_is_sent_again_after_a_reconnect(tmp_path):
     agent.tick()
     (je,) = agent.link.sent[-1].telemetry.job_energy
     assert je.job_id == "J1" and je.energy_j == 250.0 and je.end_time_s > 0
+    assert je.user == "alice"  # who ran it travels with it: a coordinator that never saw the binding keeps it
     agent.tick()
     assert not agent.link.sent[-1].telemetry.job_energy  # once per reconnect
+
+
+def test_the_energy_record_keeps_who_ran_the_job_across_a_restart():
+    m = EnergyMeter()
+    m.start("J", 1000.0, 2, {"user": "alice", "partition": "gpu", "account": "proj", "gpu_indices": [0, 1]})
+    m.start("J", 1000.0, 2, {"user": "mallory"})  # idempotent: the first binding's names stay
+    m.finish("J", 1010.0)
+    m.start("K", 1005.0, 1, {"user": "bob"})
+    doc = m.snapshot({})
+    doc["jobs"]["K"].pop("partition")  # a state file written before these fields: still read
+    back = EnergyMeter()
+    back.start("K", 1005.0, 1)
+    assert back.restore(doc, {}) == []
+    (ended,) = back.kept_ended(1011.0)
+    assert (ended.user, ended.partition, ended.account) == ("alice", "gpu", "proj")
+    assert back.jobs["K"].user == "bob" and back.jobs["K"].partition == ""
 
 
 def test_ended_records_are_bounded_in_age_and_count():
