@@ -123,7 +123,7 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
         # kept across a coordinator restart (same state directory); a job that ends while the
         # coordinator is down is finished from its agent's record, repeated after the reconnect
         agent = cl.agent("n1").client()
-        assert agent.job_start("E3", ["1"]).ok
+        assert agent.job_start("E3", ["1"], user="alice", partition="gpu", account="proj").ok
         with AdminClient(cl.coordinator.admin_address) as c:  # bound, not ended: its record is to come
             wait_for(lambda: c.finished_job("E3") == (None, True), 10, "E3 running in the coordinator")
         cl.coordinator.stop()
@@ -137,6 +137,8 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
         with AdminClient(cl.coordinator.admin_address) as c:
             (rec3,) = wait_for(lambda: c.finished_jobs(job_id="E3"), 20, "E3 finished after the reconnect")
         assert rec3.energy_j == pytest.approx(e3_j, abs=0.01) and rec3.complete and list(rec3.nodes) == ["n1"]
+        # who ran it, though this coordinator never saw its binding: from the agent's record
+        assert (rec3.user, rec3.partition, rec3.account) == ("alice", "gpu", "proj")
         env = {"CAPCTL_COORDINATOR": cl.coordinator.address, "PATH": "/usr/bin:/bin"}
         cli = [sys.executable, "-m", "capctl.cli.main"]
         out = subprocess.run([*cli, "jobs", "--finished", "--since", "10m", "--json"], env=env, capture_output=True,
