@@ -134,19 +134,29 @@ def _reference_paced_split(inputs, desired):
 
 
 def _reference_idle(inputs, desired):
-    want = {g.key: g.idle_target_w - desired[g.key] for g in inputs.gpus
-            if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6}
-    ratio = {}
-    for name, lim in _limited(inputs):
-        members = inputs.domain_members.get(name, ())
-        wanted = sum(want.get(k, 0.0) for k in members)
-        if wanted <= 0:
-            continue
-        head = lim - sum(desired.get(k, 0.0) for k in members)
-        ratio[name] = 1.0 if head >= wanted - 1e-9 else min(1.0, max(0.0, (head - allocation.LIMIT_SLACK_W) / wanted))
-    for k, w in want.items():
-        r = min([ratio[n] for n in ratio if k in inputs.domain_members[n]], default=1.0)
-        desired[k] += w * r
+    target = {g.key: g.idle_target_w for g in inputs.gpus}
+    active = [g.key for g in inputs.gpus
+              if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6]
+    for _ in range(allocation.IDLE_PASSES):  # the same water-filling, per key
+        want = {k: target[k] - desired[k] for k in active}
+        ratio = {}
+        for name, lim in _limited(inputs):
+            members = inputs.domain_members.get(name, ())
+            wanted = sum(want.get(k, 0.0) for k in members)
+            if wanted <= 0:
+                continue
+            head = lim - sum(desired.get(k, 0.0) for k in members)
+            ratio[name] = 1.0 if head >= wanted - 1e-9 else min(1.0, max(0.0, (head - allocation.LIMIT_SLACK_W) / wanted))
+        granted, still = 0.0, []
+        for k, w in want.items():
+            r = min([ratio[n] for n in ratio if k in inputs.domain_members[n]], default=1.0)
+            desired[k] += w * r
+            granted += w * r
+            if 0 < r < 1.0:
+                still.append(k)
+        active = still
+        if not active or granted < allocation.IDLE_PASS_MIN_W:
+            break
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -190,3 +200,33 @@ def test_cached_domain_positions_equal_the_planners_domain_index(seed):
     assert [lim for lim, _ in got] == [lim for lim, _ in want] and len(want) == 3
     for (_l1, a), (_l2, b) in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_idle_rule_passes_on_what_a_full_pdu_cannot_take():
+    """No jobs, budget 3,600 W, pdu-a 1,700 W over n1's 4 GPUs, pdu-b 2,200 W over n2's 4, every
+    pre-job limit 700 W (the admin try-out's cluster): n1 gets what pdu-a allows and n2 the rest of
+    the budget. One pass left 100 W unallocated (n1 425 W, n2 450 W each: 3,500 W)."""
+    domains = [{"name": "c", "parent": None, "limit_w": 3600.0, "kind": "cluster"},
+               {"name": "pdu-a", "parent": "c", "limit_w": 1700.0, "kind": "pdu"},
+               {"name": "pdu-b", "parent": "c", "limit_w": 2200.0, "kind": "pdu"},
+               {"name": "node:n1", "parent": "pdu-a", "limit_w": None, "kind": "node"},
+               {"name": "node:n2", "parent": "pdu-b", "limit_w": None, "kind": "node"}]
+    gpus, members = [], {"c": set(), "pdu-a": set(), "pdu-b": set(), "node:n1": set(), "node:n2": set()}
+    for node, pdu in (("n1", "pdu-a"), ("n2", "pdu-b")):
+        for i in range(4):
+            key = (node, i)
+            for d in ("c", pdu, f"node:{node}"):
+                members[d].add(key)
+            gpus.append(allocation.GpuInput(key, f"node:{node}", 200.0, 700.0, False, 200.0, 200.0, None,
+                                            DEFAULT_CURVES["H100"], math.inf, 200.0, idle_target_w=700.0))
+    inputs = allocation.SolveInputs(gpus=gpus, jobs={}, domains=domains, objective="proportional", slew_w=None,
+                                    node_domain={}, domain_members={k: frozenset(v) for k, v in members.items()})
+    desired = {g.key: 200.0 for g in gpus}  # the solve sees idle GPUs at their minimum cap
+    allocation.idle_from_headroom(inputs, desired)
+    n1 = sum(v for k, v in desired.items() if k[0] == "n1")
+    n2 = sum(v for k, v in desired.items() if k[0] == "n2")
+    assert n1 <= 1700.0 and n2 <= 2200.0 and n1 + n2 <= 3600.0
+    assert n1 == pytest.approx(1700.0, abs=0.05) and n2 == pytest.approx(1900.0, abs=0.05)
+    ref = {g.key: 200.0 for g in gpus}
+    _reference_idle(inputs, ref)
+    assert all(ref[k] == pytest.approx(desired[k], abs=1e-9) for k in ref)
