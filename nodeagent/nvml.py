@@ -149,6 +149,14 @@ _REMEDIES: dict[int, tuple[type[NvmlError], str]] = {
 }
 
 
+ROOT_NO_PERMISSION_REMEDY = (
+    "the driver refused although capctl-agent runs as root: the power limit may be locked (by the "
+    "BMC or out-of-band management, or a driver setting); see 'nvidia-smi -q -d POWER'"
+)
+"""The remedy of NVML_ERROR_NO_PERMISSION for an agent that is root (the admin try-out: "run
+capctl-agent as root" was the hint for an agent that was root)."""
+
+
 def _error_name(code: int) -> str:
     for name in dir(pynvml):
         if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
@@ -162,6 +170,8 @@ def _translate(err: pynvml.NVMLError, operation: str, gpu_index: int | None) -> 
     cls, remedy = _REMEDIES.get(
         code, (NvmlError, "check 'nvidia-smi' and the kernel log; restart capctl-agent if it persists")
     )
+    if code == pynvml.NVML_ERROR_NO_PERMISSION and os.geteuid() == 0:
+        remedy = ROOT_NO_PERMISSION_REMEDY  # running as root already: that is not the cause
     where = f"GPU {gpu_index}: " if gpu_index is not None else ""
     try:
         text = str(err)

@@ -120,6 +120,10 @@ def read_journal(path: str | Path, name: str | None = None) -> NodeJournal:
     try:
         data = jp.read_bytes()
     except OSError as err:
+        p = Path(path)
+        if not p.exists():  # as ``fault`` says it: a node directory, state file or journal, not a typo'd path
+            raise JournalError(f"{path!s} holds no simulated node (no such file or directory; expected a node "
+                               f"directory DIR with DIR/{STATE_FILE}, its state file or its journal)") from None
         raise JournalError(f"cannot read the enforced-limit journal {jp}: {err.strerror}") from None
     if len(data) < HEADER_DTYPE.itemsize or data[:8] != MAGIC:
         raise JournalError(f"{jp} is not an enforced-limit journal (bad magic or too short)")

@@ -135,6 +135,9 @@ def test_an_incomplete_journal_proves_nothing(two_nodes, tmp_path):
         assert again.journal_errors == 1
     with pytest.raises(JournalError, match="cannot read the enforced-limit journal"):
         read_journal(n1.path)
+    missing = n1.path.parent / "no-such-node"  # a typo'd directory: said as such, not as "<dir>.journal"
+    with pytest.raises(JournalError, match=r"no-such-node holds no simulated node \(no such file or directory"):
+        read_journal(missing)
 
 
 def test_bad_selection_names_what_is_allowed(two_nodes):
