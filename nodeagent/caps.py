@@ -534,6 +534,14 @@ class CapManager:
         rec = self._state.gpus.get(index)
         return rec is not None and rec.restore_pending and self.job_count(index) == 0
 
+    def held_restores(self, indices) -> dict[int, tuple[float, float]]:
+        """GPU index -> (held W, pre-job limit W) for those of ``indices`` whose restore is held below
+        the saved pre-job limit by the coordinator's allowance (the restore stays pending)."""
+        with self._lock:
+            return {i: (float(self._rt[i].held_w), float(self._state.gpus[i].saved_limit_w))
+                    for i in sorted(indices) if i in self._rt and self._rt[i].held_w is not None
+                    and i in self._state.gpus}
+
     def set_restore_ceiling(self, index: int, ceiling_w: float | None) -> None:
         """Set the highest limit (W) a pending restore of GPU ``index`` may write (None: no bound).
 

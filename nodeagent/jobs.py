@@ -256,10 +256,14 @@ class JobBinding(AgentCore):
             ok = self._note_errors(results)
             self.save_state()
             gpus = [messages.cap_result(i, r) for i, r in sorted(results.items())]
-        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False))
+            held = self.caps.held_restores([i for i, r in results.items() if getattr(r, "ok", False)])
+        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False) and i not in held)
         failed = sorted(i for i, r in results.items() if not getattr(r, "ok", False))
-        msg = (f"job {job_id} ended on {self.node}; restored GPUs {restored}" if known
-               else f"job {job_id} was not bound on {self.node}; nothing to restore")
+        msg = (f"job {job_id} ended on {self.node}" + (f"; restored GPUs {restored}" if restored or not held else "")
+               if known else f"job {job_id} was not bound on {self.node}; nothing to restore")
+        if held:  # the documented, safe bound: the rest of each pre-job limit comes with the allowance
+            msg += "; held below the pre-job limit by the coordinator's allowance (restored when it allows): " + \
+                ", ".join(f"GPU {i} at {h:g} W of {s:g} W" for i, (h, s) in held.items())
         if known and failed:
             msg += f"; GPUs {failed} could not be restored and will be retried"
         elif not ok:

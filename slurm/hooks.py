@@ -284,7 +284,9 @@ def _finish_epilog(run: Run, reply) -> None:
         # The agent keeps retrying and reports RESTORE_FAILED; draining the node would not help.
         run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
                    failure=False, gpus=results)
-    run.finish("unbound", f"restored {len(results)} GPU(s) and unbound", failure=False, gpus=results)
+    held = "held below the pre-job limit" in (reply.message or "")
+    run.finish("unbound", f"unbound; {reply.message}" if held else f"restored {len(results)} GPU(s) and unbound",
+               failure=False, gpus=results)
 
 
 def main(argv: list[str] | None = None) -> int:

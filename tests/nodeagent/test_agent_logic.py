@@ -246,8 +246,12 @@ def test_a_restarted_agent_keeps_a_held_restore_below_the_allowance_it_no_longer
     agent = make_agent(tmp_path, dev, start_cap_w=300.0)
     agent.on_plan(plan(1, {0: 450.0}, safe={0: 350.0, 1: 350.0}))
     job_start(agent, "42", 0)
-    agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
     assert dev.limit_w(0) == 300.0 and agent.caps.saved_limits_w() == {0: 700.0}  # held at the allowance
+    # said as held, not as restored (the epilog logged "restored 1 GPU(s)" for it: a try-out)
+    assert reply.ok and "restored GPUs" not in reply.message
+    assert "held below the pre-job limit by the coordinator's allowance" in reply.message
+    assert "GPU 0 at 300 W of 700 W" in reply.message
     agent.save_state()
     again = make_agent(tmp_path, dev, start_cap_w=300.0)  # a restart: allowances are not saved
     again.load_state()

@@ -216,3 +216,30 @@ def test_an_epilog_that_cannot_reach_the_agent_leaves_the_jobs_end_in_its_drop_b
     proc, _, events = run_hook("prolog", tmp_path, SLURM_JOB_ID="4343", SLURM_JOB_GPUS="0",
                                CAPCTL_AGENT_SOCKET=tmp_path / "agent-%n.sock")
     assert events[-1]["outcome"] == "agent-unreachable" and endedjobs.waiting(str(sock)) == ["4242"]  # prologs: none
+
+
+def test_an_epilog_says_held_when_the_restore_is_held_below_the_pre_job_limit():
+    """The agent holds a restore at the coordinator's allowance (coordinator down, or budget left):
+    the epilog's line says so instead of "restored 1 GPU(s)" (found by a try-out)."""
+    from types import SimpleNamespace
+
+    from capctl.v1 import capctl_pb2
+    from slurm import hooks
+
+    class Done(Exception):
+        pass
+
+    seen = []
+
+    def finish(outcome, message, failure, **kw):
+        seen.append((outcome, message, failure))
+        raise Done
+
+    run = SimpleNamespace(finish=finish)
+    gpu = capctl_pb2.GpuCapResult(index=0, cap_w=300.0, enforced_w=300.0, ok=True)
+    held = ("job 42 ended on n1; held below the pre-job limit by the coordinator's allowance (restored when it "
+            "allows): GPU 0 at 300 W of 700 W")
+    for message, want in ((held, "unbound; " + held), ("job 42 ended on n1; restored GPUs [0]", "restored 1 GPU(s) and unbound")):
+        with pytest.raises(Done):
+            hooks._finish_epilog(run, capctl_pb2.JobEndReply(ok=True, message=message, gpus=[gpu]))
+        assert seen[-1] == ("unbound", want, False)
