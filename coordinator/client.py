@@ -63,6 +63,11 @@ def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if "Failed parsing HTTP/2" in (details or "") or "Expected SETTINGS frame" in (details or ""):
+            # an HTTP/1 server answered (a try-out: the coordinator's metrics port given as --coordinator)
+            return UnreachableError(f"{address} answers but is no gRPC server (an HTTP/1 endpoint, e.g. the "
+                                    "coordinator's metrics port?); give the coordinator's --listen address or "
+                                    "its admin socket")
         return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}")
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return PermissionDeniedError(f"{details} (coordinator {address})")

@@ -276,3 +276,27 @@ def test_a_coordinator_without_a_newer_method_is_named_as_such(admin, capsys):
     code, out, err = run(capsys, "jobs", "--finished", "--coordinator", address)
     assert (code, out) == (1, "")
     assert err == f"capctl: coordinator at {address} does not implement FinishedJobs (an older capctl-coordinator?)\n"
+
+
+def test_an_http1_server_given_as_the_coordinator_is_named_as_such(capsys):
+    """The coordinator's metrics port (HTTP/1) given as --coordinator: said as such, not as a raw
+    "Failed parsing HTTP/2" (found by a try-out)."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # (not on the CLI's stderr under test)
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    address = f"127.0.0.1:{srv.server_port}"
+    try:
+        code, out, err = run(capsys, "--coordinator", address, "status")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+    assert (code, out) == (3, ""), err
+    assert err.startswith(f"capctl: {address} answers but is no gRPC server (an HTTP/1 endpoint"), err
