@@ -210,13 +210,14 @@ class Leadership:
         revision. Leading again under the old ``term`` would let a plan delayed from the first
         leadership pass the agents' fence (:mod:`nodeagent.fencing`) in the second."""
         key = b64(self.leader_key)
-        self.conn.txn(
+        r = self.conn.txn(
             compare=[{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": term}],
             success=[{"request_delete_range": {"key": key}}],
             failure=[],
         )
-        log.warning("leader key of term %d still held by this coordinator after it stepped down: deleted, "
-                    "campaigning for a new term", term)
+        if r.get("succeeded"):
+            log.warning("leader key of term %d still held by this coordinator after it stepped down: deleted, "
+                        "campaigning for a new term", term)
 
     def _forget_leader(self) -> None:
         """etcd has not answered for a lease TTL: the leader last read may be gone (its lease may

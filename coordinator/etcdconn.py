@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT_S = 0.5
 
 
 class EtcdError(CapctlError):
-    """No etcd member answered the request (message names the endpoints and the last reason)."""
+    """No etcd member answered the request (message names each member and its cause)."""
 
 
 def parse_endpoints(text: str, flag: str = "--etcd-endpoints") -> list[tuple[str, str, int]]:
@@ -157,7 +157,10 @@ def why(exc: BaseException, limit: int = 200) -> str:
     by nothing); the requests exception they wrap is the fallback."""
     import re
 
-    text = str(exc) or str(getattr(exc, "detail_text", "") or "")
+    detail = " ".join(str(getattr(exc, "detail_text", "") or "").split())
+    text = str(exc)
+    if detail and detail not in text:  # an HTTP error reply: str() is its reason, the body says why
+        text = f"{text}: {detail}" if text else detail
     if not text:
         inner = exc.__cause__ or exc.__context__
         text = f"{type(inner).__name__}: {inner}" if inner is not None else "no detail given"

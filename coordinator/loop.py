@@ -904,8 +904,9 @@ class Coordinator:
     async def set_budget(self, budget_w: float) -> pb.SetBudgetReply:
         """Set the cluster budget (W); persisted. Refused, with the deficit, below what the cluster
         needs at least (its GPUs' minimum caps), unless it raises a budget in force that is lower
-        still (a reloaded facility limit, :meth:`_below_minimum_warning`): moving toward what the
-        devices allow is never refused, and it is accepted with the same warning as such a reload."""
+        still (a reloaded facility limit, :meth:`_below_minimum_warning`): a move toward what the
+        devices allow is not refused for being below it (the root limit and, under HA, a store that
+        cannot save it still refuse), and is accepted with the same warning as such a reload."""
         need = self._minimum_needed_w()
         current = self.policy.budget_w
         if budget_w < need and budget_w < current:
@@ -934,7 +935,7 @@ class Coordinator:
         else:
             msg += "; WARNING: no state database, not persisted"
         self.policy = new_policy
-        msg += self._below_minimum_warning()
+        msg += self._below_minimum_warning(need)
         log.info("%s", msg)
         self.wake()
         return pb.SetBudgetReply(ok=True, budget_w=budget_w, deficit_w=max(0.0, need - budget_w), message=msg)
@@ -968,12 +969,13 @@ class Coordinator:
         self.wake()
         return pb.ReloadPolicyReply(ok=True, message=msg)
 
-    def _below_minimum_warning(self) -> str:
+    def _below_minimum_warning(self, need: float | None = None) -> str:
         """"; WARNING: ..." when the budget in force is below what the cluster needs at least
         (:func:`coordinator.allocation.minimum_needed_w`), else "". A reload is not refused for it
         (``budget set`` is): the file may lower the budget for a facility limit, and its caps are
-        then the lowest the devices allow, which is closer to it than the old budget's."""
-        need = self._minimum_needed_w()
+        then the lowest the devices allow, which is closer to it than the old budget's. ``need``:
+        :meth:`_minimum_needed_w` computed already (W), else computed here."""
+        need = self._minimum_needed_w() if need is None else need
         budget = self.policy.budget_w
         if budget >= need:
             return ""

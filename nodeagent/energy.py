@@ -219,6 +219,9 @@ class EnergyMeter:
                         self.ended[job_id] = rec
                 elif job_id in target:
                     rec.gpus = max(rec.gpus, target[job_id].gpus)
+                    for f in IDENTITY:  # a state file from before these fields: the binding's names
+                        if not getattr(rec, f):
+                            setattr(rec, f, getattr(target[job_id], f))
                     target[job_id] = rec
         return problems
 

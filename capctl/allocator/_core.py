@@ -113,8 +113,13 @@ def prepare(pb: AllocationProblem) -> Prep:
     held_by = np.full(G, -1, np.int64)
     pinned = _pinned(pair_dom, limit, dev_min_load, in_deficit, D)
     if in_deficit.any() or pinned.any():
-        lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit | pinned, held_by,
+        lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit, held_by,
                                            pair_dom, pair_gpu, depth)
+        if pinned.any():  # a GPU under a deficit keeps that (more serious) reason: pinned ones after
+            by_pin = np.full(G, -1, np.int64)
+            lo, hi, hi_reason = _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, pinned, by_pin,
+                                               pair_dom, pair_gpu, depth)
+            held_by[:] = np.where(held_by >= 0, held_by, by_pin)
         for d in np.nonzero(in_deficit)[0][:20]:
             alerts.append(f"domain {pb.domain_name(d)}: limit {limit[d]:.1f} W below the sum of minimum "
                           f"caps {dev_min_load[d]:.1f} W (deficit {deficit[d]:.1f} W); holding the minimums")
@@ -218,9 +223,10 @@ def _relax_minimums(pb, lo, hi, mn, floor_cap, in_job, pair_dom, pair_gpu, limit
 
 
 def _hold_deficits(pb, lo, hi, hi_reason, mn, in_job, in_deficit, held_by, pair_dom, pair_gpu, depth):
-    """Hold every GPU under a deficit domain (``in_deficit`` [D]) at its device minimum.
+    """Hold every GPU under a domain of ``in_deficit`` [D] (in deficit, or pinned: :func:`_pinned`)
+    at its device minimum.
 
-    Fills ``held_by`` [G] in place with the highest deficit domain above each held GPU. Returns
+    Fills ``held_by`` [G] in place with the highest such domain above each held GPU. Returns
     the new (lo, hi, hi_reason) [G] (bounds in watts; hi = lo and HI_MIN where held)."""
     sel = in_deficit[pair_dom]
     # the highest deficit domain above each held GPU (smallest depth wins: written last)

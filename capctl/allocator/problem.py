@@ -285,10 +285,11 @@ class AllocationResult:
     job_binding[J]: why the job is not faster, at the rounded caps: "saturated" (runs uncapped),
       "domain:<name>" (the job's priced domain with the highest price), "thermal" / "device_max" /
       "slew" / "device_min" (the job runs at the most its limiting GPU's upper bound allows),
-      "deficit:<name>", "no_gpus".
+      "deficit:<name>", "no_gpus"; a job held at its minimums by a pinned domain: "domain:<name>".
     slowest_gpu[J]: GPU index setting the job's pace (-1 if the job has no GPU).
     domain_price[D]: marginal objective per watt of the domain limit (Lagrange multiplier; 0 on a
-      domain with slack at the rounded caps — complementary slackness; NaN for a domain in deficit).
+      domain with slack at the rounded caps — complementary slackness; NaN for a domain in deficit
+      or pinned: a limit within ~1 mW per GPU of its GPUs' minimum caps, which holds them there).
     domain_load_w[D]: sum of caps under each domain [W].
     domain_deficit_w[D]: sum of minimum caps minus limit where positive, else 0 [W].
     objective_value: sum_j w_j log(job_rate_j) or sum_j w_j job_rate_j at the rounded caps.

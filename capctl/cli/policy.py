@@ -83,8 +83,9 @@ def run_validate(args: argparse.Namespace) -> int:
     warnings = list(report.warnings) + _host_warnings(args.file, report.policy)
     if args.json:
         out = {"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": warnings}
-        if not report.ok:  # the error contract of every --json command (docs/cli.md)
+        if not report.ok:  # the error contract of every --json command (docs/cli.md), stderr too
             out.update(error=_first_error(report.errors, f"{args.file}: not a valid policy"), exit_code=1)
+            print(f"capctl: {out['error']}", file=sys.stderr)
         print(json.dumps(out, indent=2))
         return 0 if report.ok else 1
     for line in report.errors + warnings:
@@ -131,6 +132,7 @@ def run_reload(args: argparse.Namespace) -> int:
         out = {"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}
         if not reply.ok:
             out.update(error=_first_error(list(reply.errors), reply.message or "policy not reloaded"), exit_code=1)
+            print(f"capctl: {out['error']}", file=sys.stderr)
         print(json.dumps(out, indent=2))
         return 0 if reply.ok else 1
     if reply.ok:

@@ -153,7 +153,8 @@ def _rack_at_minimums(slack_w: float) -> AllocationProblem:
 @pytest.mark.parametrize("solver", ["fast", "reference"])
 def test_a_domain_limit_at_its_gpus_minimum_caps_holds_them_there(solver, slack_w):
     """A rack limit equal to its GPUs' minimum caps (to within a milliwatt each) holds them at their
-    minimums: the rack binds its job, its price is unknown (NaN, shown "-"), the other rack is solved
+    minimums: the rack binds its job, its price is unknown (NaN; status shows 0 for it, as for a
+    domain in deficit), the other rack is solved
     as usual, and there is no solver alert. Before (found by a try-out): prices of ~1e28, the fast
     path at its 200-iteration limit, "rounding left 1 mW over" and "rounding repair" alerts."""
     pb = _rack_at_minimums(slack_w)
@@ -181,3 +182,21 @@ def test_a_domain_limit_just_above_the_pin_slack_is_solved():
     d = list(pb.domain_names)
     assert r.alerts == [] and 0 < r.domain_price[d.index("rack-b")] < 1.0
     assert r.cap_w[8:].sum() > 1600.9 and r.job_binding[1] == "domain:rack-b"
+
+
+def test_a_deficit_under_a_pinned_domain_keeps_its_deficit_label():
+    """The cluster's limit equals all 16 minimum caps (pinned) and rack-b is in deficit below it: the
+    job under rack-b is labelled with the deficit (the more serious reason), the other with the
+    pinned cluster (found by a review: both showed domain:cluster)."""
+    doms = [{"name": "cluster", "parent": None, "limit_w": 3200.0, "kind": "cluster"},
+            {"name": "rack-a", "parent": "cluster", "limit_w": 2000.0, "kind": "rack"},
+            {"name": "rack-b", "parent": "cluster", "limit_w": 1500.0, "kind": "rack"},
+            {"name": "node:n1", "parent": "rack-a", "limit_w": None, "kind": "node"},
+            {"name": "node:n2", "parent": "rack-b", "limit_w": None, "kind": "node"}]
+    curve = {"a": H100.a, "k_w": H100.k_w, "sat_w": H100.sat_w, "valid_min_w": 200.0}
+    gpus = [{"name": f"n{1 + g // 8}/{g % 8}", "domain": f"node:n{1 + g // 8}", "min_cap_w": 200.0,
+             "max_cap_w": 700.0, "curve": curve, "job": "a" if g < 8 else "b"} for g in range(16)]
+    pb = AllocationProblem.build(gpus=gpus, jobs={"a": 1.0, "b": 1.0}, domains=doms)
+    r = solve(pb)
+    assert r.job_binding == ["domain:cluster", "deficit:rack-b"] and not r.feasible
+    assert np.allclose(r.cap_w, 200.0)

@@ -212,3 +212,31 @@ def test_a_lasting_etcd_outage_is_logged_again_with_its_duration(monkeypatch, ca
     # after a lease TTL without etcd, that leader may be gone: no longer named (a try-out: a standby
     # named a leader that had stepped down during a quorum loss)
     assert lead.describe() == {"role": "standby", "leader": "", "term": 0, "standbys": []}
+
+
+def test_an_etcd_error_reply_is_named_with_its_body():
+    """A member that answers with an HTTP error: its reason and etcd's own text (the body) are
+    named, not the reason alone (found by a review)."""
+
+    class NoLeader(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = b'{"error":"etcdserver: no leader","code":14}'
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), NoLeader)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(EtcdError) as err:
+            EtcdConn(parse_endpoints(f"http://127.0.0.1:{srv.server_port}"), timeout_s=2.0).get("/x")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+    assert "etcdserver: no leader" in str(err.value), str(err.value)

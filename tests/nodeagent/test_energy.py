@@ -128,11 +128,11 @@ def test_the_energy_record_keeps_who_ran_the_job_across_a_restart():
     doc = m.snapshot({})
     doc["jobs"]["K"].pop("partition")  # a state file written before these fields: still read
     back = EnergyMeter()
-    back.start("K", 1005.0, 1)
+    back.start("K", 1005.0, 1, {"user": "bob", "partition": "big"})  # from the restored binding
     assert back.restore(doc, {}) == []
     (ended,) = back.kept_ended(1011.0)
     assert (ended.user, ended.partition, ended.account) == ("alice", "gpu", "proj")
-    assert back.jobs["K"].user == "bob" and back.jobs["K"].partition == ""
+    assert back.jobs["K"].user == "bob" and back.jobs["K"].partition == "big"  # the file lacked it: the binding's
 
 
 def test_ended_records_are_bounded_in_age_and_count():
