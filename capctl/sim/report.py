@@ -96,6 +96,12 @@ def to_json(scn, runs: dict, wall_s: float) -> dict:
     }
 
 
+def _overshoot(value_w: float) -> str:
+    """The overshoot column (11 characters): ``-`` when no domain was ever over its limit (the
+    value is then <= 0: how far below, -0.0 or -999999300.0 with a huge budget, meant nothing)."""
+    return f"{value_w:11.3f}" if value_w > 0 else f"{'-':>11}"
+
+
 def table(scn, runs: dict, wall_s: float) -> str:
     """Human-readable comparison (one line per policy, then per-job rates and ratios)."""
     spec = scn.spec
@@ -103,7 +109,7 @@ def table(scn, runs: dict, wall_s: float) -> str:
         f"scenario {spec.name}: {scn.topo.n_gpus} GPUs ({len(scn.topo.node_names)} nodes x {spec.gpus_per_node}), "
         f"{len(scn.jobs)} jobs, {spec.duration_s:g} s simulated, budget {scn.policy.budget_w:,.0f} W, seed {spec.seed}",
         "",
-        f"{'policy':<12} {'throughput':>10} {'vs capctl':>9} {'job mean':>9} {'thermal %':>9} {'overshoot W':>11} "
+        f"{'policy':<12} {'throughput':>10} {'capctl/x':>9} {'job mean':>9} {'thermal %':>9} {'overshoot W':>11} "
         f"{'J/step':>8} {'wall s':>7}",
     ]
     cap = runs.get("capctl")
@@ -111,7 +117,9 @@ def table(scn, runs: dict, wall_s: float) -> str:
         vs = f"{cap.throughput / r.throughput:9.3f}" if cap and r.throughput > 0 else f"{'-':>9}"
         lines.append(
             f"{name:<12} {r.throughput:10.2f} {vs} {_job_mean(r):9.4f} {100 * r.thermal_slowdown_fraction:9.3f} "
-            f"{r.max_overshoot_w:11.1f} {r.energy_per_step_j:8.1f} {r.wall_s:7.2f}")
+            f"{_overshoot(r.max_overshoot_w)} {r.energy_per_step_j:8.1f} {r.wall_s:7.2f}")
+    lines.append("capctl/x: capctl's throughput over the row's; overshoot W: the largest sum of caps above a "
+                 "domain limit (- when none)")
     lines.append("")
     lines.append("per-job step rate (relative to uncapped at speed 1; GPUs):")
     names = list(runs)

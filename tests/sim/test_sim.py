@@ -128,7 +128,10 @@ def test_cli_plot_writes_pngs(tmp_path, capsys):
     assert names == ["heatmap_oracle.png", "heatmap_uniform.png", "throttling.png", "throughput.png"]
     for p in out.iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
-    assert "uniform" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "uniform" in text and " capctl/x " in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("uniform "))
+    assert row.split()[5] == "-"  # overshoot: never over a limit (not "-0.0")
 
 
 BAD_CLUSTERS = [
