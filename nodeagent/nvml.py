@@ -151,7 +151,8 @@ _REMEDIES: dict[int, tuple[type[NvmlError], str]] = {
 
 ROOT_NO_PERMISSION_REMEDY = (
     "the driver refused although capctl-agent runs as root: the power limit may be locked (by the "
-    "BMC or out-of-band management, or a driver setting); see 'nvidia-smi -q -d POWER'"
+    "BMC or out-of-band management, or a driver setting; see 'nvidia-smi -q -d POWER'), or the agent "
+    "lacks the capability (a CapabilityBoundingSet without CAP_SYS_ADMIN)"
 )
 """The remedy of NVML_ERROR_NO_PERMISSION for an agent that is root (the admin try-out: "run
 capctl-agent as root" was the hint for an agent that was root)."""

@@ -85,7 +85,7 @@ def test_one_gpu_failing_restore_never_stops_the_others(site_node, tmp_path):
     results = mgr.release("job-8")
     assert sorted(results) == list(range(8))
     assert [i for i, r in results.items() if r.ok] == [0, 1, 2, 4, 5, 6, 7]
-    assert results[3].state == RESTORE_FAILED and "root or CAP_SYS_ADMIN" in results[3].error
+    assert results[3].state == RESTORE_FAILED and "NO_PERMISSION" in results[3].error  # (the remedy: test_nvml_backend)
     assert limits_w(node) == [250.0] * 3 + [203.0] + [250.0] * 4
     assert mgr.saved_limits_w() == {3: 250.0}  # kept until restored
     assert mgr.states()[3] == RESTORE_FAILED
