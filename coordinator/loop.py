@@ -1188,6 +1188,24 @@ def near_slowdown_alert(node: str, index: int, temp_c: float, slowdown_c: float,
             f"{slowdown_c:.0f} °C (the policy keeps {margin_c:g} °C: its thermal model is off, or a cooling problem)"]
 
 
+def _gpu_owners(inputs) -> dict:
+    """GPU key -> the job (name) the solve planned the GPU for; GPUs of no job are left out."""
+    c = allocation.columns_of(inputs)
+    names = c.job_names
+    return {k: names[j] for k, j in zip(c.keys, c.job.tolist()) if j >= 0}
+
+
+def _shared_job_rate(out, keys: list, owner: dict, rate: float, binding: str) -> tuple[float, str]:
+    """(predicted rate, binding) of a job that is not in the solve because each of its GPUs
+    ``keys`` is shared with another job, planned for that one: the slowest such job's rate and
+    ``shared:<job>`` (found by a review: such a job showed rate 0 and no binding)."""
+    owners = sorted({owner[k] for k in keys if k in owner and owner[k] in out.job_rate})
+    if not owners:
+        return rate, binding
+    slowest = min(owners, key=lambda j: out.job_rate[j])
+    return out.job_rate[slowest], f"shared:{slowest}"
+
+
 def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
     """The job rows; returns (job id -> :class:`JobExtra`, GPU-weighted mean of 1 - predicted rate)."""
     policy, out, desired, inputs = snap.policy, snap.out, snap.desired, snap.inputs
@@ -1197,6 +1215,7 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             gpu_domains[k].append(name)
     jobs_extra = {}
     lost_num = lost_den = 0.0
+    owner = None  # GPU key -> the job the solve planned it for (built once, for shared-GPU jobs only)
     for job_id, bindings in tally.jobs_by_id.items():
         keys = [(b.node, i) for b in bindings for i in b.gpu_indices if i in tally.gpu_sets.get(b.node, ())]
         first = bindings[0]
@@ -1204,6 +1223,10 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
                                          qos=first.qos or None))
         rate = out.job_rate.get(job_id, 0.0) if out else 0.0
         binding = out.job_binding.get(job_id, "") if out else ""
+        if out and keys and job_id not in out.job_rate:
+            # every GPU of it is shared with (planned for) another job (MIG): it runs at their pace
+            owner = _gpu_owners(inputs) if owner is None else owner
+            rate, binding = _shared_job_rate(out, keys, owner, rate, binding)
         rate, binding = observed.straggler_bound(rate, binding, keys, tally.straggler, tally.clock_fraction)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(

@@ -69,6 +69,11 @@ def _shared_gpu_jobs(cl, c) -> tuple[float, float]:
 
     g, jobs = wait_for(shared, 10, "both jobs on GPU 0 in the status")
     assert jobs["S1"].allocated_w == pytest.approx(g.cap_w / 2) and jobs["S2"].allocated_w == pytest.approx(g.cap_w / 2)
+    # the job the GPU is not planned for runs at the pace of the one it is (before: rate 0, no binding)
+    (late,) = [j for j in jobs.values() if j.binding.startswith("shared:")]
+    mate = jobs[late.binding.split(":", 1)[1]]
+    assert mate.job_id != late.job_id and mate.predicted_step_rate > 0
+    assert late.predicted_step_rate == pytest.approx(mate.predicted_step_rate)
     sim.advance(0.5)
     time.sleep(2 * cl.interval_s)
     assert agent.job_end("S1").ok and agent.job_end("S2").ok
