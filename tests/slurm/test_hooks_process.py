@@ -243,3 +243,36 @@ def test_an_epilog_says_held_when_the_restore_is_held_below_the_pre_job_limit():
         with pytest.raises(Done):
             hooks._finish_epilog(run, capctl_pb2.JobEndReply(ok=True, message=message, gpus=[gpu]))
         assert seen[-1] == ("unbound", want, False)
+
+
+def test_a_jobs_end_left_in_the_drop_box_is_taken_by_the_real_agent_after_its_restart(tmp_path):
+    """The epilog runs while the agent is down (its restart, a crash): it leaves the job's end in the
+    agent's drop box and exits 0; the real agent, started again, ends the job at its next interval:
+    unbound, the pre-job limit restored, and the coordinator lists the job as finished."""
+    from capctl import endedjobs
+    from coordinator.client import AdminClient
+    from tests.coordinator.conftest import wait_for
+    from tests.support.processes import Cluster
+
+    (tmp_path / "cl").mkdir()
+    with Cluster(tmp_path / "cl", {"n1": 2}, budget_w=1400.0, interval_s=0.5) as cl:
+        sim, agent = cl.sims["n1"], cl.agent("n1")
+        with agent.client() as c:
+            assert c.job_start("4242", ["0"], user="alice").ok
+        wait_for(lambda: float(sim.read(0)["limit_w"]) < 700.0, 10, "GPU 0 capped for the job")
+        agent.stop()
+        proc, _, events = run_hook("epilog", tmp_path, SLURMD_NODENAME="n1", CAPCTL_AGENT_SOCKET=agent.socket_path)
+        assert proc.returncode == 0 and events[-1]["outcome"] == "agent-unreachable", (proc.stderr, events)
+        assert endedjobs.waiting(agent.socket_path) == ["4242"]
+        again = cl.start_agent("n1")
+        again.wait_ready(30.0, connected=True)
+        wait_for(lambda: not again.status().jobs and endedjobs.waiting(again.socket_path) == [], 15,
+                 "the job ended by the restarted agent")
+        wait_for(lambda: float(sim.read(0)["limit_w"]) == 700.0, 15, "GPU 0's pre-job limit back")
+        with AdminClient(cl.coordinator.admin_address) as admin:
+            try:
+                (rec,) = wait_for(lambda: admin.finished_jobs(job_id="4242"), 15, "job 4242 finished")
+            except AssertionError:
+                print("COORDLOG", cl.coordinator.log_path.read_text()[-6000:])
+                raise
+        assert rec.user == "alice" and list(rec.nodes) == ["n1"]
