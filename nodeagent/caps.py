@@ -612,6 +612,7 @@ class CapManager:
         with self._lock:
             self.retry_pending()
             now_s = self.clock()
+            self._verify_held(now_s)
             writes = {index: cap_w for index, cap_w in desired_caps_w.items()
                       if self._needs_write(index, cap_w, now_s)}
             if writes:
@@ -668,6 +669,35 @@ class CapManager:
             rt.message if rt.state == FOREIGN_WRITER else None
         )
         return False
+
+    def _verify_held(self, now_s: float) -> None:
+        """Idle GPUs whose restore is held below the pre-job limit (at the coordinator's allowance):
+        compare the device's requested limit with the value written; a drift is handled as any other
+        (:meth:`_drifted`: re-written at once the first time, ``FOREIGN_WRITER`` and rate-limited when
+        it repeats). Before, such a GPU was never read back: a foreign write of 700 W over a 284 W
+        hold stayed, state OK, 7,416 W on a 7,000 W budget for 25 s (found by a try-out)."""
+        for i, rec in sorted(self._state.gpus.items()):
+            rt = self._rt.get(i)
+            if rt is None or rt.held_w is None or not rec.restore_pending or self.job_count(i):
+                continue
+            try:
+                cap_now_w = self.backend.get_cap_w(i)
+            except CapctlError as err:  # the next restore or reconcile reports the GPU's state
+                LOG.warning("GPU %d: reading the held restore back failed: %s", i, err)
+                continue
+            rt.cap_w = cap_now_w
+            if _mw(cap_now_w) == _mw(rt.held_w):
+                if rt.state == FOREIGN_WRITER and not self._is_foreign(i, now_s):
+                    rt.state, rt.message = OK, None
+                continue
+            if self._drifted(i, now_s, cap_now_w, rt.held_w):
+                held_w, foreign = rt.held_w, (rt.state, rt.message)
+                rt.held_w = None  # written again by the restore (held at the allowance again)
+                res = self._restore([i]).get(i)
+                if res is not None and not res.ok:
+                    LOG.error("GPU %d: re-writing the held restore (%.3f W) failed: %s", i, held_w, res.error)
+                elif foreign[0] == FOREIGN_WRITER:  # still reported: the coordinator holds it as spent
+                    rt.state, rt.message = foreign
 
     def _is_foreign(self, index: int, now_s: float) -> bool:
         recent = [t for t in self._rt[index].drift_s if now_s - t < self.foreign_window_s]

@@ -342,3 +342,33 @@ def test_a_restore_held_at_a_fractional_milliwatt_allowance_succeeds(site_node, 
     mgr.set_restore_ceiling(0, 260.0004)  # above the saved limit: the restore completes at 250 W
     assert mgr.retry_pending()[0].ok and node.read(0)["limit_w"] == 250.0
     assert mgr.saved_limits_w() == {1: 250.0}
+
+
+def test_a_foreign_write_over_a_held_restore_is_undone_and_reported(site_node, tmp_path, clock):
+    """An idle GPU whose restore is held at the coordinator's allowance (220 W of its 250 W pre-job
+    limit) gets 400 W from another process: re-written at once the first time, FOREIGN_WRITER (which
+    the coordinator holds as spent) when it repeats. Before, a held restore was never read back: a
+    try-out saw 700 W stay on such a GPU, state OK, with the cluster over its budget for 25 s."""
+    node, backend = site_node
+    mgr = CapManager(backend, tmp_path, clock=clock, rewrite_interval_s=3.0)
+    mgr.bind("j", [0])
+    assert mgr.set_caps({0: 200.0})[0].ok
+    mgr.release("j", ceiling_w={0: 220.0})
+    assert node.read(0)["limit_w"] == 220.0 and mgr.saved_limits_w() == {0: 250.0}  # held
+    node.inject(0, "foreign_writer", 400.0, period_s=2.0)  # 400 W now and every 2 s
+    clock.advance(1.0)
+    node.advance(1.0)
+    mgr.reconcile({})
+    assert node.read(0)["limit_w"] == 220.0 and mgr.states()[0] == OK  # a one-off: re-written at once
+    seen = []
+    for _ in range(12):
+        clock.advance(1.0)
+        node.advance(1.0)
+        seen.append((mgr.reconcile({}).get(0), node.read(0)["limit_w"]))
+    assert seen[-1][0] == FOREIGN_WRITER and any(lim == 220.0 for _, lim in seen[4:])  # rate-limited rewrites
+    node.clear(0, "foreign_writer")
+    for _ in range(40):
+        clock.advance(1.0)
+        node.advance(1.0)
+        last = mgr.reconcile({})
+    assert last[0] == OK and node.read(0)["limit_w"] == 220.0 and mgr.saved_limits_w() == {0: 250.0}
