@@ -256,8 +256,11 @@ class AgentLoop(AgentCore):
 
     def _apply_failsafe(self) -> None:
         """Lease expired: move every managed GPU to min(current, safe cap) (W), never higher; hold
-        them in ``safe_mode`` and lower their allowance to the safe cap."""
-        managed = set(self.bound_indices()) | set(self.desired_w)
+        them in ``safe_mode`` and lower their allowance to the safe cap. Managed: bound GPUs, GPUs
+        with a desired cap, and idle GPUs whose pre-job limit is still to be restored (a job that
+        ended while the coordinator was away: its restore held at the last allowance; found by a
+        try-out: 616.8 W kept, state OK, while the other GPUs went to the 350 W safe cap)."""
+        managed = set(self.bound_indices()) | set(self.desired_w) | set(self.caps.saved_limits_w())
         current = {s.index: s.cap_w for s in self.last_samples
                    if getattr(s, "error", None) is None and s.index in managed}
         for i, d in self.desired_w.items():

@@ -152,7 +152,7 @@ def test_job_end_restores_only_within_the_allowance(tmp_path):
     agent.tick()
     assert dev.limit_w(0) == 300.0  # a tick does not raise it either
     agent.on_plan(plan(2, {0: 700.0}))  # the coordinator hands the watts back: the restore completes
-    assert dev.limit_w(0) == 700.0 and agent.caps.saved_limits_w() == {}
+    assert dev.limit_w(0) == 700.0 and agent.safe_mode == set()  # back at its pre-job limit, planned again
 
 
 def test_job_end_without_an_allowance_restores_the_site_limit(tmp_path):
@@ -275,3 +275,27 @@ def test_jobs_left_in_the_drop_box_are_ended_at_the_next_interval(tmp_path):
     agent.tick()
     assert agent.jobs == {} and dev.limits_w() == [650.0, 650.0]  # unbound, pre-job limits restored
     assert endedjobs.waiting(agent.socket_path) == [] and agent.link.sent[-2].WhichOneof("body") == "job_ended"
+
+
+def test_the_failsafe_also_lowers_an_idle_gpu_whose_restore_is_held(tmp_path):
+    """A job ends while the coordinator is away: its GPU's restore is held at the last allowance
+    (600 W of the 700 W pre-job limit). When the lease expires, that GPU goes to the safe cap too
+    (before: only bound GPUs and GPUs with a desired cap; it kept 600 W, state OK)."""
+    dev = PureDevice(2)  # pre-job limits 700 W
+    agent = make_agent(tmp_path, dev)
+    agent.on_plan(plan(1, {0: 600.0, 1: 500.0}, safe={0: 350.0, 1: 350.0}))
+    assert job_start(agent, "J", 0).ok
+    agent.on_plan(plan(2, {0: 600.0, 1: 500.0}, safe={0: 350.0, 1: 350.0}))
+    assert dev.limit_w(0) == 600.0
+    agent.link.connected = False  # the coordinator goes away
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="J"))
+    assert dev.limit_w(0) == 600.0 and agent.caps.saved_limits_w()[0] == 700.0  # held at the allowance
+    assert agent.caps.held_restores([0]) == {0: (600.0, 700.0)} and 0 not in agent.desired_w
+    agent.lease.expiry_mono_s = time.monotonic() - 1.0
+    agent.tick()
+    assert dev.limit_w(0) == 350.0 and dev.limit_w(1) == 350.0  # both at the safe cap
+    assert 0 in agent.safe_mode and agent.caps.saved_limits_w()[0] == 700.0  # still to be restored later
+    agent.link.connected = True
+    agent.on_plan(plan(3, {0: 700.0, 1: 500.0}, safe={0: 350.0, 1: 350.0}))  # the coordinator allows it
+    agent.tick()
+    assert dev.limit_w(0) == 700.0 and agent.safe_mode == set()  # back at its pre-job limit, planned again
