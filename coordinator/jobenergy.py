@@ -129,7 +129,12 @@ class JobEnergyBook:
         start = min(starts) if starts else 0.0
         end = max(ends) if ends else end_time_s
         energy = sum(n.energy_j for n in nodes.values())
-        gpus = sum(len(b.gpu_indices) for b in bindings) or sum(n.gpus for n in nodes.values())
+        # per node: its binding's GPUs, else its agent's record's (the bindings passed are those
+        # left when the last node ended it: 8 GPUs on 2 nodes were counted 4, a try-out)
+        per_node = {b.node: len(b.gpu_indices) for b in bindings}
+        for name, n in nodes.items():
+            per_node.setdefault(name, n.gpus)
+        gpus = sum(per_node.values())
         return FinishedJob(
             job_id=job_id, user=first.user if first else "", partition=first.partition if first else "",
             account=first.account if first else "", nodes=tuple(names), gpus=gpus, start_time_s=start,
@@ -138,5 +143,8 @@ class JobEnergyBook:
             peak_power_w=sum(n.peak_power_w for n in nodes.values()),
             capped_s=sum(n.capped_s for n in nodes.values()), thermal_s=sum(n.thermal_s for n in nodes.values()),
             resets=sum(n.resets for n in nodes.values()),
-            complete=bool(nodes) and all(n.final for n in nodes.values()) and set(nodes) >= {b.node for b in bindings},
+            # without a binding the job's nodes are not known (it ran while another coordinator led,
+            # or none did): records of other nodes may come later, so it is not called complete
+            complete=bool(nodes) and bool(bindings) and all(n.final for n in nodes.values())
+            and set(nodes) >= {b.node for b in bindings},
         )

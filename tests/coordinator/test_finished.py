@@ -139,3 +139,17 @@ def test_bad_energy_reports_are_ignored_with_a_reason():
     book.on_telemetry("n1", pb.NodeTelemetry(job_energy=bad + [je("OK", "n1", 5.0, 10.0)]))
     assert book.energy_j() == {"OK": 5.0}
     assert "energy_j nan" in problem(bad[1]) and "gpu_s -1.0" in problem(bad[2]) and "1-128" in problem(bad[3])
+
+
+def test_a_multi_node_jobs_gpus_are_summed_over_its_nodes_and_an_unknown_node_set_is_incomplete():
+    """The first node's JobEnded unbinds it; when the last one ends the job only that node's binding
+    is left: the GPU count is summed per node from the energy records too (a try-out: 8 GPUs on 2
+    nodes shown as 4). Without any binding (the coordinator never saw it) the record is incomplete."""
+    book = JobEnergyBook()
+    book.on_job_ended("n1", pb.JobEnded(job_id="J", node="n1", energy=je("J", "n1", 100.0, 500.0, end_s=1010.0, gpus=4)))
+    book.on_job_ended("n2", pb.JobEnded(job_id="J", node="n2", energy=je("J", "n2", 90.0, 500.0, end_s=1011.0, gpus=4)))
+    rec = book.finish("J", [Binding("J", "n2", (0, 1, 2, 3), user="alice")], end_time_s=2000.0)
+    assert rec.gpus == 8 and rec.nodes == ("n1", "n2") and rec.complete
+    book.on_job_ended("n2", pb.JobEnded(job_id="K", node="n2", energy=je("K", "n2", 90.0, 500.0, end_s=1011.0, gpus=3)))
+    rec = book.finish("K", [], end_time_s=2000.0)
+    assert rec.gpus == 3 and not rec.complete

@@ -141,7 +141,10 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
         cl.coordinator.wait_serving(30.0)
         with AdminClient(cl.coordinator.admin_address) as c:
             (rec3,) = wait_for(lambda: c.finished_jobs(job_id="E3"), 20, "E3 finished after the reconnect")
-        assert rec3.energy_j == pytest.approx(e3_j, abs=0.01) and rec3.complete and list(rec3.nodes) == ["n1"]
+        assert rec3.energy_j == pytest.approx(e3_j, abs=0.01) and list(rec3.nodes) == ["n1"]
+        # its binding unseen, its nodes are not known: other nodes' records may be missing (a 2-node
+        # job that ran while no coordinator was up kept one node's half and said complete: a try-out)
+        assert not rec3.complete
         # who ran it, though this coordinator never saw its binding: from the agent's record
         assert (rec3.user, rec3.partition, rec3.account) == ("alice", "gpu", "proj")
         env = {"CAPCTL_COORDINATOR": cl.coordinator.address, "PATH": "/usr/bin:/bin"}
