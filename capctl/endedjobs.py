@@ -51,6 +51,14 @@ def waiting(socket_path: str) -> list[str]:
     return sorted(n for n in names if _ID.fullmatch(n) and n not in (".", ".."))
 
 
+def left_at(socket_path: str, job_id: str) -> float | None:
+    """When ``job_id``'s end was left (the file's modification time, Unix s), or None when it is gone."""
+    try:
+        return os.stat(os.path.join(drop_box(socket_path), job_id), follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
 def done(socket_path: str, job_id: str) -> None:
     """Remove ``job_id``'s file from the drop box (gone already: nothing to do)."""
     try:

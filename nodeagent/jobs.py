@@ -210,7 +210,9 @@ class JobBinding(AgentCore):
         ended = []
         for job_id in endedjobs.waiting(self.socket_path):
             try:
-                reply = self.job_end(capctl_pb2.JobEndRequest(job_id=job_id))
+                # the job ended when its epilog ran, not now (a try-out: 41 s recorded for a 26 s job)
+                reply = self.job_end(capctl_pb2.JobEndRequest(job_id=job_id),
+                                     ended_at_s=endedjobs.left_at(self.socket_path, job_id))
             except UserInputError as err:
                 log.error("drop box %s: %s: dropped", endedjobs.drop_box(self.socket_path), err)
             except CapctlError as err:
@@ -223,11 +225,13 @@ class JobBinding(AgentCore):
             endedjobs.done(self.socket_path, job_id)
         return ended
 
-    def job_end(self, req):
+    def job_end(self, req, ended_at_s: float | None = None):
         """AgentLocal.JobEnd: restore the pre-job limits of the GPUs whose last job this was (per GPU,
         best effort, failures retried), unbind, forward JobEnded; idempotent, valid without JobStart.
         Restores never go above the coordinator's allowance (W). Returns ``JobEndReply`` (``ok``
-        false when some GPU could not be restored yet).
+        false when some GPU could not be restored yet). ``ended_at_s``: when the job ended (Unix s;
+        its drop-box entry's time), if earlier than now: the record's end time (its energy still
+        holds the counters up to now: there is no reading of that moment).
 
         Raises:
             UserInputError: empty or oversized job id.
@@ -239,7 +243,12 @@ class JobBinding(AgentCore):
             job_gpus = set(self.jobs.get(job_id, {}).get("gpu_indices", [])) | set(self._cap_bindings().get(job_id, []))
             known = bool(job_gpus) or job_id in self.jobs
             self._meter()  # energy counters at the end, before the GPUs are released
-            energy = self.energy.finish(job_id, time.time())
+            now_s = time.time()
+            end_s = ended_at_s if ended_at_s is not None and 0 < ended_at_s < now_s else now_s
+            rec0 = self.energy.jobs.get(job_id)
+            if rec0 is not None and end_s < rec0.start_time_s:
+                end_s = now_s
+            energy = self.energy.finish(job_id, end_s)
             ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
             try:
                 res = self.caps.release(job_id, ceiling_w=ceiling)

@@ -8,6 +8,7 @@ methods (``on_plan``, ``job_start``, ``job_end``, ``tick``, ...) are called dire
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -269,12 +270,17 @@ def test_jobs_left_in_the_drop_box_are_ended_at_the_next_interval(tmp_path):
     job_start(agent, "42", 0, 1)
     agent.tick()
     assert set(agent.jobs) == {"42"} and dev.limits_w() == [300.0, 300.0]
-    endedjobs.leave(agent.socket_path, "42")  # the epilog could not reach the agent
+    left = endedjobs.leave(agent.socket_path, "42")  # the epilog could not reach the agent
+    started = agent.energy.jobs["42"].start_time_s = time.time() - 10.0  # (as if started 10 s ago)
+    os.utime(left, (started + 0.5, started + 0.5))  # it ran then; the agent takes it later
     endedjobs.leave(agent.socket_path, "7")  # an end that did arrive, or a job never bound here
     (tmp_path / "agent.sock.ended" / "bad name").write_text("")  # not a job id: ignored
     agent.tick()
     assert agent.jobs == {} and dev.limits_w() == [650.0, 650.0]  # unbound, pre-job limits restored
     assert endedjobs.waiting(agent.socket_path) == [] and agent.link.sent[-2].WhichOneof("body") == "job_ended"
+    # its end is when the epilog left it, not when the agent took it (a try-out: 41 s for a 26 s job)
+    (ended,) = [m.job_ended for m in agent.link.sent if m.WhichOneof("body") == "job_ended" and m.job_ended.job_id == "42"]
+    assert ended.energy.end_time_s == pytest.approx(started + 0.5, abs=1e-3)
 
 
 def test_the_failsafe_also_lowers_an_idle_gpu_whose_restore_is_held(tmp_path):
