@@ -101,7 +101,7 @@ class Run:
     """State of one hook run: timing, log, and the single place where the process exits."""
 
     def __init__(self, hook: str, env: dict[str, str]) -> None:
-        from slurm.config import DEFAULT_TIMEOUT_S, env_timeout_s, node_name
+        from slurm.config import DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT_S, env_timeout_s, expand_node, node_name
 
         self.hook = hook
         self.env = env
@@ -111,6 +111,9 @@ class Run:
         self.fail_open = env.get("CAPCTL_ON_UNREACHABLE", "fail-open") != "fail-closed"
         self.timeout_s = env_timeout_s(env) or DEFAULT_TIMEOUT_S
         self.extra: dict = {}
+        # the agent's socket before the configuration is loaded (a bound reached before it: the
+        # job's end still goes to the drop box when that socket is there; found by a try-out)
+        self.socket_guess = expand_node(env.get("CAPCTL_AGENT_SOCKET") or DEFAULT_SOCKET_PATH, node_name(env))
         self._done = threading.Lock()
         self._timer: threading.Timer | None = None
         self.arm()
@@ -136,6 +139,8 @@ class Run:
         from capctl import endedjobs
 
         socket_path = self.extra.get("socket")
+        if not socket_path and os.path.exists(self.socket_guess):
+            socket_path = self.socket_guess
         if not self.job_id or not socket_path:
             return
         try:

@@ -114,6 +114,11 @@ def test_config_file_next_to_slurm_conf(tmp_path):
     proc = subprocess.run([str(REPO / "slurm" / "prolog")], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1, proc.stderr  # the file's fail-closed
     assert "from-slurmd" not in log.read_text()
+    # a CAPCTL_HOOKS_ENV naming a missing file falls through to the next one (docs/slurm.md: "the
+    # first found"; found by a try-out: nothing else was tried)
+    env["CAPCTL_HOOKS_ENV"] = str(tmp_path / "missing.env")
+    proc = subprocess.run([str(REPO / "slurm" / "prolog")], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr  # fail-closed: the file next to slurm.conf was read
 
 
 def test_parse_job_gpus():
@@ -276,3 +281,26 @@ def test_a_jobs_end_left_in_the_drop_box_is_taken_by_the_real_agent_after_its_re
                 print("COORDLOG", cl.coordinator.log_path.read_text()[-6000:])
                 raise
         assert rec.user == "alice" and list(rec.nodes) == ["n1"]
+
+
+@pytest.mark.parametrize("how", ["bound-before-config", "interpreter-missing"])
+def test_an_epilog_that_times_out_early_or_never_runs_still_leaves_the_jobs_end(tmp_path, how):
+    """The job's end goes to the agent's drop box also when the bound is reached before the hook
+    loaded its configuration, and when the interpreter never ran (the shell wrapper's "hook did not
+    run"), as long as the agent's socket is there (found by a try-out: the job stayed bound)."""
+    import socket as socketmod
+
+    from capctl import endedjobs
+
+    sock_path = tmp_path / "agent-nX.sock"
+    listener = socketmod.socket(socketmod.AF_UNIX)
+    listener.bind(str(sock_path))  # an agent's socket that answers nothing (not listening)
+    try:
+        env = {"CAPCTL_AGENT_SOCKET": tmp_path / "agent-%n.sock"}
+        env.update({"CAPCTL_HOOK_TIMEOUT_S": "0.01"} if how == "bound-before-config" else
+                   {"CAPCTL_PYTHON": tmp_path / "no-python"})
+        proc, _, _ = run_hook("epilog", tmp_path, **env)
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr
+    assert endedjobs.waiting(str(sock_path)) == ["4242"], (proc.stderr, (tmp_path / "hooks.log").read_text())
