@@ -274,6 +274,8 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
 
 def render_explain(d: dict) -> str:
     j = d["job"]
+    if d.get("finished") and not d["gpus"] and not d["slowest_node"]:
+        return d["text"] or f"job {j['job_id']}: finished"  # no live lines (weight 0, allocated 0 W: a try-out)
     lines = [f"job {j['job_id']}: {j['gpus']} GPU(s) on {_hostlist(j['nodes'])}, weight {_f(j['weight'], '{:g}')}, "
              f"allocated {_f(j['allocated_w'])} W, predicted step rate {_f(j['predicted_step_rate'], '{:.3f}')}",
              f"binding constraint: {d['binding'] or j['binding'] or '-'}",

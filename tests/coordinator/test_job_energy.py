@@ -161,6 +161,7 @@ def test_a_one_second_jobs_energy_is_the_counter_difference_and_is_kept(tmp_path
         out = subprocess.run([*cli, "explain", "E1"], env=env, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         assert f"Energy {rec.energy_j:.1f} J" in out.stdout and "finished" in out.stdout
+        assert out.stdout.startswith("job E1: finished") and "weight" not in out.stdout  # no empty live lines
         out = subprocess.run([*cli, "jobs", "--finished", "--since", "yesterday"], env=env, capture_output=True,
                              text=True, timeout=30)
         assert out.returncode != 0 and "--since 'yesterday'" in out.stderr and "Traceback" not in out.stderr
