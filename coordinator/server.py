@@ -429,7 +429,8 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def Explain(self, request, context):  # noqa: N802
         reply = await self.coord.explain_async(request.job_id)
         if reply is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id[:100]!r} is not bound to any GPU")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id[:100]!r}: no running job is bound to "
+                                "GPUs under that id and no finished one is kept")
         return reply
 
     async def FinishedJobs(self, request, context):  # noqa: N802

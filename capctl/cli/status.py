@@ -131,8 +131,13 @@ def cmd_jobs(args) -> int:
 def cmd_explain(args) -> int:
     from capctl.cli.rpc import admin_client
 
+    from capctl.security.limits import check_job_id
+
     if not args.job_id.strip():
         raise UserInputError("JOB_ID: give a Slurm job id")
+    problem = check_job_id(args.job_id, "JOB_ID")  # as the agents check it: no job can have another
+    if problem:
+        raise UserInputError(problem)
     with admin_client(args.coordinator) as client:
         reply = client.explain(args.job_id)
     d = explain_dict(reply)

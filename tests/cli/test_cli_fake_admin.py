@@ -142,6 +142,8 @@ def test_nodes_jobs_explain(admin, capsys):
     assert out.splitlines()[-1].split()[:3] == ["node1", "1", "11"]  # GPU table names each GPU's node
     code, out, err = run(capsys, "explain", "99", "--coordinator", address)
     assert code == 6 and "job '99' is not bound" in err
+    code, out, err = run(capsys, "explain", "x;y", "--coordinator", address)  # no job can have that id
+    assert (code, out) == (1, "") and "JOB_ID 'x;y': need a Slurm job id" in err
 
 
 def test_budget_set_ok_refused_denied(admin, capsys):
