@@ -8,7 +8,7 @@ epilog leaves one empty file per such job in the agent's drop box, ``<agent sock
 next interval (``JobEnd`` semantics: idempotent, so a JobEnd that did arrive late changes nothing),
 then removes the file.
 
-File names are the job ids; only ids made of ``[A-Za-z0-9_.+-]`` (Slurm's: digits, ``_`` for array
+File names are the job ids; only ids made of ``[A-Za-z0-9_.+:-]`` (the ids the agent takes) (Slurm's: digits, ``_`` for array
 tasks, ``+`` for heterogeneous jobs), at most :data:`MAX_ID_LEN` characters, are written or read.
 """
 
@@ -18,7 +18,7 @@ import os
 import re
 
 MAX_ID_LEN = 128
-_ID = re.compile(r"[A-Za-z0-9_.+-]{1,%d}" % MAX_ID_LEN)
+_ID = re.compile(r"[A-Za-z0-9_.+:-]{1,%d}" % MAX_ID_LEN)  # as capctl.security.limits.check_job_id
 SUFFIX = ".ended"
 
 
