@@ -686,7 +686,9 @@ class CapManager:
                 LOG.warning("GPU %d: reading the held restore back failed: %s", i, err)
                 continue
             rt.cap_w = cap_now_w
-            if _mw(cap_now_w) == _mw(rt.held_w):
+            # held_w is the restore's target; the device keeps whole milliwatts of it, rounded down
+            # (487.4999 W reads 487.499 W: not a drift, a test on the Slurm cluster)
+            if abs(cap_now_w - rt.held_w) <= HELD_TOLERANCE_W:
                 if rt.state == FOREIGN_WRITER and not self._is_foreign(i, now_s):
                     rt.state, rt.message = OK, None
                 continue
@@ -727,6 +729,10 @@ class CapManager:
             rt.last_rewrite_s = now_s
             return True
         return False
+
+
+HELD_TOLERANCE_W = 0.0015
+"""A held restore reads back within this (W) of its target: milliwatt rounding, not a drift."""
 
 
 def _same_w(target_w: float, held_w: float) -> bool:

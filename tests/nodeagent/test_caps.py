@@ -353,22 +353,26 @@ def test_a_foreign_write_over_a_held_restore_is_undone_and_reported(site_node, t
     mgr = CapManager(backend, tmp_path, clock=clock, rewrite_interval_s=3.0)
     mgr.bind("j", [0])
     assert mgr.set_caps({0: 200.0})[0].ok
-    mgr.release("j", ceiling_w={0: 220.0})
-    assert node.read(0)["limit_w"] == 220.0 and mgr.saved_limits_w() == {0: 250.0}  # held
+    mgr.release("j", ceiling_w={0: 219.9996})  # an allowance the device keeps as 219.999 W
+    for _ in range(3):  # its milliwatt rounding is no drift (it was taken as a foreign writer)
+        clock.advance(1.0)
+        node.advance(1.0)
+        assert mgr.reconcile({}) == {0: OK} and node.read(0)["limit_w"] == pytest.approx(219.999, abs=1e-6)
+    assert mgr.saved_limits_w() == {0: 250.0}  # held
     node.inject(0, "foreign_writer", 400.0, period_s=2.0)  # 400 W now and every 2 s
     clock.advance(1.0)
     node.advance(1.0)
     mgr.reconcile({})
-    assert node.read(0)["limit_w"] == 220.0 and mgr.states()[0] == OK  # a one-off: re-written at once
+    assert node.read(0)["limit_w"] == pytest.approx(220.0, abs=0.002) and mgr.states()[0] == OK  # a one-off: re-written at once
     seen = []
     for _ in range(12):
         clock.advance(1.0)
         node.advance(1.0)
         seen.append((mgr.reconcile({}).get(0), node.read(0)["limit_w"]))
-    assert seen[-1][0] == FOREIGN_WRITER and any(lim == 220.0 for _, lim in seen[4:])  # rate-limited rewrites
+    assert seen[-1][0] == FOREIGN_WRITER and any(abs(lim - 220.0) < 0.002 for _, lim in seen[4:])  # rate-limited rewrites
     node.clear(0, "foreign_writer")
     for _ in range(40):
         clock.advance(1.0)
         node.advance(1.0)
         last = mgr.reconcile({})
-    assert last[0] == OK and node.read(0)["limit_w"] == 220.0 and mgr.saved_limits_w() == {0: 250.0}
+    assert last[0] == OK and node.read(0)["limit_w"] == pytest.approx(220.0, abs=0.002) and mgr.saved_limits_w() == {0: 250.0}
