@@ -148,13 +148,7 @@ FULL_FIT_MIN_SPAN_W = 50.0
 SCALE_HALF_LIFE = 20.0
 """Half-life (samples) of the prior-anchored power scale's exponential mean."""
 REFIT_NEW_CAPS = 5
-"""A fitted GPU is refitted when this many caps it was never seen at have been observed since the
-last refit (at most every :data:`CURVE_REFIT_S`) ..."""
-REFIT_OUTSIDE_W = 25.0
-"""... or at once (within :data:`CURVE_REFIT_S`) when it is seen at a cap this far (W) or more
-outside the range of caps seen before: the fit is extrapolating there (found by a try-out: a curve
-learnt at 540-600 W predicted 0.25 at 200 W against a measured 0.68, for as long as the budget held
-every GPU at 200 W, one new cap: never refitted)."""
+"""A fitted GPU is refitted when this many caps it was never seen at have been observed since ..."""
 REFIT_SCALE_MOVE = 0.05
 """... or when its anchored scale moved by this fraction (one 15 MHz clock step is ~2 % of power)
 since the last refit: its workload changed (phases within a job)."""
@@ -306,10 +300,9 @@ class GpuModel:
         caps = self._caps
         caps.add(b)
         bank, row = self.bank, self.row
-        outside = len(caps) > 1 and (b <= bank.cap_lo[row] - REFIT_OUTSIDE_W or b >= bank.cap_hi[row] + REFIT_OUTSIDE_W)
         lo = bank.cap_lo[row] = min(float(bank.cap_lo[row]), b)
         hi = bank.cap_hi[row] = max(float(bank.cap_hi[row]), b)
-        bank.new_caps[row] += REFIT_NEW_CAPS if outside else 1
+        bank.new_caps[row] += 1
         # the full fit's condition, kept on each new cap (caps are only added: once true, stays)
         bank.ready[row] = len(caps) >= FULL_FIT_MIN_CAPS and hi - lo >= FULL_FIT_MIN_SPAN_W
 
@@ -560,11 +553,10 @@ def _new_caps_batch(bank: CurveBank, models: list, rows: np.ndarray, bins: list,
         return
     r = rows[new]
     b = np.asarray(bins, float)[new]
-    n_caps = np.fromiter((len(models[i]._caps) for i in new), np.int64, len(new))
-    outside = (n_caps > 1) & ((b <= bank.cap_lo[r] - REFIT_OUTSIDE_W) | (b >= bank.cap_hi[r] + REFIT_OUTSIDE_W))
     lo = bank.cap_lo[r] = np.minimum(bank.cap_lo[r], b)
     hi = bank.cap_hi[r] = np.maximum(bank.cap_hi[r], b)
-    bank.new_caps[r] += np.where(outside, REFIT_NEW_CAPS, 1)
+    bank.new_caps[r] += 1
+    n_caps = np.fromiter((len(models[i]._caps) for i in new), np.int64, len(new))
     bank.ready[r] = (n_caps >= FULL_FIT_MIN_CAPS) & (hi - lo >= FULL_FIT_MIN_SPAN_W)
 
 
