@@ -737,10 +737,18 @@ class Coordinator:
     def on_energy(self, node_name: str, tele) -> None:
         """The ``job_energy`` of a ``NodeTelemetry`` (coordinator.jobenergy); an ended job's record
         (repeated by its agent after a reconnect: its JobEnded was lost) finishes the job once no
-        node holds it."""
+        node holds it. A record that ended after the binding of that job on ``node_name`` began is
+        that node's end of it (its JobEnded was dropped while the link came up, after the hello
+        had bound it again: found by a test, the job stayed bound for ever); a requeued run bound
+        since is left alone (its binding began after the record's end)."""
         check = self._is_finished if self.store_io is None else functools.partial(self._is_finished_later, node_name, tele)
         for job_id in self.energy_book.on_telemetry(node_name, tele, check):
-            if not any(job_id in n.bindings for n in self.registry.nodes.values()):
+            node = self.registry.nodes.get(node_name)
+            b = node.bindings.get(job_id) if node is not None else None
+            end_s = max((je.end_time_s for je in tele.job_energy if je.job_id == job_id), default=0.0)
+            if b is not None and end_s >= b.start_time_s:
+                self.on_job_ended(node_name, pb.JobEnded(job_id=job_id, node=node_name))
+            elif not any(job_id in n.bindings for n in self.registry.nodes.values()):
                 self._finish(job_id, [])
 
     def _is_finished_later(self, node_name: str, tele, job_id: str) -> bool:
