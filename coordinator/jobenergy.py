@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import math
 
+from capctl.security.limits import JOB_LABELS, label_or_empty
 from coordinator.finished import FinishedJob
 
 log = logging.getLogger("capctl.coordinator.jobenergy")
@@ -28,10 +29,6 @@ MAX_JOB_ID_CHARS = 128
 
 FIELDS = ("energy_j", "gpu_s", "capped_s", "thermal_s", "power_w", "peak_power_w", "start_time_s",
           "end_time_s", "resets", "gpus")
-IDENTITY = ("user", "partition", "account")
-"""Who ran the job, as its agent's energy record says (the JobStart's; "" from older agents)."""
-MAX_IDENTITY_CHARS = 256
-"""Longest user / partition / account name kept from an agent's energy record (characters)."""
 
 
 def problem(je) -> str:
@@ -67,8 +64,9 @@ class NodeEnergy:
 
     @classmethod
     def from_proto(cls, msg, final: bool = False) -> "NodeEnergy":
+        # who ran it, as the agent's record says ("" from older agents, or for a label not allowed)
         return cls(**{f: getattr(msg, f) for f in FIELDS}, final=final,
-                   **{f: getattr(msg, f)[:MAX_IDENTITY_CHARS] for f in IDENTITY})
+                   **{f: label_or_empty(getattr(msg, f)) for f in JOB_LABELS})
 
 
 class JobEnergyBook:

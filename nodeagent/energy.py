@@ -46,6 +46,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from capctl.reasons import classify
+from capctl.security.limits import JOB_LABELS, label_or_empty
 
 KEEP_ENDED_S = 3600.0
 """An ended job's final record is kept this long (s) to be sent again after a reconnect."""
@@ -81,12 +82,6 @@ class JobEnergy:
     partition: str = ""
     account: str = ""
 
-
-IDENTITY = ("user", "partition", "account")
-"""The :class:`JobEnergy` fields naming who ran the job (from its JobStart), kept with its energy so
-that a coordinator that never saw its binding still records them."""
-MAX_IDENTITY_CHARS = 256
-"""Longest user / partition / account name taken back from a state file (characters)."""
 
 
 class EnergyMeter:
@@ -146,9 +141,9 @@ class EnergyMeter:
         if rec is None:
             rec = self.jobs[job_id] = JobEnergy(job_id=job_id, start_time_s=start_time_s)
         rec.gpus = max(rec.gpus, int(gpus))
-        for f in IDENTITY:
-            if not getattr(rec, f) and meta and meta.get(f):
-                setattr(rec, f, str(meta[f])[:MAX_IDENTITY_CHARS])
+        for f in JOB_LABELS:  # who ran it (capctl.security.limits), so a coordinator that never saw
+            if not getattr(rec, f) and meta:  # its binding still records them
+                setattr(rec, f, label_or_empty(meta.get(f)))
         return rec
 
     def finish(self, job_id: str, end_time_s: float) -> JobEnergy | None:
@@ -219,7 +214,7 @@ class EnergyMeter:
                         self.ended[job_id] = rec
                 elif job_id in target:
                     rec.gpus = max(rec.gpus, target[job_id].gpus)
-                    for f in IDENTITY:  # a state file from before these fields: the binding's names
+                    for f in JOB_LABELS:  # a state file from before these fields: the binding's names
                         if not getattr(rec, f):
                             setattr(rec, f, getattr(target[job_id], f))
                     target[job_id] = rec
@@ -241,7 +236,7 @@ def _record(job_id, r, where: str, problems: list[str]) -> JobEnergy | None:
     if bad:
         problems.append(f"{where}: {', '.join(f'{f} {r.get(f)!r}' for f in bad)}: expected numbers >= 0")
         return None
-    who = {f: r[f][:MAX_IDENTITY_CHARS] for f in IDENTITY if isinstance(r.get(f), str)}  # (absent before)
+    who = {f: label_or_empty(r.get(f)) for f in JOB_LABELS}  # (absent from older state files)
     return JobEnergy(job_id=job_id, **{f: float(r[f]) for f in _NUMBERS}, resets=int(r["resets"]), gpus=int(r["gpus"]),
                      **who)
 

@@ -67,6 +67,16 @@ def check_job_id(value: str, field: str = "job_id") -> str:
     return ""
 
 
+JOB_LABELS = ("user", "partition", "account")
+"""Who ran a job: the JobStart's labels, carried in its bindings and its agents' energy records."""
+
+
+def label_or_empty(value) -> str:
+    """``value`` when it is a label :func:`check_label` takes, else "" (a label from a state file or
+    an agent's energy record is kept or left out, never the reason to drop the record)."""
+    return value if isinstance(value, str) and not check_label(value, "") else ""
+
+
 def check_label(value: str, field: str, max_len: int = MAX_LABEL_LEN) -> str:
     """A free-text label (user, partition, ...): at most ``max_len`` characters, no control characters."""
     if len(value) > max_len:
