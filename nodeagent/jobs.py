@@ -244,11 +244,10 @@ class JobBinding(AgentCore):
             known = bool(job_gpus) or job_id in self.jobs
             self._meter()  # energy counters at the end, before the GPUs are released
             now_s = time.time()
-            end_s = ended_at_s if ended_at_s is not None and 0 < ended_at_s < now_s else now_s
-            rec0 = self.energy.jobs.get(job_id)
-            if rec0 is not None and end_s < rec0.start_time_s:
-                end_s = now_s
-            energy = self.energy.finish(job_id, end_s)
+            rec = self.energy.jobs.get(job_id)
+            start_s = rec.start_time_s if rec is not None else 0.0
+            ok_end = ended_at_s is not None and 0 < ended_at_s < now_s and ended_at_s >= start_s
+            energy = self.energy.finish(job_id, ended_at_s if ok_end else now_s)
             ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
             try:
                 res = self.caps.release(job_id, ceiling_w=ceiling)
