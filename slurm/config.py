@@ -137,6 +137,11 @@ def load_config(env: dict[str, str] | None = None) -> HookConfig:
         cfg.problems.append(f"CAPCTL_HOOK_TIMEOUT_S={env['CAPCTL_HOOK_TIMEOUT_S']!r} ignored: "
                             f"a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
     _fit_outer_bound(cfg, env)
-    socket_template = env.get("CAPCTL_AGENT_SOCKET") or socket_template
-    cfg.socket_path = expand_node(socket_template, node)
+    cfg.socket_path = agent_socket_path(env, socket_template)
     return cfg
+
+
+def agent_socket_path(env: dict[str, str], template: str = DEFAULT_SOCKET_PATH) -> str:
+    """The agent's socket: ``$CAPCTL_AGENT_SOCKET``, else ``template`` (the policy's
+    ``agent.socket_path``, or the default), ``%n`` expanded to this node's name."""
+    return expand_node(env.get("CAPCTL_AGENT_SOCKET") or template, node_name(env))

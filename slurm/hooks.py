@@ -101,7 +101,7 @@ class Run:
     """State of one hook run: timing, log, and the single place where the process exits."""
 
     def __init__(self, hook: str, env: dict[str, str]) -> None:
-        from slurm.config import DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT_S, env_timeout_s, expand_node, node_name
+        from slurm.config import DEFAULT_TIMEOUT_S, agent_socket_path, env_timeout_s, node_name
 
         self.hook = hook
         self.env = env
@@ -113,7 +113,7 @@ class Run:
         self.extra: dict = {}
         # the agent's socket before the configuration is loaded (a bound reached before it: the
         # job's end still goes to the drop box when that socket is there; found by a try-out)
-        self.socket_guess = expand_node(env.get("CAPCTL_AGENT_SOCKET") or DEFAULT_SOCKET_PATH, node_name(env))
+        self.socket_guess = agent_socket_path(env)
         self._done = threading.Lock()
         self._timer: threading.Timer | None = None
         self.arm()
