@@ -82,18 +82,27 @@ def run_validate(args: argparse.Namespace) -> int:
         raise UserInputError(report.errors[0] if report.errors else f"{args.file}: cannot read the policy file")
     warnings = list(report.warnings) + _host_warnings(args.file, report.policy)
     if args.json:
-        out = {"file": args.file, "ok": report.ok, "errors": report.errors, "warnings": warnings}
-        if not report.ok:  # the error contract of every --json command (docs/cli.md), stderr too
-            out.update(error=_first_error(report.errors, f"{args.file}: not a valid policy"), exit_code=1)
-            print(f"capctl: {out['error']}", file=sys.stderr)
-        print(json.dumps(out, indent=2))
-        return 0 if report.ok else 1
+        out = {"file": args.file, "errors": report.errors, "warnings": warnings}
+        if not report.ok:  # the error contract of every --json command (capctl.errors.run_for_person)
+            _json_failure(_first_error(report.errors, f"{args.file}: not a valid policy"), out)
+        print(json.dumps({"file": args.file, "ok": True, "errors": [], "warnings": warnings}, indent=2))
+        return 0
     for line in report.errors + warnings:
         print(line, file=sys.stderr)
     if report.ok:
         print(f"{args.file}: ok")
         return 0
     return 1
+
+
+def _json_failure(error: str, fields: dict):
+    """Raise the ``UserInputError`` whose ``--json`` object carries ``fields`` (one line on stdout,
+    ``{"ok": false, ..., "error", "exit_code": 1}``, and the error line on stderr)."""
+    from capctl.errors import UserInputError
+
+    err = UserInputError(error)
+    err.json_fields = fields
+    raise err
 
 
 def _first_error(errors: list[str], fallback: str) -> str:
@@ -129,12 +138,11 @@ def run_reload(args: argparse.Namespace) -> int:
     with admin_client(args.coordinator) as client:
         reply = client.reload_policy(path)
     if args.json:
-        out = {"ok": reply.ok, "errors": list(reply.errors), "message": reply.message, "path": path}
+        out = {"errors": list(reply.errors), "message": reply.message, "path": path}
         if not reply.ok:
-            out.update(error=_first_error(list(reply.errors), reply.message or "policy not reloaded"), exit_code=1)
-            print(f"capctl: {out['error']}", file=sys.stderr)
-        print(json.dumps(out, indent=2))
-        return 0 if reply.ok else 1
+            _json_failure(_first_error(list(reply.errors), reply.message or "policy not reloaded"), out)
+        print(json.dumps({"ok": True, **out}, indent=2))
+        return 0
     if reply.ok:
         print(reply.message or f"policy reloaded{': ' + path if path else ''}")
         return 0
