@@ -60,6 +60,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.integration  # a real coordinator and agent on wall-clock deadlines (one rerun: tests/conftest.py)
 def test_sigkill_of_the_parent_leaves_no_daemon_behind(tmp_path):
     require_coordinator()
     require_simulated_gpus()
