@@ -58,9 +58,12 @@ release-deps:
 etcd-deps:
 	@bash tests/etcdcluster/install.sh
 
+# Two pytest-xdist workers (tests/conftest.py groups the tests by file, and the Slurm and etcd
+# cluster tests each on one worker): most tests wait on real daemons' intervals, not on the CPU.
+TEST_WORKERS ?= 2
 test: build slurm-deps release-deps etcd-deps wheel-envs
 	CAPCTL_TEST_AGENT_VENV=$(CURDIR)/$(WHEELENVS)/agent CAPCTL_TEST_COORDINATOR_VENV=$(CURDIR)/$(WHEELENVS)/coordinator \
-	    $(PY) -m pytest -q --durations=10
+	    $(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: build
 	$(PY) -m pytest -q -m 'not slurm and not faults and not ha'

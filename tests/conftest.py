@@ -64,24 +64,54 @@ def pytest_configure(config):
     _compile_the_checkout()
 
 
+_RUNNING: dict[str, str] = {}
+"""Node id -> shown id of the tests running now (several under pytest-xdist: one per worker)."""
+
+
+def _write_running(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("".join(f"{shown}\n" for shown in _RUNNING.values()))
+
+
 def pytest_runtest_logstart(nodeid, location):
+    """Keep the ids of the running tests in $CAPCTL_TEST_CURRENT_FILE (.ci/run names them if the
+    run dies; under pytest-xdist the controller gets every worker's start and finish)."""
     path = os.environ.get(CURRENT_TEST_ENV)
-    if path:
-        with open(path, "w") as f:  # a test outside the rootdir has no path in its id
-            f.write((location[0] + nodeid if nodeid.startswith("::") else nodeid) + "\n")
+    if path:  # a test outside the rootdir has no path in its id
+        _RUNNING[nodeid] = location[0] + nodeid if nodeid.startswith("::") else nodeid
+        _write_running(path)
 
 
 def pytest_runtest_logfinish(nodeid, location):
     path = os.environ.get(CURRENT_TEST_ENV)
     if path:
-        with open(path, "w") as f:
-            f.write("")
+        _RUNNING.pop(nodeid, None)
+        _write_running(path)
+
+
+XDIST_SHARED_GROUPS = {"slurm": "slurm-cluster", "ha": "etcd-cluster"}
+"""Marker -> the pytest-xdist group of its tests: they share one cluster (the Slurm cluster is
+session-scoped, tests/slurm/conftest.py; the etcd cluster module-scoped, tests/ha) and run on one
+worker, one after another."""
+
+
+def _xdist_groups(items) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (the Makefile's ``make test``): the tests of one
+    file run on one worker (its module-scoped fixtures, such as the simulations of tests/sim, are
+    set up once), and all the tests of each :data:`XDIST_SHARED_GROUPS` marker on one worker."""
+    for item in items:
+        group = next((g for m, g in XDIST_SHARED_GROUPS.items() if item.get_closest_marker(m) is not None),
+                     item.nodeid.split("::", 1)[0])
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests with real processes (fault injection, HA, the Slurm cluster, integration) run against
     wall-clock deadlines; on a loaded 2-core host one may miss a deadline by a hair. Each gets one
-    rerun (a real failure fails twice and is reported); the rerun is visible in pytest's summary ("R")."""
+    rerun (a real failure fails twice and is reported); the rerun is visible in pytest's summary ("R").
+    Also the pytest-xdist groups (:func:`_xdist_groups`)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        _xdist_groups(items)
     if not config.pluginmanager.hasplugin("rerunfailures"):
         return
     for item in items:
