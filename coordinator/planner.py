@@ -3,7 +3,9 @@
 Rules (docs/protocol.md, "Two-phase apply"; DEVELOPERS.md rule 7):
 
 * Phase 1 (:func:`plan_decreases`): every live GPU whose desired cap is below the highest cap it
-  may be enforcing (``accounted_w``) by more than the deadband gets its desired cap.
+  may be enforcing (``accounted_w``) by more than the deadband gets its desired cap; in a domain
+  counted above its limit, every decrease of more than a milliwatt is sent
+  (:func:`plan_decreases_arrays`).
 * Phase 2 (:func:`plan_increases`), after the phase-1 acknowledgements were recorded: increases are
   granted out of each power domain's headroom ``limit_w - sum(accounted_w)`` (accounted *after*
   phase 1: an unacknowledged decrease still counts at its higher value). When the wanted increases
@@ -286,14 +288,41 @@ def plan_decreases_arrays(p: PlanArrays, deadband_w: float = DEADBAND_W,
     want = _clamp_arrays(p.desired_w, p.min_cap_w, p.max_cap_w)
     dec = p.live & (want < p.accounted_w - deadband_w)
     small = p.live & ~dec & (want < p.accounted_w - UNBLOCK_DEADBAND_W)
-    if doms and small.any():
+    if doms:
         acc = np.where(dec, want, p.accounted_w)
-        need = np.where(p.live & (want > p.observed_w + deadband_w) & (want > acc), want - acc, 0.0)
-        for lim, idx in doms:
-            if idx.size and float(need[idx].sum()) > max(0.0, lim - HEADROOM_MARGIN_W - float(acc[idx].sum())) + 1e-9:
-                dec[idx] |= small[idx]
+        _over_limit_decreases(p, want, acc, dec, doms)
+        if small.any():
+            need = np.where(p.live & (want > p.observed_w + deadband_w) & (want > acc), want - acc, 0.0)
+            for lim, idx in doms:
+                if idx.size and float(need[idx].sum()) > max(0.0, lim - HEADROOM_MARGIN_W - float(acc[idx].sum())) + 1e-9:
+                    dec[idx] |= small[idx]
     sel = np.nonzero(dec)[0]
     return sel, want[sel]
+
+
+OVER_LIMIT_DEADBAND_W = 0.001
+"""Deadband (W) of a decrease in a domain counted above its limit (:func:`_over_limit_decreases`):
+one milliwatt, NVML's resolution (the agent writes a cap floored to it, nodeagent/nvml.py, so a
+cap sent once reads back at or below the desired one and is not sent again)."""
+
+
+def _over_limit_decreases(p: PlanArrays, want: np.ndarray, acc: np.ndarray, dec: np.ndarray,
+                          doms: list[tuple[float, np.ndarray]]) -> None:
+    """In every domain whose accounted caps ``acc`` [G] (W, after the decreases ``dec`` [G] bool)
+    sum above its limit, mark every live decrease of more than :data:`OVER_LIMIT_DEADBAND_W` in
+    ``dec`` (in place) and lower ``acc`` to match. Without it a budget lowered by less than the
+    deadband per GPU (``capctl budget set`` 1.5 W x G lower) left the domain over its limit for
+    good: every desired cap within :data:`DEADBAND_W` of its accounted one, nothing to raise, so
+    neither phase sent anything (found by a try-out of ``capctl sim``: 1,536 W over a 612,864 W
+    budget, indefinitely)."""
+    over_small = p.live & ~dec & (want < p.accounted_w - OVER_LIMIT_DEADBAND_W)
+    if not over_small.any():
+        return
+    for lim, idx in doms:
+        if idx.size and float(acc[idx].sum()) > lim + 1e-9:
+            pick = idx[over_small[idx]]
+            dec[pick] = True
+            acc[pick] = want[pick]
 
 
 def plan_increases_arrays(

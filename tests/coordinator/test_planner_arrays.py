@@ -79,3 +79,37 @@ def test_array_planner_matches_reference_randomized():
             ref_safe = safe_caps(targets, gpus, doms, policy_safe)
             got_safe = safe_caps_arrays(np.minimum(arrays.desired_w, arrays.accounted_w), arrays, index, policy_safe)
             assert all(abs(got_safe[i] - ref_safe[k]) <= 1e-3 for i, k in enumerate(arrays.keys))
+
+
+def _uniform(G: int, accounted_w: float, desired_w: float, limit_w: float):
+    keys = [(f"n{i // 8:03d}", i % 8) for i in range(G)]
+    acc = np.full(G, accounted_w)
+    p = PlanArrays(keys, np.full(G, desired_w), acc, acc.copy(), np.full(G, 200.0), np.full(G, 700.0),
+                   np.ones(G, bool), np.zeros(G))
+    return p, domain_index([DomainSpec("cluster", "cluster", limit_w, frozenset(keys))], keys)
+
+
+def test_a_domain_over_its_limit_by_less_than_the_deadband_per_gpu_gets_its_decreases():
+    """A budget lowered by 1.5 W per GPU (below DEADBAND_W): found by a try-out of capctl sim,
+    neither phase sent anything and the cluster stayed 1,536 W over for good. Now phase 1 sends
+    every decrease of the over-limit domain, and after it the domain is within its limit."""
+    G = 1024
+    p, doms = _uniform(G, 600.0, 598.5, 598.5 * G)
+    sel, caps = plan_decreases_arrays(p, doms=doms)
+    assert sel.size == G and np.allclose(caps, 598.5)
+    after = p.accounted_w.copy()
+    after[sel] = caps
+    assert after.sum() <= 598.5 * G + 1e-6
+    # idempotent: once read back (floored to the milliwatt by the agent), nothing is sent again
+    p2, _ = _uniform(G, 598.5, 598.5, 598.5 * G)
+    assert plan_decreases_arrays(p2, doms=doms)[0].size == 0
+
+
+def test_sub_deadband_decreases_within_the_limit_are_still_held_back():
+    """The same split under a domain that is not over its limit (nothing to raise): no decrease
+    below the deadband is sent (the loop stays idempotent on model noise)."""
+    G = 64
+    p, doms = _uniform(G, 600.0, 598.5, 600.0 * G)
+    assert plan_decreases_arrays(p, doms=doms)[0].size == 0
+    over = domain_index([DomainSpec("cluster", "cluster", 600.0 * G - 0.5, frozenset(p.keys))], p.keys)
+    assert plan_decreases_arrays(p, doms=over)[0].size == G  # half a watt over: all of them
