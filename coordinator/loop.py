@@ -140,6 +140,7 @@ class Coordinator:
         self._last_tick_mono = -math.inf
         self._next_tick_mono = math.nan  # the next regular tick (monotonic s; tickphase), once the loop runs
         self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
+        self._tick_policy = self.policy  # the policy the current interval started with (:meth:`_policy_changed`)
         self._busy_s = 0.0  # how long the last regular tick took (s): stretches the grid when > interval
         self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
         self._expected_reports = 0  # how many the grid tick now due waits for (live streams)
@@ -497,6 +498,7 @@ class Coordinator:
             return  # an HA standby: the leader decides (coordinator/election.py)
         t0 = time.monotonic()
         self._snapshot_time_s = self.lease_clock_s()
+        self._tick_policy = self.policy
         problem = self._observe_problem()
         solution = await self._solve(problem)
         self._record_solution(solution)
@@ -569,7 +571,8 @@ class Coordinator:
                 self.send_plan(n, "hold", {}, {} if dry else decision.safe_for(n), dry_run=dry)
             return len(decision.live_nodes)
         sent, held_early = await self._send_phase1(decision)
-        inc = {} if decision.hold_increases else decide.plan_increases(decision, self._fleet_state(inputs))
+        inc = {} if decision.hold_increases or self._policy_changed() else \
+            decide.plan_increases(decision, self._fleet_state(inputs))
         if inc and self._ledger_below(inc):  # write-ahead: a restart must count these caps even for nodes not back yet
             pending = self._save_ledger(inc, high_water=True)
             if pending is not None:  # etcd: in the store worker; reports are handled meanwhile
@@ -583,6 +586,17 @@ class Coordinator:
                 self.send_plan(n, "hold", {}, decision.safe_for(n))
                 sent += 1
         return sent
+
+    def _policy_changed(self) -> bool:
+        """True when the policy in force is not the one this interval started with (``budget set``
+        or a reload landed during its solve or its phase-1 wait): its increases were planned under
+        the old limits, so none is sent (the change woke the loop: the next interval plans them
+        under the new ones). Found by a test: a budget cut acknowledged to the admin, then an
+        increase under the old budget 12 W over the new one for 85 ms (the devices' journal)."""
+        if self.policy is self._tick_policy:
+            return False
+        log.info("policy changed during the interval: its increases are left to the next one")
+        return True
 
     async def _send_phase1(self, decision: decide.Decision) -> tuple[int, frozenset]:
         """Send the decreases; while any is in flight, hold the nodes with nothing to raise now

@@ -66,3 +66,53 @@ def test_refits_are_their_own_stage_and_not_charged_to_inputs():
     assert r["refits"] > 0 and per["refit"] > 0.0
     assert r["beyond_solver_us"] == pytest.approx(sum(v for k, v in per.items() if k not in ("solve", "view")),
                                                   abs=0.05)
+
+
+def test_no_increase_is_sent_under_a_policy_changed_during_the_interval():
+    """``budget set`` (or a reload) landing during an interval's solve or phase-1 wait: its
+    increases were planned under the old limits and are not sent (found by a real-agent test: a
+    budget cut acknowledged to the admin, then an increase 12 W over the new budget for 85 ms).
+    The same intervals without a change send increases."""
+    import interval_cost as ic
+
+    bench = ic.IntervalBench(512, seed=2)
+    coord = bench.coord
+    phases: list = []
+    for s in bench.sessions:
+        def spy_send(msg, send=s.send):
+            phases.append(msg.plan.phase)
+            return send(msg)
+        s.send = spy_send
+    change = {"on": False}
+    phase1 = coord._send_phase1
+
+    async def phase1_then_change(decision):
+        out = await phase1(decision)
+        if change["on"]:  # what an admin's budget set does on the event loop during the wait
+            coord.policy = coord.file_policy.with_budget(coord.policy.budget_w - 1.0)
+        return out
+
+    coord._send_phase1 = phase1_then_change
+
+    async def intervals(n: int) -> list:
+        counts = []
+        for it in range(n):
+            bench.fleet.step(len(counts) + it)
+            bench.ingest([bench.fleet.telemetry_bytes(k) for k in range(bench.n_nodes)])
+            coord._tick_policy = coord.policy  # (Coordinator.tick does this first)
+            del phases[:]
+            await bench.one_interval()
+            counts.append(phases.count("increase"))
+            bench.now_s += ic.INTERVAL_S
+        return counts
+
+    async def main():
+        plain = await intervals(8)
+        change["on"] = True
+        changed = await intervals(8)
+        return plain, changed
+
+    plain, changed = asyncio.run(main())
+    assert sum(plain) > 0, plain
+    assert changed == [0] * 8, changed
+    assert coord.policy.budget_w < coord.file_policy.budget_w

@@ -136,3 +136,39 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
     assert res.ok and full.ok, res.describe() + full.describe()
     # the restores happened: J2's idle GPUs reached their 700 W pre-job limit, after J1 was served
     assert restored.max_sum_w == 1400.0 and restored.initial_sum_w < 1300.0, restored.describe()
+
+
+def test_a_budget_cut_smaller_than_the_deadband_per_gpu_is_applied(tmp_path):
+    """``capctl budget set`` 0.5 W per GPU lower (below the planner's 2 W deadband) on one job of 8
+    equal GPUs at 300 W: the devices' journal shows the sum of enforced limits within the new
+    budget from three intervals on (found by a try-out of capctl sim: no decrease was ever sent,
+    the cluster stayed over its budget for good)."""
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from coordinator.client import AdminClient
+
+    budget = 2400.0  # 8 busy GPUs at 200..700 W: 300 W each
+    with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget, interval_s=0.5, lease_s=3.0) as cl:
+        for sim in cl.sims.values():
+            for i in range(4):
+                sim.set_load(i, 650.0)
+
+        def caps():
+            return [sim.read(i)["enforced_w"] for sim in cl.sims.values() for i in range(4)]
+
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 20,
+                     "both agents reporting")
+            for n in ("n1", "n2"):
+                assert cl.agent(n).client().job_start("J1", ["0", "1", "2", "3"]).ok
+            wait_for(lambda: c.status().jobs and budget - 1 < c.status().allocated_w <= budget + 1e-6
+                     and budget - 1 < sum(caps()) <= budget + 1e-6, 20, "the budget allocated and enforced")
+            cut = budget - 8 * 0.5
+            assert c.set_budget(cut).ok
+            time.sleep(1.5)  # three intervals
+            since_ns = time.monotonic_ns()
+            time.sleep(2.0)
+            res = journal_check(cl, cut, since_ns)
+    assert res.complete and res.ok and res.max_sum_w > cut - 10.0, res.describe()
