@@ -15,7 +15,8 @@ advances; then the step is measured:
   step; synchronous step: the slowest GPU sets the pace; rate 1.0 = max clock at speed 1);
 * throughput = sum over running jobs of (GPUs x job step rate) (GPU-steps per second);
 * thermal slowdown = busy GPUs whose NVML reasons show thermal slowdown at the step's end;
-* overshoot = sum of enforced limits minus the budget, right after the caps are applied;
+* overshoot = the most the sum of enforced limits of a domain (the budget's: all GPUs; a rack's, a
+  PDU's ...) is above its limit, right after the caps are applied;
 * energy = the simulated energy counters of GPUs in jobs.
 
 A GPU waiting at the barrier is modelled as still drawing its busy power (NCCL collectives
@@ -64,7 +65,7 @@ class PolicyRun:
     job_rate: dict                    # job id -> mean step rate while running (relative)
     job_gpus: dict                    # job id -> GPUs
     thermal_slowdown_fraction: float  # busy GPU-time in thermal slowdown
-    max_overshoot_w: float            # max over time of sum(enforced) - budget
+    max_overshoot_w: float            # max over time and limited domains of sum(enforced) - limit
     energy_per_step_j: float          # energy of busy GPUs / GPU-steps
     energy_j: float
     gpu_steps: float
@@ -158,6 +159,12 @@ def _make_node(scn: Scenario):
     return node
 
 
+def _overshoot_w(enforced_w: np.ndarray, limited: list) -> float:
+    """The largest ``sum(enforced_w[idx]) - limit_w`` (W) over ``limited`` ``(limit_w, GPU
+    indices)`` pairs (every domain with a limit; -inf when none)."""
+    return max((float(enforced_w[idx].sum()) - lim for lim, idx in limited), default=-math.inf)
+
+
 def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: float = 10.0) -> PolicyRun:
     """Simulate ``scn`` under policy ``name``; returns its :class:`PolicyRun`."""
     wall0 = time.perf_counter()
@@ -167,7 +174,7 @@ def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: 
     node = _make_node(scn)
     pol = make_policy(name)
     pol.reset(Context(topo, float(scn.policy.budget_w), scn.policy, scn.profile, node))
-    budget = float(scn.policy.budget_w)
+    limited = [(limit_w, idx) for _name, limit_w, idx in topo.limited_domains()]  # the budget first
     step = float(spec.step_s)
     n_steps = int(round(spec.duration_s / step))
     jobs = scn.jobs
@@ -236,7 +243,7 @@ def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: 
                 except SimDeviceError:
                     set_refused += 1  # a GPU lost (thermal shutdown): the others were still set
         st = node.state(sync=False)
-        over = float(np.sum(st["enforced_w"])) - budget
+        over = _overshoot_w(st["enforced_w"], limited)
         if over > max_over:
             max_over = over
         node.advance(step)

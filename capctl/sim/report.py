@@ -118,8 +118,8 @@ def table(scn, runs: dict, wall_s: float) -> str:
         lines.append(
             f"{name:<12} {r.throughput:10.2f} {vs} {_job_mean(r):9.4f} {100 * r.thermal_slowdown_fraction:9.3f} "
             f"{_overshoot(r.max_overshoot_w)} {r.energy_per_step_j:8.1f} {r.wall_s:7.2f}")
-    lines.append("capctl/x: capctl's throughput over the row's; overshoot W: the most the sum of enforced limits "
-                 "went above the budget (- when never)")
+    lines.append("capctl/x: capctl's throughput over the row's; overshoot W: the most the enforced limits of a domain "
+                 "(the budget, a rack, a PDU ...) went above its limit (- when never)")
     lines.append("")
     lines.append("per-job step rate (relative to uncapped at speed 1; GPUs):")
     names = list(runs)

@@ -73,6 +73,7 @@ def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology
         raise UserInputError(
             f"{policy.source}: node {extra[0]!r}{_more(extra)} is not in the cluster file "
             f"{spec.source}; both files must describe the same nodes")
+    _same_gpus(spec, policy)
     gpn = spec.gpus_per_node
     G = len(names) * gpn
     node_of = np.repeat(np.arange(len(names)), gpn)
@@ -93,6 +94,7 @@ def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology
         while d >= 0:
             members[d].append(g)
             d = int(parent[d])
+    _feasible(spec, policy, domains, members, float(min_cap_w))
     return Topology(
         node_names=tuple(names), gpus_per_node=gpn, node_of_gpu=node_of, rack_of_gpu=rack_of,
         rack_names=tuple(r.name for r in spec.racks), min_cap_w=np.full(G, float(min_cap_w)),
@@ -100,6 +102,36 @@ def build_topology(spec, policy, min_cap_w: float, max_cap_w: float) -> Topology
         domain_limit_w=limit, domain_of_gpu=dom_of,
         domain_members=[np.array(m, dtype=np.int64) for m in members], node_domain=node_domain,
     )
+
+
+def _same_gpus(spec, policy) -> None:
+    """Raise UserInputError when a domain of the policy names another GPU model or GPU count per
+    node than the cluster file (the policy's checks, such as its sum of minimum caps, would be
+    about other GPUs than the simulated ones)."""
+    for d in policy.domains.walk():
+        for field, theirs, ours in (("gpu_model", d.gpu_model, spec.gpu_model),
+                                    ("gpus_per_node", d.gpus_per_node, spec.gpus_per_node)):
+            if theirs is not None and theirs != ours:
+                raise UserInputError(
+                    f"{policy.source}: domain {d.name!r} {field} {theirs!r} does not match the cluster file "
+                    f"{spec.source}: {field} {ours!r}; allowed: the cluster file's value, or leave it out")
+
+
+def _feasible(spec, policy, domains: list[dict], members: list[list[int]], min_cap_w: float) -> None:
+    """Raise UserInputError when a limit (the budget for the root, ``limit_w`` below it) is below
+    the sum of its GPUs' minimum caps (``min_cap_w`` W each: the cluster's model): every policy
+    would exceed it whatever it does (found by a try-out: 2,200 W over a PDU, shown as never over)."""
+    for d, dom in enumerate(domains):
+        if dom["limit_w"] is None:
+            continue
+        limit_w, n = float(dom["limit_w"]), len(members[d])
+        need_w = n * min_cap_w
+        if need_w > limit_w + 1e-9:
+            field = "budget_w" if dom["parent"] is None else f"domain {dom['name']!r} limit_w"
+            raise UserInputError(
+                f"{policy.source}: {field} {limit_w:g} W is below the minimum caps of its {n} GPUs "
+                f"({n} x {min_cap_w:g} W = {need_w:g} W, {spec.gpu_model} from the cluster file {spec.source}); "
+                f"allowed: at least {need_w:g} W")
 
 
 def fit_to_domains(caps_w: np.ndarray, floor_w: np.ndarray, topo: Topology, passes: int = 8) -> np.ndarray:

@@ -373,3 +373,43 @@ def test_missing_zeus_data_names_the_directory_and_capctl_data_dir(tmp_path):
         zeus_profiles("H100-SXM", str(tmp_path / "zeus-power-traces"))
     text = str(err.value)
     assert str(tmp_path / "zeus-power-traces") in text and "CAPCTL_DATA_DIR=DIR" in text and "curves: default" in text
+
+
+_NO_MODEL = ("  gpu_model: H100-SXM\n  gpus_per_node: 8\n", "")
+"""A policy that names no GPU model: its own checks cannot know the minimum caps."""
+
+
+@pytest.mark.parametrize("edits, says", [
+    ([_NO_MODEL, ("limit_w: 9600, nodes: \"node[1-2]\"", "limit_w: 1000, nodes: \"node[1-2]\"")],
+     "domain 'pdu-a' limit_w 1000 W is below the minimum caps of its 16 GPUs (16 x 200 W = 3200 W, H100-SXM"),
+    ([_NO_MODEL, ("budget_w: 17920", "budget_w: 6000"), ("limit_w: 9600", "limit_w: 3000")],
+     "budget_w 6000 W is below the minimum caps of its 32 GPUs (32 x 200 W = 6400 W"),
+    ([("gpus_per_node: 8", "gpus_per_node: 2")], "domain 'cluster' gpus_per_node 2 does not match the cluster file"),
+    ([("gpu_model: H100-SXM", "gpu_model: A100-SXM4")],
+     "domain 'cluster' gpu_model 'A100-SXM4' does not match the cluster file"),
+])
+def test_a_policy_the_simulated_cluster_cannot_meet_is_refused(tmp_path, capsys, edits, says):
+    """Found by a try-out: a PDU limit below its GPUs' minimum caps in a policy naming no GPU model
+    ran with exit 0 and every policy 2,200 W over it (the table said never over); a policy written
+    for other GPUs ran unchecked. (A policy naming the model refuses such limits itself.)"""
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    text = SMALL_POLICY.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    rc = main(["sim", "--policy", str(path), "--cluster", str(SMALL_CLUSTER), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{path}: " in err and says in err and "Traceback" not in err, err
+
+
+def test_the_overshoot_is_the_worst_domain_not_only_the_budget():
+    """``max_overshoot_w`` counts every domain with a limit (a PDU over while the total is under)."""
+    from capctl.sim.engine import _overshoot_w
+
+    enforced = np.array([500.0, 500.0, 100.0, 100.0])
+    limited = [(1400.0, np.arange(4)), (900.0, np.array([0, 1])), (700.0, np.array([2, 3]))]
+    assert _overshoot_w(enforced, limited) == pytest.approx(100.0)  # the PDU of GPUs 0-1; the total is under
+    assert _overshoot_w(enforced, limited[:1]) == pytest.approx(-200.0)
+    assert _overshoot_w(enforced, []) == -np.inf
