@@ -118,7 +118,10 @@ def test_hot_gpu_capped_at_thermal_ceiling_and_job_mates_slowed(tmp_path, start_
         jobs = {j.job_id: j for j in st.jobs}
         assert g[0].thermal_ceiling_w > 0
         assert g[0].cap_w <= max(g[0].thermal_ceiling_w, g[0].min_cap_w) + 0.01
-        assert jobs["A"].binding == "thermal" and jobs["A"].predicted_step_rate < 1.0
+        seen = [(x.index, round(x.cap_w, 1), round(x.thermal_ceiling_w, 1), round(x.temp_c, 1), x.curve)
+                for x in st.nodes[0].gpus]  # (found once under two pytest workers: "saturated")
+        assert jobs["A"].binding == "thermal" and jobs["A"].predicted_step_rate < 1.0, (
+            jobs["A"].binding, jobs["A"].predicted_step_rate, seen)
         assert abs(g[1].cap_w - g[0].cap_w) <= 0.05 * g[0].cap_w  # job-mate slowed to match
         assert g[2].cap_w > g[0].cap_w + 30 and g[3].cap_w > g[0].cap_w + 30  # the other job is not
         assert jobs["B"].predicted_step_rate > jobs["A"].predicted_step_rate
