@@ -91,7 +91,8 @@ def test_real_agents_converge_and_hold_the_budget_through_reallocations(tmp_path
 def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
     """A job's end on a real agent never pushes the sum of enforced limits above the budget, and
     the running job keeps the watts (docs/policy.md, "Idle GPUs"): the idle GPUs' restore is held
-    at the coordinator's allowance (their minimum while J1 can use every watt) and completes when
+    at the coordinator's allowance (their minimum, plus what J1 cannot turn into a clock step,
+    while J1 can use the watts) and completes when
     headroom no running job can use appears (here: the budget raised above the TDP of all GPUs)."""
     try:
         from tests.support.processes import Cluster
@@ -122,7 +123,17 @@ def test_job_end_restores_pre_job_limits_within_the_budget(tmp_path):
             # held at their minimum (not raised) while J1 can use the watts
             wait_for(lambda: min(j1_limits()) > budget / 8 + 50.0, 20, "J1's caps raised")
             idle_w = [cl.sims["n2"].read(i)["limit_w"] for i in (2, 3)]
-            assert all(v <= 200.0 + 1e-6 for v in idle_w), (idle_w, j1_limits(), c.status().budget_w)
+            # ... but for what J1 cannot use: its GPUs are aligned on a clock step
+            # (coordinator.pacealign, margin to 7/8 of the step) and the watts short of J1's next
+            # step go to the idle GPUs (docs/policy.md, "Idle GPUs" 2.): 1/8 of a step per J1 GPU at
+            # most, by the coordinator's model; bounded here by twice that from the device, one
+            # 15 MHz step's power by the cube law (dynamic = 90 % of the draw,
+            # pacealign.STATIC_FRACTION: ~11 W at 465 W, 1,740 MHz). Measured: 2 x 3.14 W with J1
+            # at 465.6 W (6.3 W, within 6 x 11 / 8 = 8.1 W).
+            r = cl.sims["n1"].read(0)
+            step_w = 3.0 * 0.9 * r["power_w"] * 15.0 / r["sm_clock_mhz"]
+            assert sum(idle_w) - 400.0 <= 6 * step_w / 4, (idle_w, j1_limits(), step_w, c.status().budget_w)
+            assert all(v >= 200.0 - 1e-6 for v in idle_w)
             held_ns = time.monotonic_ns()
             # headroom nobody can use (budget above 8 x 700 W): the pre-job limits come back fully
             assert c.set_budget(6000.0).ok
