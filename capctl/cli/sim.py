@@ -60,6 +60,23 @@ def _check_plot_dir(path: str) -> None:
         raise UserInputError("--plot needs matplotlib: pip install 'capctl[plot]'")
 
 
+SEED_MAX = 2**63 - 1
+"""The largest seed (the cluster file's ``seed`` bound, a signed 64-bit integer)."""
+
+
+def _warn_policy(policy) -> None:
+    """The policy file's validation warnings on stderr (as ``capctl policy validate`` prints them),
+    and one for ``dry_run: true``, which the simulation does not follow (capctl's row applies its
+    caps: the what-if of the policy with it off)."""
+    import sys
+
+    for w in policy.warnings:
+        print(w, file=sys.stderr)
+    if policy.dry_run:
+        print(f"{policy.source}: warning: dry_run: true is not simulated; capctl's row applies its caps "
+              "(the policy with dry_run: false)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from capctl.policy import load_policy
     from capctl.sim.cluster import load_cluster
@@ -79,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
                                  f"allowed: {', '.join(POLICY_NAMES)}")
     if args.duration is not None and not (0 < args.duration <= 30 * 86400):
         raise UserInputError(f"--duration {args.duration:g} is invalid; allowed: seconds > 0 and <= {30 * 86400}")
-    if args.seed is not None and args.seed < 0:
-        raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+        raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0 and <= {SEED_MAX}")
     if args.plot:
         _check_plot_dir(args.plot)  # before simulating: a bad --plot must not lose the results
     policy = load_policy(args.policy)
+    _warn_policy(policy)
     spec = load_cluster(args.cluster)
     if args.duration is not None:
         if args.duration < spec.step_s:

@@ -413,3 +413,32 @@ def test_the_overshoot_is_the_worst_domain_not_only_the_budget():
     assert _overshoot_w(enforced, limited) == pytest.approx(100.0)  # the PDU of GPUs 0-1; the total is under
     assert _overshoot_w(enforced, limited[:1]) == pytest.approx(-200.0)
     assert _overshoot_w(enforced, []) == -np.inf
+
+
+def test_policy_warnings_dry_run_and_a_huge_seed_are_told(tmp_path, capsys):
+    """Found by a try-out: the policy's validation warnings and ``dry_run: true`` (not simulated)
+    were silent, and a seed the cluster file refuses was taken from the command line."""
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    path = tmp_path / "policy.yaml"
+    path.write_text(SMALL_POLICY.read_text().replace("idle_cap_w: 200 ", "idle_cap_w: 900 ")
+                    .replace("dry_run: false", "dry_run: true"))
+    rc = main(["sim", "--policy", str(path), "--cluster", str(SMALL_CLUSTER), "--duration", "4", "--policies", "capctl"])
+    err = capsys.readouterr().err
+    assert rc == 0 and f"{path}:8:" in err and "idle_cap_w: 900 W is above the maximum cap 700 W" in err, err
+    assert f"{path}: warning: dry_run: true is not simulated" in err, err
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), "--seed", str(2**63)])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"--seed {2**63} is invalid; allowed: an integer >= 0 and <= {2**63 - 1}" in err, err
+
+
+def test_gpus_lost_to_thermal_shutdown_are_named_in_the_table(tmp_path, capsys):
+    """GPUs whose cooling cannot hold them below shutdown even at idle (1 degC/W, the documented
+    maximum): the table names how many each policy lost (only --json did)."""
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    path = tmp_path / "hot.yaml"
+    path.write_text(SMALL_CLUSTER.read_text().replace("hot_resistance_c_per_w: [0.10, 0.12]",
+                                                       "hot_resistance_c_per_w: [1.0, 1.0]"))
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "30",
+               "--policies", "uniform,capctl"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "GPUs lost to thermal shutdown" in out and "uniform 4, capctl 4" in out, out
