@@ -286,6 +286,8 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         max_loss = r.number(spd, ("gpus", key), "max_loss", 0.22, lo=0, hi=0.9)
         if max_loss < mean_loss:
             r.err(("gpus", key, "max_loss"), f"gpus.{key}.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
+        elif key == "efficiency":
+            _efficiency_in_driver_range(r, mean_loss, max_loss)
         return (mean_loss, max_loss)
 
     speed = None
@@ -382,6 +384,26 @@ def _fixed_jobs(r: _Reader, raw, rack_of_node: dict[str, str]) -> tuple[FixedJob
             continue
         out.append(FixedJob(tuple(nodes), dur))
     return tuple(out)
+
+
+POWER_FACTOR_MAX = 5.0
+"""The simulated driver's largest ``power_factor`` (csrc/simnvml/state.c, ``RANGE(0.2, 5.0, ...)``)."""
+
+
+def _efficiency_in_driver_range(r, mean_loss: float, max_loss: float) -> None:
+    """``gpus.efficiency`` whose least efficient part would need a ``power_factor`` above the
+    driver's :data:`POWER_FACTOR_MAX`: ``((1 - L_median) / (1 - max_loss))^3`` with the median of
+    the exponential loss (``mean_loss x ln 2``, truncated at ``max_loss``), as
+    :func:`capctl.sim.engine.efficiency_factors` draws them. An error at the field (found by a
+    try-out: ``max_loss 0.9`` failed later with "gpu 0: power_factor 185.591 is out of range")."""
+    median = min(mean_loss * math.log(2.0), max_loss)
+    factor = ((1.0 - median) / (1.0 - max_loss)) ** 3
+    if factor > POWER_FACTOR_MAX:
+        top = 1.0 - (1.0 - median) / POWER_FACTOR_MAX ** (1.0 / 3.0)
+        r.err(("gpus", "efficiency", "max_loss"),
+              f"gpus.efficiency.max_loss: {max_loss:g} gives parts that need {factor:.3g} x the median part's "
+              f"power for the same clock; allowed: at most {POWER_FACTOR_MAX:g} x, max_loss <= {top:.3f} "
+              f"with mean_loss {mean_loss:g}")
 
 
 def load_cluster(path) -> ClusterSpec:
