@@ -245,6 +245,9 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         if not isinstance(rname, str) or not rname:
             r.err(p + ("name",), f"racks[{i}].name: {_show(rname)} is invalid; allowed: a non-empty string")
             rname = f"rack{i + 1}"
+        elif any(x.name == rname for x in racks):
+            r.err(p + ("name",), f"racks[{i}].name: {rname!r} is already the name of another rack; allowed: a name "
+                                 f"of its own (plots and tables name racks)")
         nodes_raw = rd.get("nodes")
         nodes: list[str] = []
         if isinstance(nodes_raw, str):

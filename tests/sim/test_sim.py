@@ -143,6 +143,8 @@ BAD_CLUSTERS = [
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nstep_s: -1\n", 4, "step_s"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4\"}\n", 3, "hostlist"),
     ("gpu_model: H100-SXM\nracks: [\n", 3, "malformed YAML"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-2]\"}\n  - {name: r1, nodes: \"node[3-4]\"}\n", 4,
+     "racks[1].name: 'r1' is already the name of another rack"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  efficiency: {mean_loss: 0.3, max_loss: 0.1}\n",
      5, "gpus.efficiency.max_loss"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  efficiency: {mean_loss: 0.5, max_loss: 0.9}\n",
