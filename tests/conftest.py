@@ -59,6 +59,7 @@ def pytest_configure(config):
     (tests/demo ``test_demo_ctrl_c_stops_everything``, tests/cli ``test_watch``) would time out
     after 30 s, twice. An ignored disposition survives exec; a handler does not, so the children
     start with the default and Python installs its KeyboardInterrupt handler."""
+    _XDIST_WORKER[0] = hasattr(config, "workerinput")
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _compile_the_checkout()
@@ -66,6 +67,16 @@ def pytest_configure(config):
 
 _RUNNING: dict[str, str] = {}
 """Node id -> shown id of the tests running now (several under pytest-xdist: one per worker)."""
+
+
+def _current_file() -> str:
+    """$CAPCTL_TEST_CURRENT_FILE, in the process that sees every test start and finish: pytest
+    itself, or the controller under pytest-xdist ("" in its workers, which see only their own)."""
+    return "" if _XDIST_WORKER[0] else os.environ.get(CURRENT_TEST_ENV, "")
+
+
+_XDIST_WORKER = [False]
+"""Whether this pytest is a pytest-xdist worker (set by :func:`pytest_configure`)."""
 
 
 def _write_running(path: str) -> None:
@@ -76,14 +87,14 @@ def _write_running(path: str) -> None:
 def pytest_runtest_logstart(nodeid, location):
     """Keep the ids of the running tests in $CAPCTL_TEST_CURRENT_FILE (.ci/run names them if the
     run dies; under pytest-xdist the controller gets every worker's start and finish)."""
-    path = os.environ.get(CURRENT_TEST_ENV)
+    path = _current_file()
     if path:  # a test outside the rootdir has no path in its id
         _RUNNING[nodeid] = location[0] + nodeid if nodeid.startswith("::") else nodeid
         _write_running(path)
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    path = os.environ.get(CURRENT_TEST_ENV)
+    path = _current_file()
     if path:
         _RUNNING.pop(nodeid, None)
         _write_running(path)
