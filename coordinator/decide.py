@@ -109,6 +109,7 @@ class Observations:
     lease_s: float
     interval_s: float
     start_s: float
+    limits_changed: bool = False  # the policy (its limits) changed in the last few intervals: exact decreases
 
     @property
     def now(self) -> float:
@@ -346,7 +347,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
     candidates: frozenset = frozenset()
     early: tuple = ()
     if mode == APPLY:
-        sel, caps_w = planner.plan_decreases_arrays(pa, doms=doms)
+        sel, caps_w = planner.plan_decreases_arrays(pa, doms=doms, exact_over=obs.limits_changed)
         decreases = dict(sorted(by_node(keys, sel.tolist(), caps_w.tolist()).items()))
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)

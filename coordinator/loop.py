@@ -141,6 +141,7 @@ class Coordinator:
         self._next_tick_mono = math.nan  # the next regular tick (monotonic s; tickphase), once the loop runs
         self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
         self._tick_policy = self.policy  # the policy the current interval started with (:meth:`_policy_changed`)
+        self._ticks_since_policy = 0  # intervals planned since the policy last changed (planner.EXACT_DECREASE_TICKS)
         self._busy_s = 0.0  # how long the last regular tick took (s): stretches the grid when > interval
         self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
         self._expected_reports = 0  # how many the grid tick now due waits for (live streams)
@@ -498,6 +499,8 @@ class Coordinator:
             return  # an HA standby: the leader decides (coordinator/election.py)
         t0 = time.monotonic()
         self._snapshot_time_s = self.lease_clock_s()
+        if self.policy is not self._tick_policy:
+            self._ticks_since_policy = 0
         self._tick_policy = self.policy
         problem = self._observe_problem()
         solution = await self._solve(problem)
@@ -506,6 +509,7 @@ class Coordinator:
         if decision.waiting:
             log.debug("holding caps until %s report(s)", ", ".join(sorted(decision.waiting)))
         plans_sent = await self._send(decision, problem.inputs)
+        self._ticks_since_policy += 1
         await asyncio.sleep(0)  # the stream writers start this interval's last plans before the bookkeeping below
         self._after_plans(decision)
         self.tick_count += 1
@@ -549,7 +553,8 @@ class Coordinator:
         """``problem`` with the fleet's accounting and the settings in force now."""
         return observe.observations(self.registry, problem, self.registry.clock(), dry_run=self.dry_run,
                                     lease_s=self.lease_s, interval_s=self.interval_s,
-                                    ack_memory_s=self.ack_memory_s(), start_s=self._start_clock)
+                                    ack_memory_s=self.ack_memory_s(), start_s=self._start_clock,
+                                    limits_changed=self._ticks_since_policy < planner.EXACT_DECREASE_TICKS)
 
     def _record_solution(self, solution: decide.Solution) -> None:
         """Log the watch alerts (once) and a failed solve; record the solve's duration (s)."""

@@ -111,11 +111,13 @@ def fleet_state(registry, inputs, now: float, lease_s: float, ack_memory_s: floa
 
 
 def observations(registry, problem_: decide.Problem, now: float, *, dry_run: bool, lease_s: float, interval_s: float,
-                 ack_memory_s: float, start_s: float) -> decide.Observations:
+                 ack_memory_s: float, start_s: float, limits_changed: bool = False) -> decide.Observations:
     """:class:`~coordinator.decide.Observations` of ``problem_`` with the fleet read at ``now`` (s);
-    ``lease_s``, ``interval_s``, ``ack_memory_s``, ``start_s``: s."""
+    ``lease_s``, ``interval_s``, ``ack_memory_s``, ``start_s``: s; ``limits_changed``: see
+    :attr:`coordinator.decide.Observations.limits_changed`."""
     return decide.Observations(problem=problem_, state=fleet_state(registry, problem_.inputs, now, lease_s, ack_memory_s),
-                               dry_run=dry_run, lease_s=lease_s, interval_s=interval_s, start_s=start_s)
+                               dry_run=dry_run, lease_s=lease_s, interval_s=interval_s, start_s=start_s,
+                               limits_changed=limits_changed)
 
 
 def snapshot(registry, models, policy, now: float, *, dry_run: bool, lease_s: float, interval_s: float,

@@ -400,7 +400,8 @@ class Capctl(_AllocatorPolicy):
         (:func:`coordinator.planner.plan_decreases_arrays`, then
         :func:`~coordinator.planner.plan_increases_arrays` on the caps after phase 1: acknowledged at
         once here). ``enforced``: W per GPU of the topology; returns the caps (W)."""
-        from coordinator.planner import PlanArrays, domain_index, plan_decreases_arrays, plan_increases_arrays
+        from coordinator.planner import (EXACT_DECREASE_TICKS, PlanArrays, domain_index, plan_decreases_arrays,
+                                         plan_increases_arrays)
 
         t = self.ctx.topo
         keys = list(out.desired_w)
@@ -414,8 +415,10 @@ class Capctl(_AllocatorPolicy):
         lo, hi, none = t.min_cap_w[pos], t.max_cap_w[pos], np.zeros(len(keys))
         caps = enforced.copy()
         now = enforced[pos]
+        # exact decreases in the first intervals, as the daemon after its start
+        # (planner.EXACT_DECREASE_TICKS; the policy does not change during a run)
         sel, caps_w = plan_decreases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none),
-                                            doms=self._plan_doms)
+                                            doms=self._plan_doms, exact_over=self.solves <= EXACT_DECREASE_TICKS)
         caps[pos[sel]] = caps_w
         now = caps[pos]
         sel, caps_w = plan_increases_arrays(PlanArrays(keys, desired, now, now, lo, hi, live, none), self._plan_doms)

@@ -92,17 +92,19 @@ def _uniform(G: int, accounted_w: float, desired_w: float, limit_w: float):
 def test_a_domain_over_its_limit_by_less_than_the_deadband_per_gpu_gets_its_decreases():
     """A budget lowered by 1.5 W per GPU (below DEADBAND_W): found by a try-out of capctl sim,
     neither phase sent anything and the cluster stayed 1,536 W over for good. Now phase 1 sends
-    every decrease of the over-limit domain, and after it the domain is within its limit."""
+    every decrease of the over-limit domain when asked (``exact_over``: the coordinator asks in the
+    intervals after the limits changed), and after it the domain is within its limit."""
     G = 1024
     p, doms = _uniform(G, 600.0, 598.5, 598.5 * G)
-    sel, caps = plan_decreases_arrays(p, doms=doms)
+    assert plan_decreases_arrays(p, doms=doms)[0].size == 0  # (not asked: see the next test)
+    sel, caps = plan_decreases_arrays(p, doms=doms, exact_over=True)
     assert sel.size == G and np.allclose(caps, 598.5)
     after = p.accounted_w.copy()
     after[sel] = caps
     assert after.sum() <= 598.5 * G + 1e-6
     # idempotent: once read back (floored to the milliwatt by the agent), nothing is sent again
     p2, _ = _uniform(G, 598.5, 598.5, 598.5 * G)
-    assert plan_decreases_arrays(p2, doms=doms)[0].size == 0
+    assert plan_decreases_arrays(p2, doms=doms, exact_over=True)[0].size == 0
 
 
 def test_sub_deadband_decreases_within_the_limit_are_still_held_back():
@@ -110,6 +112,9 @@ def test_sub_deadband_decreases_within_the_limit_are_still_held_back():
     below the deadband is sent (the loop stays idempotent on model noise)."""
     G = 64
     p, doms = _uniform(G, 600.0, 598.5, 600.0 * G)
-    assert plan_decreases_arrays(p, doms=doms)[0].size == 0
+    assert plan_decreases_arrays(p, doms=doms, exact_over=True)[0].size == 0
     over = domain_index([DomainSpec("cluster", "cluster", 600.0 * G - 0.5, frozenset(p.keys))], p.keys)
-    assert plan_decreases_arrays(p, doms=over)[0].size == G  # half a watt over: all of them
+    assert plan_decreases_arrays(p, doms=over, exact_over=True)[0].size == G  # half a watt over: all of them
+    # only when asked (the first intervals after the limits changed): in the live loop a domain is
+    # often counted over its limit for an interval by a reading older than the ack
+    assert plan_decreases_arrays(p, doms=over)[0].size == 0
