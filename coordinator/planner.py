@@ -291,7 +291,7 @@ def plan_decreases_arrays(p: PlanArrays, deadband_w: float = DEADBAND_W,
     want = _clamp_arrays(p.desired_w, p.min_cap_w, p.max_cap_w)
     dec = p.live & (want < p.accounted_w - deadband_w)
     small = p.live & ~dec & (want < p.accounted_w - UNBLOCK_DEADBAND_W)
-    if doms:
+    if doms and (exact_over or small.any()):
         acc = np.where(dec, want, p.accounted_w)
         if exact_over:
             _over_limit_decreases(p, want, acc, dec, doms)

@@ -59,7 +59,8 @@ def pytest_configure(config):
     (tests/demo ``test_demo_ctrl_c_stops_everything``, tests/cli ``test_watch``) would time out
     after 30 s, twice. An ignored disposition survives exec; a handler does not, so the children
     start with the default and Python installs its KeyboardInterrupt handler."""
-    _XDIST_WORKER[0] = hasattr(config, "workerinput")
+    global _XDIST_WORKER
+    _XDIST_WORKER = hasattr(config, "workerinput")
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _compile_the_checkout()
@@ -69,14 +70,14 @@ _RUNNING: dict[str, str] = {}
 """Node id -> shown id of the tests running now (several under pytest-xdist: one per worker)."""
 
 
+_XDIST_WORKER = False
+"""Whether this pytest is a pytest-xdist worker (set by :func:`pytest_configure`)."""
+
+
 def _current_file() -> str:
     """$CAPCTL_TEST_CURRENT_FILE, in the process that sees every test start and finish: pytest
     itself, or the controller under pytest-xdist ("" in its workers, which see only their own)."""
-    return "" if _XDIST_WORKER[0] else os.environ.get(CURRENT_TEST_ENV, "")
-
-
-_XDIST_WORKER = [False]
-"""Whether this pytest is a pytest-xdist worker (set by :func:`pytest_configure`)."""
+    return "" if _XDIST_WORKER else os.environ.get(CURRENT_TEST_ENV, "")
 
 
 def _write_running(path: str) -> None:

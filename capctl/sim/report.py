@@ -120,10 +120,10 @@ def table(scn, runs: dict, wall_s: float) -> str:
             f"{_overshoot(r.max_overshoot_w)} {r.energy_per_step_j:8.1f} {r.wall_s:7.2f}")
     lines.append("capctl/x: capctl's throughput over the row's; overshoot W: the most the enforced limits of a domain "
                  "(the budget, a rack, a PDU ...) went above its limit (- when never)")
-    lost = {n: r.extra.get("gpus_lost", 0) for n, r in runs.items() if r.extra.get("gpus_lost", 0)}
+    lost = [f"{n} {r.extra['gpus_lost']}" for n, r in runs.items() if r.extra.get("gpus_lost")]
     if lost:  # (found by a try-out: only --json told; the table said 0 % thermal slowdown)
         lines.append("GPUs lost to thermal shutdown (they stop and keep their last limit; their jobs' rate is 0): "
-                     + ", ".join(f"{n} {k}" for n, k in lost.items()))
+                     + ", ".join(lost))
     lines.append("")
     lines.append("per-job step rate (relative to uncapped at speed 1; GPUs):")
     names = list(runs)
