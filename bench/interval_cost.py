@@ -31,9 +31,9 @@ intervals, per GPU per interval (us):
 
 * ``ingest``: decode + telemetry branch, one report per node;
 * ``models``: ``Models.update`` (samples -> per-GPU rate curves, node thermal fits);
-* ``refit``: the lazy curve refits of GPUs due for one (``Models.curve`` from
-  ``Models.curve_arrays``; at most the policy's refit budget, ``models.REFIT_BUDGET_FRACTION`` of
-  an interval);
+* ``refit``: the lazy curve refits of GPUs due for one (``Models._refit_due`` from
+  ``Models.curve_arrays``: batched fits, at most the interval's refit budget,
+  ``models.REFIT_BUDGET_PER_GPU_S`` per GPU within the bounds named there);
 * ``inputs``: the snapshot -> solver inputs (``observe.problem``: ``allocation.build_inputs``),
   the refits not counted;
 * ``solve``: the allocator's fast path only (``capctl.allocator.fast.solve``);
@@ -397,7 +397,7 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
     sw = bench.sw
     # stage timers around the daemon's own functions (looked up at call time)
     patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),
-               (allocation, "idle_from_headroom", "idle"), (Models, "curve", "refit")]
+               (allocation, "idle_from_headroom", "idle"), (Models, "_refit_due", "refit")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, stage in patches:
         setattr(mod, name, sw.wrap(stage, getattr(mod, name)))

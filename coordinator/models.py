@@ -68,6 +68,7 @@ import time
 
 import numpy as np
 
+from capctl.allocator.batchfit import fit_curves
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
 from coordinator import membound
@@ -340,15 +341,31 @@ class GpuModel:
         """The current curve: the prior-anchored scaled prior until the full fit is usable, then the
         full fit, refitted at most every :data:`CURVE_REFIT_S` (``now_mono``, default
         ``time.monotonic()``), only when ``allow_refit`` and when new caps were observed; the last
-        good fit if a refit fails. ``rng``: source of the refit jitter (``random.uniform``)."""
+        good fit if a refit fails. ``rng``: source of the refit jitter (``random.uniform``).
+        A refit is :meth:`begin_refit`, one fit, :meth:`finish_refit` (:meth:`Models.curve_arrays`
+        does the fits of many GPUs in one batch)."""
         if not self._full_fit_ready():
             return self._anchored()
         now = time.monotonic() if now_mono is None else now_mono
+        if self.refit_wanted(now, allow_refit):
+            problem = self.begin_refit(now, rng)
+            self.finish_refit(problem, fit_curves([problem])[0] if problem is not None else None)
+        return self._cached if self._cached is not self.prior else self._anchored()
+
+    def refit_wanted(self, now: float, allow_refit: bool = True) -> bool:
+        """True when :meth:`curve` would refit at ``now`` (mono s): the full fit is usable, new caps
+        or a moved scale since the last one, the throttle passed and ``allow_refit``."""
+        if not self._full_fit_ready():
+            return False
         moved = abs(self.scale / self._scale_at_fit - 1.0) > REFIT_SCALE_MOVE
         if self._cached is not self.prior and not (self._new_caps >= REFIT_NEW_CAPS or moved):
-            return self._cached  # nothing new to fit: skip the scipy refit (ms of CPU)
-        if not allow_refit or now - self._refit_mono < CURVE_REFIT_S:
-            return self._cached if self._cached is not self.prior else self._anchored()
+            return False  # nothing new to fit: skip the refit
+        return allow_refit and now - self._refit_mono >= CURVE_REFIT_S
+
+    def begin_refit(self, now: float, rng=random):
+        """Start a refit at ``now`` (mono s): the throttle and its jitter, the new-cap count, the
+        scale at fit, the regularizing prior; returns the fit to do
+        (:meth:`OnlineCurveFit.fit_problem`; None: no new samples, the last fit stays)."""
         # the next refit comes 0.8-1.2 periods later: refits of many GPUs spread over intervals
         self._refit_mono = now + rng.uniform(-0.2, 0.2) * CURVE_REFIT_S
         self._new_caps = 0
@@ -356,17 +373,22 @@ class GpuModel:
         # regularize toward this GPU's anchored prior, not the model's (a part needing 1.4x the
         # power would otherwise be pulled back to the nominal curve)
         self.curve_fit.prior = self._anchored()
-        try:
-            self._cached = c = self.curve_fit.params()
-            self.refits += 1
-            if c is not self.prior:
-                self.bank.learned[self.row] = True
-                self.bank.fit[self.row] = (c.a, c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse, c.fit_max_err)
-        except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
+        return self.curve_fit.fit_problem()
+
+    def finish_refit(self, problem, fit) -> None:
+        """End the refit :meth:`begin_refit` started: ``fit`` is the ``fit_curves`` result of its
+        ``problem`` (a :class:`CurveParams` or the exception it raised; None with no problem). A
+        failed fit keeps the last one (logged once per GPU)."""
+        if isinstance(fit, Exception):
             if not self._failed:
-                log.warning("rate curve refit failed (%s); keeping the last fit", exc)
+                log.warning("rate curve refit failed (%s); keeping the last fit", fit)
                 self._failed = True
-        return self._cached if self._cached is not self.prior else self._anchored()
+            return
+        self._cached = c = self.curve_fit.accept(fit) if problem is not None else self.curve_fit.params()
+        self.refits += 1
+        if c is not self.prior:
+            self.bank.learned[self.row] = True
+            self.bank.fit[self.row] = (c.a, c.k_w, c.sat_w, c.valid_min_w, c.fit_rmse, c.fit_max_err)
 
 
 class ThermalBank:
@@ -503,9 +525,23 @@ class NodeThermal:
 
 
 REFIT_BUDGET_FRACTION = 0.1
-"""Curve refits of one interval stop after this fraction of the interval (at most
-:data:`REFIT_BUDGET_MAX_S`); the GPUs left over keep their last fit until a later interval."""
+"""Curve refits of one interval stop after this fraction of the interval, at most
+:data:`REFIT_BUDGET_MAX_S` and at most :data:`REFIT_BUDGET_PER_GPU_S` per GPU (never below
+:data:`REFIT_BUDGET_MIN_S`); the GPUs left over keep their last fit until a later interval."""
 REFIT_BUDGET_MAX_S = 0.1
+REFIT_BUDGET_PER_GPU_S = 1.5e-6
+"""The refit budget per GPU of the cluster (s per interval; issue 12 item 7: at most 20 us of
+coordinator CPU per GPU per interval beyond the solver in all): at 8,000 GPUs 12 ms, some 25
+batched fits (bench/interval_cost.py); at 100,000 the :data:`REFIT_BUDGET_MAX_S` cap."""
+REFIT_BUDGET_MIN_S = 0.01
+"""The refit budget of a small cluster (s per interval): some ten batched fits."""
+REFIT_COST_PRIOR_S = 1e-3
+"""The first estimate of one batched fit's cost (s; measured 0.9-1.3 ms per fit in batches of
+16-300 on tests/allocator/test_batchfit.py's instances, 4 ms alone, 2-core host, 4 Dec 2026);
+then the measured cost (a moving mean)."""
+REFIT_BATCH = 64
+"""Curve refits fitted together at most (:func:`capctl.allocator.batchfit.fit_curves`); a batch
+holds as many as the budget left pays for at the measured cost per fit (at least one)."""
 
 
 def _with_memory_bound(m: GpuModel, c: CurveParams) -> CurveParams:
@@ -658,7 +694,9 @@ class Models:
         self._banks: dict[int, ThermalBank] = {}  # GPUs per node -> the thermal rows of such nodes
         self._thermal_cache = None  # per interval: bank id -> (r, tau, inlet) of all its rows
         self._thermal_arrays = None  # the same as arrays [3, rows, G] (thermal_arrays)
-        self._refit_deadline = 0.0
+        self._refit_deadline: float | None = 0.0
+        self._refit_budget_s = 0.0
+        self._fit_cost_s = REFIT_COST_PRIOR_S  # one batched fit's measured cost (s, budget clock)
         self._clock = clock
         self._budget_clock = budget_clock
         self._rng = rng if rng is not None else random
@@ -675,7 +713,9 @@ class Models:
         """Consume the samples the registry gathered since the last call; opens this interval's
         refit budget (see :data:`REFIT_BUDGET_FRACTION`). The thermal samples of all nodes go
         into their :class:`ThermalBank` in one batched update per bank and round."""
-        self._refit_deadline = self._budget_clock() + min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S)
+        budget_s = max(REFIT_BUDGET_MIN_S, REFIT_BUDGET_PER_GPU_S * len(self.gpus))
+        self._refit_budget_s = min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S, budget_s)
+        self._refit_deadline = None  # the budget runs from this interval's first refit
         self._thermal_cache = None
         self._thermal_arrays = None
         thermal_work = []
@@ -861,9 +901,44 @@ class Models:
         if not m._full_fit_ready():
             return _with_memory_bound(m, m._anchored())  # what m.curve() returns then, without reading the clocks
         n = m.refits
-        c = m.curve(self._clock(), allow_refit=self._budget_clock() < self._refit_deadline, rng=self._rng)
+        deadline = self._deadline()  # (before the budget clock is read: a first refit opens it)
+        c = m.curve(self._clock(), allow_refit=self._budget_clock() < deadline, rng=self._rng)
         self.refits += m.refits - n
         return _with_memory_bound(m, c)
+
+    def _deadline(self) -> float:
+        """The end of this interval's refit budget on the budget clock (s): it runs from the
+        interval's first refit (the samples' update and the solver inputs before it not counted)."""
+        if self._refit_deadline is None:
+            self._refit_deadline = self._budget_clock() + self._refit_budget_s
+        return self._refit_deadline
+
+    def _refit_due(self, due: list) -> None:
+        """Refit the models ``due`` (in order; each :meth:`GpuModel.refit_wanted` as of the throttle)
+        in batches (:func:`capctl.allocator.batchfit.fit_curves`, at most :data:`REFIT_BATCH`, as
+        many as the budget left pays for at the measured cost per fit) while this interval's
+        refit budget lasts; the models left over keep their last fit until a later interval."""
+        now = self._clock()
+        todo = list(due)
+        while todo:
+            deadline = self._deadline()
+            t0 = self._budget_clock()
+            left_s = deadline - t0
+            if left_s <= 0:
+                break  # this interval's refit budget is spent
+            size = min(REFIT_BATCH, max(1, int(left_s / self._fit_cost_s)))
+            batch = [m for m in todo[:size] if m.refit_wanted(now)]
+            del todo[:size]
+            problems = [m.begin_refit(now, self._rng) for m in batch]
+            fitted = [p for p in problems if p is not None]
+            fits = iter(fit_curves(fitted) if fitted else ())
+            for m, p in zip(batch, problems):
+                n = m.refits
+                m.finish_refit(p, next(fits) if p is not None else None)
+                self.refits += m.refits - n
+            if fitted:  # the cost per fit, a moving mean (the simulator's budget clock: its charge)
+                per_s = (self._budget_clock() - t0) / len(fitted)
+                self._fit_cost_s = min(max(0.7 * self._fit_cost_s + 0.3 * per_s, 1e-6), 1.0)
 
     def memory_bound(self, key: tuple[str, int]) -> float | None:
         """The GPU's smoothed memory-bound share of a step (0-0.9, :mod:`coordinator.membound`), or
@@ -898,10 +973,8 @@ class Models:
         learned = bank.learned[rows]
         due = ready & (~learned | (bank.new_caps[rows] >= REFIT_NEW_CAPS) | moved)
         due &= (self._clock() - bank.refit_mono[rows]) >= CURVE_REFIT_S if due.any() else due
-        for i in np.nonzero(due)[0].tolist():
-            if self._budget_clock() >= self._refit_deadline:
-                break  # this interval's refit budget is spent: curve() would return without a refit
-            self.curve(keys[i])
+        if due.any():
+            self._refit_due([models[i] for i in np.nonzero(due)[0].tolist()])
         learned = bank.learned[rows] & ready
         priors = np.where(known, bank.prior_obj[rows], None)
         d = DEFAULT_CURVES["H100"]  # an unknown GPU's curve in the allocator (None)

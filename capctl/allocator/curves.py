@@ -44,6 +44,7 @@ __all__ = [
     "RATE_MIN",
     "cap_for_rate",
     "fit_curve",
+    "FitProblem",
     "OnlineCurveFit",
     "load_zeus_traces",
     "fit_zeus_model",
@@ -209,6 +210,22 @@ def _loss(name: str, counts: np.ndarray):
     raise ValueError(f"loss {name!r} with counts: only 'linear' and 'soft_l1'")
 
 
+@dataclass(frozen=True)
+class FitProblem:
+    """One curve fit's data (:func:`fit_curve`'s arguments): ``cap_w`` [N] W, ``rate_rel`` [N]
+    relative rates, ``counts`` [N] (> 0, how often each sample counts), ``valid_min_w`` W (samples
+    below it are left out), ``x0`` the starting curve (the last fit), ``prior`` the regularizing
+    curve and its weight (>= 0)."""
+
+    cap_w: np.ndarray
+    rate_rel: np.ndarray
+    counts: np.ndarray
+    valid_min_w: float
+    x0: CurveParams
+    prior: CurveParams
+    prior_weight: float
+
+
 class OnlineCurveFit:
     """Incremental, robust fit of one GPU's (or one job's) rate curve.
 
@@ -258,20 +275,33 @@ class OnlineCurveFit:
                 fit._dirty = True
 
     def params(self) -> CurveParams:
-        """Current curve (the prior until samples at >= 3 distinct caps exist)."""
-        if not self._dirty:
+        """Current curve (the prior until samples at >= 3 distinct caps exist): :meth:`fit_problem`
+        fitted by :func:`fit_curve` (scipy), then :meth:`accept`. The coordinator's models fit many
+        GPUs' problems at once instead (:func:`capctl.allocator.batchfit.fit_curves`, the same
+        objective). Raises ValueError (or numpy's LinAlgError / FloatingPointError) when the fit fails."""
+        pr = self.fit_problem()
+        if pr is None:
             return self._last
-        if len(self._sum) < 3:
-            return self._last
+        return self.accept(fit_curve(pr.cap_w, pr.rate_rel, counts=pr.counts, valid_min_w=pr.valid_min_w, x0=pr.x0,
+                                     prior=pr.prior, prior_weight=pr.prior_weight))
+
+    def fit_problem(self):
+        """The refit to do now as a :class:`FitProblem` (warm start from
+        the last fit, the prior as regularization), or None when nothing changed since the last
+        one or fewer than 3 cap bins hold samples (:meth:`params` then returns the last curve)."""
+        if not self._dirty or len(self._sum) < 3:
+            return None
         caps = np.array(sorted(self._sum), float)
         means = np.array([self._sum[int(c)] / self._wt[int(c)] for c in caps])
         # each bin counts in proportion to its weight (rounded, 1..20): the objective of the bins
         # repeated that often, on one point per bin
         reps = np.maximum(1, np.round([self._wt[int(c)] for c in caps]).astype(int))
         reps = np.minimum(reps, 20)
-        fit = fit_curve(caps, means, counts=reps,
-                        valid_min_w=self.prior.valid_min_w, x0=self._last, prior=self.prior,
-                        prior_weight=self.prior_weight * float(reps.sum()) / 10.0)
+        return FitProblem(caps, means, reps.astype(float), self.prior.valid_min_w, self._last, self.prior,
+                          self.prior_weight * float(reps.sum()) / 10.0)
+
+    def accept(self, fit: CurveParams) -> CurveParams:
+        """Take ``fit`` (the result of :meth:`fit_problem`) as the current curve; returns it."""
         self._last = CurveParams(fit.a, fit.k_w, fit.sat_w, self.prior.valid_min_w, fit.fit_rmse,
                                  fit.fit_max_err, "online fit")
         self._dirty = False

@@ -52,9 +52,10 @@ UTILIZATION_PERIOD_S = 90.0
 BALANCER_PERIOD_S = 10.0
 BALANCER_STEP_W = 10.0
 BALANCER_TOL = 0.01
-CAPCTL_REFIT_COST_S = 0.01
+CAPCTL_REFIT_COST_S = 0.001
 """Simulated cost of one full curve refit charged to the coordinator's per-interval refit budget
-(``coordinator.models.REFIT_BUDGET_MAX_S``): one ``OnlineCurveFit.params()`` takes 5-16 ms."""
+(``coordinator.models.REFIT_BUDGET_FRACTION`` and what follows it): one batched fit
+(``capctl.allocator.batchfit``) takes ~1 ms (``coordinator.models.REFIT_COST_PRIOR_S``)."""
 THERMAL_BITS = 0x20 | 0x40  # NVML SwThermalSlowdown | HwThermalSlowdown
 
 
@@ -300,7 +301,7 @@ class Capctl(_AllocatorPolicy):
         self._bound_jobs = None
         self._now = 0.0
         # the coordinator's own per-GPU models on simulated time: the refit throttle reads the
-        # simulated clock; the per-interval refit budget (the daemon: 0.1 s of perf_counter) is
+        # simulated clock; the per-interval refit budget (the daemon: 10-100 ms of perf_counter) is
         # charged CAPCTL_REFIT_COST_S per refit, so the run is deterministic
         self.models = Models(clock=lambda: self._now,
                              budget_clock=lambda: self._now + self.models.refits * CAPCTL_REFIT_COST_S,

@@ -131,3 +131,28 @@ def test_a_new_job_on_a_gpu_starts_its_curve_from_the_prior():
     assert second is not first and second.job_id == "jobB"
     assert second.scale == pytest.approx(1.1, rel=1e-6)  # no memory of jobA's workload
     assert models.gpus[("n1", 1)].scale == pytest.approx(1.5, rel=1e-6)
+
+
+def test_refits_of_an_interval_are_batched_within_its_budget():
+    # 40 GPUs due for their first full fit; the budget clock charges 1 ms per refit (as the
+    # simulator): a small cluster's budget (REFIT_BUDGET_MIN_S) pays for that many, in batches
+    now = [0.0]
+    models = M.Models(clock=lambda: now[0], budget_clock=lambda: now[0] + models.refits * 1e-3,
+                      rng=random.Random(3))
+    reg = _registry(n_gpus=40)
+    prior = M.prior_curve(H100, 200.0, 700.0)
+    for t in range(8):
+        for g in reg.nodes["n1"].gpus.values():
+            cap = 300.0 + 40.0 * t
+            g.new_samples.append(_sample(float(t), cap, float(rate_unclamped(cap, prior.a, prior.k_w, prior.sat_w))))
+        models.update(reg, 5.0)
+    keys = [("n1", i) for i in range(40)]
+    cols = models.curve_arrays(keys)
+    want = round(M.REFIT_BUDGET_MIN_S / 1e-3)
+    assert models.refits == want == int(cols.learned.sum())
+    assert list(np.flatnonzero(cols.learned)) == list(range(want))  # in the GPUs' order
+    models.update(reg, 5.0)  # the next interval: a new budget, the next GPUs
+    assert int(models.curve_arrays(keys).learned.sum()) == 2 * want
+    # a learned curve is its own fit, the same one the GPU's model returns
+    c = models.curve(("n1", 0))
+    assert c.source.startswith("online fit") and cols.curve(0).a == pytest.approx(c.a)
