@@ -7,7 +7,8 @@ For each N: writes a policy (N nodes x 8 H100-class GPUs, racks of 32 nodes, bud
 interval 1 s), starts the coordinator on 127.0.0.1 (loopback only; port chosen by the OS), and
 runs N agents as asyncio gRPC clients spread over a few processes. Each agent speaks the real
 protocol (docs/protocol.md): AgentHello with its GPUs and one job binding, NodeTelemetry every
-second, and a CapAck with the read-back for every CapPlan. Report timing (docs/protocol.md):
+second, and a CapAck with the read-back for every CapPlan with caps (a hold is not acknowledged).
+Report timing (docs/protocol.md):
 with ``--advice follow`` (default) the agents send their reports when the coordinator's latest
 ``CapPlan.report_in_s`` says, as the real agent does; with ``ignore`` on their own phase (uniform
 in the interval, as before the advice existed); ``both`` runs each N twice, ignoring then
@@ -79,7 +80,7 @@ CONNECT_TIMEOUT_S, CONNECT_ATTEMPTS = 10.0, 5
 """An agent whose channel is not connected within this many seconds closes it and opens a new one,
 at most this many times: some channels of a loaded agent process never even attempted their TCP
 connection (seen at 1,000 agents: 36 of them for 120 s, no error)."""
-LOAD_PERIOD_S = 4.0
+LOAD_PERIOD_S = float(os.environ.get("CAPCTL_BENCH_LOAD_PERIOD_S", "4.0"))
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
 BUDGET_FRACTION = 0.6
@@ -304,7 +305,8 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                     schedule(now + plan.report_in_s)
                 for c in plan.caps:
                     enforced[c.index] = c.cap_w
-                await queue.put(readings.ack(plan.seq, enforced, demand, temp, rng))
+                if plan.caps:  # a hold is not acknowledged (nodeagent/loop.py on_plan, docs/protocol.md)
+                    await queue.put(readings.ack(plan.seq, enforced, demand, temp, rng))
                 if now >= win["measure"] and last_tele[0] > 0:
                     out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
                 if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
@@ -560,6 +562,7 @@ def _r(x):
 
 
 def main(argv=None) -> int:
+    global KEEP_LOG, LOAD_PERIOD_S
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--agents", default="100,1000", help="comma-separated agent counts")
     ap.add_argument("--measure-s", type=float, default=20.0)
@@ -572,8 +575,14 @@ def main(argv=None) -> int:
     ap.add_argument("--advice", default="follow", choices=("follow", "ignore", "both"),
                     help="agents follow the coordinator's report timing (CapPlan.report_in_s), ignore it "
                          "(report on their own phase, as before it), or both, one run after the other")
+    ap.add_argument("--load-period-s", type=float, default=LOAD_PERIOD_S,
+                    help="seconds between a job's load changes (default %(default)s: caps move every few "
+                         "intervals; a value longer than the run: steady loads, plans are holds)")
     args = ap.parse_args(argv)
-    global KEEP_LOG
+    if not args.load_period_s > 0:
+        ap.error(f"--load-period-s {args.load_period_s}: need a positive number of seconds")
+    LOAD_PERIOD_S = args.load_period_s
+    os.environ["CAPCTL_BENCH_LOAD_PERIOD_S"] = repr(args.load_period_s)  # the agent processes read it at import
     KEEP_LOG = args.keep_log
     results = []
     modes = {"follow": [True], "ignore": [False], "both": [False, True]}[args.advice]

@@ -16,9 +16,9 @@ is bench/control_loop.py's): it says hello with the real ``AgentHello``, and eac
 one real ``NodeTelemetry`` serialized to bytes; the coordinator side decodes it
 (``AgentMessage.FromString``, what the gRPC deserializer calls) and runs the server's telemetry
 branch (``limits.validate_telemetry``, ``Coordinator.on_energy``, ``Registry.on_telemetry``).
-Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and answers with a real
-``CapAck`` (the read-back of the GPUs the plan named, as nodeagent does), decoded and recorded by
-``Coordinator.on_ack`` during the phase-1 wait.
+Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and answers a plan with
+caps with a real ``CapAck`` (the read-back of the GPUs the plan named, as nodeagent does; a hold is
+not acknowledged), decoded and recorded by ``Coordinator.on_ack`` during the phase-1 wait.
 Loads: every job alternates a heavy phase (650 W demand) and a light one (320 W) every few
 intervals at its own offset; each GPU has a power factor (Sinha et al. SC'22: +-10 %), so caps
 move; its SM clock follows the DVFS cube law at the power it draws; 1 % of the GPUs run hot. Each
@@ -254,10 +254,13 @@ class BenchSession:
         for c in plan.caps:
             fleet.enforced[self.k, c.index] = c.cap_w
         pb = fleet.pb
-        # the read-back of the GPUs the plan named, all of them for a plan without caps: what
+        # the read-back of the GPUs the plan named; a hold (no caps) is not acknowledged: what
         # nodeagent's on_plan answers (nodeagent/loop.py)
         touched = {c.index for c in plan.caps}
-        rows = [r for r in fleet.gpu_rows(self.k) if not touched or r.index in touched]
+        if not touched:
+            self.fleet.agent_cpu_s += time.process_time() - t1
+            return True
+        rows = [r for r in fleet.gpu_rows(self.k) if r.index in touched]
         ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=rows)).SerializeToString()
         asyncio.get_running_loop().call_soon(self._ack, ack)
         self.fleet.agent_cpu_s += time.process_time() - t1

@@ -380,7 +380,8 @@ class Coordinator:
         if phase == "decrease":
             fut = asyncio.get_running_loop().create_future()
             session.waiters[seq] = fut
-        session.sent[seq] = (now, dict(caps), phase, node.last_telemetry_mono)
+        if caps:  # a hold is not acknowledged (docs/protocol.md): nothing to match an ack with
+            session.sent[seq] = (now, dict(caps), phase, node.last_telemetry_mono)
         for old in [s for s, v in session.sent.items() if now - v[0] > SENT_MEMORY_S]:
             session.sent.pop(old, None)
             w = session.waiters.pop(old, None)

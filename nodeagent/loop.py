@@ -122,8 +122,9 @@ class AgentLoop(AgentCore):
     def on_plan(self, plan):
         """Apply a ``CapPlan`` (renew the lease, update safe caps, set caps clamped to the limit
         constraints unless ``dry_run``) and return its ``CapAck`` with the read-back of the GPUs it
-        named (all GPUs for a plan without caps). Unknown GPUs or non-finite caps make ``ok`` false.
-        Never raises for a bad cap or a failed write: they are reported in the ack."""
+        named; a plan without caps (a hold) is not acknowledged (None: docs/protocol.md, "hold"):
+        its read-back would only repeat the telemetry. Unknown GPUs or non-finite caps make ``ok``
+        false. Never raises for a bad cap or a failed write: they are reported in the ack."""
         received_mono = time.monotonic()
         with self.lock:
             refused = self.fence.admit(plan.term)
@@ -144,12 +145,16 @@ class AgentLoop(AgentCore):
             self.dry_run_plans = bool(plan.dry_run)
             ok = self._apply_plan_caps(plan, errors) if not plan.dry_run and plan.caps else True
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
+            if not plan.caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
+                if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
+                    self.save_state()
+                return None
             samples = self.backend.telemetry_all()
             self.last_samples = samples
             bound = self.bound_indices()
             touched = {c.index for c in plan.caps}
             states = self.caps.states()
-            gpus = [self._gpu_telemetry(s, bound, states) for s in samples if not touched or s.index in touched]
+            gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
             if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
                 self.save_state()
         return messages.cap_ack(plan.seq, ok, gpus, errors)

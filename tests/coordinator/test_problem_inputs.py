@@ -226,3 +226,37 @@ def test_a_plan_with_a_cap_that_is_no_number_is_not_sent_and_the_next_node_still
     assert bad is None and sessions["node1"].msgs == [] and not coord.registry.nodes["node1"].gpus[0].pending
     assert good is True and [c.cap_w for c in sessions["node2"].msgs[0].plan.caps] == [350.0]
     assert any("node1" in r.getMessage() and "None" in r.getMessage() for r in caplog.records)
+
+
+def test_a_hold_expects_no_ack_and_an_older_agents_ack_of_one_still_counts():
+    class Recording(Session):
+        def __init__(self):
+            super().__init__()
+            self.msgs = []
+
+        def send(self, msg) -> bool:
+            self.msgs.append(msg)
+            return True
+
+    coord = _coordinator()
+    s = Recording()
+    s.node = "node1"
+    coord.registry.on_hello(hello("node1"), s)
+    coord.registry.nodes["node1"].session = s
+    coord.registry.on_telemetry("node1", telemetry("node1", 1, [(400.0, 380.0, 60.0), (400.0, 380.0, 60.0)]))
+
+    async def send():
+        return coord.send_plan("node1", "hold", {}, {0: 300.0, 1: 300.0}), \
+            coord.send_plan("node1", "increase", {1: 450.0}, {0: 300.0, 1: 300.0})
+
+    hold, inc = asyncio.run(send())
+    assert hold is True and inc is True
+    seqs = [m.plan.seq for m in s.msgs]
+    assert list(s.sent) == [seqs[1]]  # only the plan with caps waits for its acknowledgement
+    # an agent of an earlier release acknowledges the hold too: its read-back is recorded
+    coord.on_ack(s, pb.CapAck(seq=seqs[0], ok=True, gpus=[
+        pb.GpuTelemetry(index=0, cap_w=390.0, enforced_w=390.0, power_w=370.0)]))
+    g0, g1 = coord.registry.nodes["node1"].gpus[0], coord.registry.nodes["node1"].gpus[1]
+    assert g0.enforced_w == 390.0 and g1.pending == {seqs[1]: 450.0}
+    coord.on_ack(s, pb.CapAck(seq=seqs[1], ok=True, gpus=[pb.GpuTelemetry(index=1, cap_w=450.0, enforced_w=450.0)]))
+    assert g1.pending == {} and g1.enforced_w == 450.0 and s.sent == {}

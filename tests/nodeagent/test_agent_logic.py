@@ -92,6 +92,29 @@ def test_plan_lowers_before_raising_and_reports_the_read_back(tmp_path):
     assert agent.last_plan_seq == 1
 
 
+def test_a_hold_renews_the_lease_and_safe_caps_and_is_not_acknowledged(tmp_path):
+    dev = PureDevice(4, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    agent.on_plan(plan(1, {0: 300.0}, safe={0: 350.0, 1: 350.0}))
+    reads = [0]
+    inner = dev.telemetry_all
+
+    def counted():
+        reads[0] += 1
+        return inner()
+
+    dev.telemetry_all = counted
+    writes = len(dev.writes)
+    agent.lease.expiry_mono_s = time.monotonic() - 1.0  # expired: the hold renews it
+    assert agent.on_plan(plan(2, {}, safe={0: 320.0, 1: 330.0}, lease_s=30.0)) is None
+    assert agent.lease.expiry_mono_s > time.monotonic() + 20.0
+    assert agent.lease.safe_caps_w == {0: 320.0, 1: 330.0}
+    assert agent.last_plan_seq == 2 and len(dev.writes) == writes and reads[0] == 0  # no write, no NVML read
+    assert agent.link.sent == []  # nothing else went out either
+    ack = agent.on_plan(plan(3, {1: 250.0}))  # a plan with caps: acknowledged with its GPUs' read-back
+    assert ack.seq == 3 and [g.index for g in ack.gpus] == [1] and reads[0] == 1
+
+
 def test_plan_clamps_to_the_constraints_and_refuses_bad_caps_per_gpu(tmp_path):
     dev = PureDevice(3, limit_w=400.0)
     agent = make_agent(tmp_path, dev)
