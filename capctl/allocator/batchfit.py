@@ -2,8 +2,9 @@
 a batch of GPUs as arrays (issue 12, item 7: "batched fits").
 
 Each problem is one GPU's observations (caps W, mean relative rates, counts per 1 W bin) and its
-prior curve's pseudo-observations, the same residuals, bounds, robust loss and two starting points
-as ``fit_curve``::
+prior curve's pseudo-observations, the same residuals, bounds and robust loss as ``fit_curve``,
+from ``fit_curve``'s two starting points (the last fit, a generic curve) and a third one (a steep,
+wide curve: ``a`` = 1, ``k_w`` = the span of the caps), the lowest objective of the three kept::
 
     minimize   sum_i count_i * rho(((w_i * (rate(P_i) - r_i)) / f)^2)      rho(z) = 2 (sqrt(1 + z) - 1)
     over       theta = (log a, log k_w, sat_w) in the box of ``fit_curve``
@@ -17,15 +18,19 @@ and rejected otherwise (``lambda`` x 4). Problems are padded to the longest one 
 Source of the method: Levenberg (1944), Marquardt (1963); the reweighting is the standard IRLS
 majorizer of a concave robust loss (Holland & Welsch 1977).
 
-Cost: one interval's refits of hundreds of GPUs in a few ms, where scipy's ``least_squares`` took
-5-16 ms per GPU (``bench/interval_cost.py`` prints the refit stage). Fits agree with
-``fit_curve``'s (tests/allocator/test_batchfit.py: objective within 1e-4 relative or lower on
-random instances).
+Cost (2-core host, 4 Dec 2026): ~1 ms per fit in batches of 16-300 (4 ms for one alone) where
+scipy's ``least_squares`` takes 5-16 ms per GPU (``bench/interval_cost.py`` prints the refit
+stage). Fits against ``fit_curve``'s on random instances (tests/allocator/test_batchfit.py): the
+same objective (median relative difference 1e-10), within 1e-3 or lower in >= 95 % of them, lower
+in 8-11 %, at worst a local minimum 9 % higher; the error against the true curves alike (median
+equal; at the 95th percentile 0.15 vs 0.13 on one seed, from one fit with a 4 % *lower* objective
+that follows the noise, 0.17 vs 0.16 on the other).
 """
 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from capctl.allocator.curves import _A_BOUNDS, _K_BOUNDS_REL, RATE_MIN, CurveParams, FitProblem, rate
@@ -42,8 +47,10 @@ PRIOR_GRID_POINTS = 12
 
 
 def _prepare(pr: FitProblem, f_scale: float):
-    """The padded rows of one problem: points, rates, counts, weights, box, two starts; the number
-    of data points (not the prior's). Raises ValueError as ``fit_curve`` does."""
+    """One problem's rows: points [N] W, rates [N], counts [N], weights [N] (data then the prior's
+    pseudo-observations), the box (lower, upper) and the three starts (each ``(log a, log k_w,
+    sat_w)``), and the number of data points N_data (not the prior's). Raises ValueError as
+    ``fit_curve`` does (fewer than 3 distinct caps, counts not positive, shapes that differ)."""
     p = np.asarray(pr.cap_w, float).ravel()
     r = np.asarray(pr.rate_rel, float).ravel()
     cnt = np.asarray(pr.counts, float).ravel()

@@ -59,6 +59,18 @@ class Session:
         self.closed = why
 
 
+class Recording(Session):
+    """A session whose plans are kept (send -> True)."""
+
+    def __init__(self):
+        super().__init__()
+        self.msgs = []
+
+    def send(self, msg) -> bool:
+        self.msgs.append(msg)
+        return True
+
+
 def hello(node, n_gpus=2, jobs=()):
     return pb.AgentHello(
         protocol_version="capctl.v1", node=node, simulated=True,
@@ -201,15 +213,6 @@ def test_a_gpu_bound_to_two_jobs_is_the_first_bindings_everywhere():
 
 
 def test_a_plan_with_a_cap_that_is_no_number_is_not_sent_and_the_next_node_still_gets_its_plan(caplog):
-    class Recording(Session):
-        def __init__(self):
-            super().__init__()
-            self.msgs = []
-
-        def send(self, msg) -> bool:
-            self.msgs.append(msg)
-            return True
-
     coord = _coordinator()
     sessions = {n: Recording() for n in ("node1", "node2")}
     for n, s in sessions.items():
@@ -229,15 +232,6 @@ def test_a_plan_with_a_cap_that_is_no_number_is_not_sent_and_the_next_node_still
 
 
 def test_a_hold_expects_no_ack_and_an_older_agents_ack_of_one_still_counts():
-    class Recording(Session):
-        def __init__(self):
-            super().__init__()
-            self.msgs = []
-
-        def send(self, msg) -> bool:
-            self.msgs.append(msg)
-            return True
-
     coord = _coordinator()
     s = Recording()
     s.node = "node1"
