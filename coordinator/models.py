@@ -954,9 +954,11 @@ class Models:
     def curve_arrays(self, keys) -> "CurveColumns":
         """The current rate curve of every GPU of ``keys`` as arrays (:class:`CurveColumns`),
         element-wise what :meth:`curve` returns: the prior-anchored curves and the learned fits
-        read from the :class:`CurveBank`; only GPUs due for a refit go through :meth:`curve`
-        (refit budget, throttle and jitter as there, in ``keys`` order); an unknown key: the
-        allocator's default H100 curve (what a None curve means to it)."""
+        read from the :class:`CurveBank`; only GPUs due for a refit are refitted (refit budget,
+        throttle and jitter as :meth:`curve`; batched, :meth:`_refit_due`), the least recently
+        refitted first (in ``keys`` order among equals): with more GPUs due than the budget pays
+        for, every GPU still gets its turn; an unknown key: the allocator's default H100 curve
+        (what a None curve means to it)."""
         gpus = self.gpus
         n = len(keys)
         bank = self.curve_bank
@@ -973,8 +975,10 @@ class Models:
         learned = bank.learned[rows]
         due = ready & (~learned | (bank.new_caps[rows] >= REFIT_NEW_CAPS) | moved)
         due &= (self._clock() - bank.refit_mono[rows]) >= CURVE_REFIT_S if due.any() else due
-        if due.any():
-            self._refit_due([models[i] for i in np.nonzero(due)[0].tolist()])
+        if due.any():  # the least recently refitted first (never refitted: -inf), so none starves
+            idx = np.nonzero(due)[0]
+            idx = idx[np.argsort(bank.refit_mono[rows[idx]], kind="stable")]
+            self._refit_due([models[i] for i in idx.tolist()])
         learned = bank.learned[rows] & ready
         priors = np.where(known, bank.prior_obj[rows], None)
         d = DEFAULT_CURVES["H100"]  # an unknown GPU's curve in the allocator (None)

@@ -156,3 +156,35 @@ def test_refits_of_an_interval_are_batched_within_its_budget():
     # a learned curve is its own fit, the same one the GPU's model returns
     c = models.curve(("n1", 0))
     assert c.source.startswith("online fit") and cols.curve(0).a == pytest.approx(c.a)
+
+
+def test_with_more_gpus_due_than_the_budget_pays_for_none_starves():
+    # 200 GPUs whose caps keep moving (due again CURVE_REFIT_S after each refit), a budget of 10
+    # fits per interval (1 ms charged per refit), 1 s intervals: demand 20 per interval, twice the
+    # budget. The least recently refitted go first: every GPU gets its first fit within 20
+    # intervals and then one every ~20 (in GPU order, the first ~100 would take every turn)
+    now = [0.0]
+    models = M.Models(clock=lambda: now[0], budget_clock=lambda: now[0] + models.refits * 1e-3,
+                      rng=random.Random(5))
+    n = 200
+    reg = _registry(n_gpus=n)
+    prior = M.prior_curve(H100, 200.0, 700.0)
+    keys = [("n1", i) for i in range(n)]
+    seen_at: dict = {}
+    for t in range(50):
+        now[0] = float(t)
+        for g in reg.nodes["n1"].gpus.values():
+            cap = 260.0 + (13.7 * t) % 400.0  # a new cap bin every interval: always something to refit
+            g.new_samples.append(_sample(float(t), cap, float(rate_unclamped(cap, prior.a, prior.k_w, prior.sat_w))))
+        models.update(reg, 1.0)
+        before = {k: models.gpus[k].refits for k in keys}
+        models.curve_arrays(keys)
+        for k in keys:
+            if models.gpus[k].refits > before[k]:
+                seen_at.setdefault(k, []).append(t)
+    assert len(seen_at) == n  # every GPU refitted
+    firsts = sorted(v[0] for v in seen_at.values())
+    assert firsts[-1] - firsts[0] <= n // 10 + 1  # the first fits of all within 20 intervals of 10
+    assert all(len(v) >= 2 for v in seen_at.values())  # and each again in turn
+    gaps = [b - a for v in seen_at.values() for a, b in zip(v, v[1:])]
+    assert max(gaps) <= n // 10 + 3
