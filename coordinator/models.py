@@ -379,6 +379,9 @@ class GpuModel:
         """End the refit :meth:`begin_refit` started: ``fit`` is the ``fit_curves`` result of its
         ``problem`` (a :class:`CurveParams` or the exception it raised; None with no problem). A
         failed fit keeps the last one (logged once per GPU)."""
+        if fit is not None and not isinstance(fit, Exception) and not all(
+                map(math.isfinite, (fit.a, fit.k_w, fit.sat_w))):
+            fit = ValueError(f"a fit ended at non-finite parameters (a={fit.a}, k_w={fit.k_w}, sat_w={fit.sat_w})")
         if isinstance(fit, Exception):
             if not self._failed:
                 log.warning("rate curve refit failed (%s); keeping the last fit", fit)

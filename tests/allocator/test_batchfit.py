@@ -91,3 +91,22 @@ def test_a_bad_problem_fails_alone():
     assert isinstance(out[2], ValueError) and "positive" in str(out[2])
     assert all(isinstance(c, CurveParams) for c in (out[0], out[3]))
     assert batchfit.fit_curves([]) == []
+
+
+def test_a_start_that_is_no_number_falls_back_and_every_fit_is_finite():
+    pr = _problems(1, seed=8)[0]
+    nan = CurveParams(math.nan, math.nan, math.nan, pr.valid_min_w)
+    bad_start = FitProblem(pr.cap_w, pr.rate_rel, pr.counts, pr.valid_min_w, nan, pr.prior, pr.prior_weight)
+    got, ref = batchfit.fit_curves([bad_start, pr])
+    assert all(math.isfinite(v) for v in (got.a, got.k_w, got.sat_w))
+    assert _objective(bad_start, got) <= _objective(pr, ref) * (1 + 1e-3) + 1e-9  # the other starts find it
+
+
+def test_problems_of_very_different_widths_are_fitted_apart_with_the_same_results():
+    problems = _problems(60, seed=21)
+    widths = sorted(batchfit._prepare(p, 0.03)[0].size for p in problems)
+    assert widths[-1] > batchfit.WIDTH_RATIO * widths[batchfit.MIN_GROUP]  # they span several groups
+    together = batchfit.fit_curves(problems)
+    for pr, c in zip(problems, together):
+        alone = batchfit.fit_curves([pr])[0]
+        assert (c.a, c.k_w, c.sat_w) == pytest.approx((alone.a, alone.k_w, alone.sat_w), rel=1e-9)
