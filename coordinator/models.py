@@ -534,13 +534,14 @@ REFIT_BUDGET_FRACTION = 0.1
 REFIT_BUDGET_MAX_S = 0.1
 REFIT_BUDGET_PER_GPU_S = 1.5e-6
 """The refit budget per GPU of the cluster (s per interval; issue 12 item 7: at most 20 us of
-coordinator CPU per GPU per interval beyond the solver in all): at 8,000 GPUs 12 ms, some 25
-batched fits (bench/interval_cost.py); at 100,000 the :data:`REFIT_BUDGET_MAX_S` cap."""
+coordinator CPU per GPU per interval beyond the solver in all): at 8,000 GPUs 12 ms, some 12
+batched fits (bench/interval_cost.py: 1.7 us per GPU); at 100,000 the :data:`REFIT_BUDGET_MAX_S`
+cap, ~320 fits."""
 REFIT_BUDGET_MIN_S = 0.01
 """The refit budget of a small cluster (s per interval): some ten batched fits."""
 REFIT_COST_PRIOR_S = 1e-3
-"""The first estimate of one batched fit's cost (s; measured 0.9-1.3 ms per fit in batches of
-16-300 on tests/allocator/test_batchfit.py's instances, 4 ms alone, 2-core host, 4 Dec 2026);
+"""The first estimate of one batched fit's cost (s; measured 0.5-1.3 ms per fit in batches of
+16-256 on tests/allocator/test_batchfit.py's instances, 4 ms alone, 2-core host, 4 Dec 2026);
 then the measured cost (a moving mean)."""
 REFIT_BATCH = 64
 """Curve refits fitted together at most (:func:`capctl.allocator.batchfit.fit_curves`); a batch

@@ -18,7 +18,7 @@ and rejected otherwise (``lambda`` x 4). Problems are padded to the longest one 
 Source of the method: Levenberg (1944), Marquardt (1963); the reweighting is the standard IRLS
 majorizer of a concave robust loss (Holland & Welsch 1977).
 
-Cost (2-core host, 4 Dec 2026): ~1 ms per fit in batches of 16-300 (4 ms for one alone) where
+Cost (2-core host, 4 Dec 2026): 0.5-1.3 ms per fit in batches of 16-256 (4 ms for one alone) where
 scipy's ``least_squares`` takes 5-16 ms per GPU (``bench/interval_cost.py`` prints the refit
 stage). Fits against ``fit_curve``'s on random instances (tests/allocator/test_batchfit.py): the
 same objective (median relative difference 1e-10), within 1e-3 or lower in >= 95 % of them, lower
