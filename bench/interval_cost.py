@@ -257,12 +257,10 @@ class BenchSession:
         # the read-back of the GPUs the plan named; a hold (no caps) is not acknowledged: what
         # nodeagent's on_plan answers (nodeagent/loop.py)
         touched = {c.index for c in plan.caps}
-        if not touched:
-            self.fleet.agent_cpu_s += time.process_time() - t1
-            return True
-        rows = [r for r in fleet.gpu_rows(self.k) if r.index in touched]
-        ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=rows)).SerializeToString()
-        asyncio.get_running_loop().call_soon(self._ack, ack)
+        if touched:
+            rows = [r for r in fleet.gpu_rows(self.k) if r.index in touched]
+            ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=rows)).SerializeToString()
+            asyncio.get_running_loop().call_soon(self._ack, ack)
         self.fleet.agent_cpu_s += time.process_time() - t1
         return True
 

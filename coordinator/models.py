@@ -918,7 +918,8 @@ class Models:
         return self._refit_deadline
 
     def _refit_due(self, due: list) -> None:
-        """Refit the models ``due`` (in order; each :meth:`GpuModel.refit_wanted` as of the throttle)
+        """Refit the models ``due`` (in order; each one :meth:`GpuModel.refit_wanted` would refit:
+        :meth:`curve_arrays`' due mask, the same rule on arrays)
         in batches (:func:`capctl.allocator.batchfit.fit_curves`, at most :data:`REFIT_BATCH`, as
         many as the budget left pays for at the measured cost per fit) while this interval's
         refit budget lasts; the models left over keep their last fit until a later interval."""
@@ -931,7 +932,7 @@ class Models:
             if left_s <= 0:
                 break  # this interval's refit budget is spent
             size = min(REFIT_BATCH, max(1, int(left_s / self._fit_cost_s)))
-            batch = [m for m in todo[:size] if m.refit_wanted(now)]
+            batch = todo[:size]
             del todo[:size]
             problems = [m.begin_refit(now, self._rng) for m in batch]
             fitted = [p for p in problems if p is not None]

@@ -145,9 +145,9 @@ class AgentLoop(AgentCore):
             self.dry_run_plans = bool(plan.dry_run)
             ok = self._apply_plan_caps(plan, errors) if not plan.dry_run and plan.caps else True
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
+            if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
+                self.save_state()
             if not plan.caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
-                if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
-                    self.save_state()
                 return None
             samples = self.backend.telemetry_all()
             self.last_samples = samples
@@ -155,8 +155,6 @@ class AgentLoop(AgentCore):
             touched = {c.index for c in plan.caps}
             states = self.caps.states()
             gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
-            if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
-                self.save_state()
         return messages.cap_ack(plan.seq, ok, gpus, errors)
 
     def _apply_plan_caps(self, plan, errors: list[str]) -> bool:

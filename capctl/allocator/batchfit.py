@@ -33,7 +33,8 @@ import math
 
 import numpy as np
 
-from capctl.allocator.curves import _A_BOUNDS, _K_BOUNDS_REL, RATE_MIN, CurveParams, FitProblem, rate
+from capctl.allocator.curves import (_A_BOUNDS, _K_BOUNDS_REL, RATE_MIN, CurveParams, FitProblem, fit_errors,
+                                     fit_points)
 
 __all__ = ["FitProblem", "fit_curves", "MAX_ITERATIONS"]
 
@@ -42,35 +43,15 @@ MAX_ITERATIONS = 60
 iteration stops earlier when every problem's objective moved less than :data:`REL_TOL`."""
 REL_TOL = 1e-8
 """Relative change of a problem's objective under which it counts as converged."""
-PRIOR_GRID_POINTS = 12
-"""Pseudo-observations of the prior curve, as ``fit_curve`` (a grid over its valid range)."""
 
 
 def _prepare(pr: FitProblem, f_scale: float):
-    """One problem's rows: points [N] W, rates [N], counts [N], weights [N] (data then the prior's
-    pseudo-observations), the box (lower, upper) and the three starts (each ``(log a, log k_w,
-    sat_w)``), and the number of data points N_data (not the prior's). Raises ValueError as
-    ``fit_curve`` does (fewer than 3 distinct caps, counts not positive, shapes that differ)."""
-    p = np.asarray(pr.cap_w, float).ravel()
-    r = np.asarray(pr.rate_rel, float).ravel()
-    cnt = np.asarray(pr.counts, float).ravel()
-    if not (p.shape == r.shape == cnt.shape):
-        raise ValueError(f"cap_w, rate_rel and counts differ in shape: {p.shape}, {r.shape}, {cnt.shape}")
-    if not np.all(np.isfinite(cnt) & (cnt > 0)):
-        raise ValueError(f"counts must be {cnt.shape} positive finite numbers")
-    ok = np.isfinite(p) & np.isfinite(r) & (p >= pr.valid_min_w)
-    p, r, cnt = p[ok], r[ok], cnt[ok]
-    n = p.size
-    wts = np.ones(n)
-    if pr.prior_weight > 0:
-        lo = pr.valid_min_w
-        grid = np.linspace(lo, max(pr.prior.sat_w, lo + 1.0) * 1.05, PRIOR_GRID_POINTS)
-        p = np.concatenate([p, grid])
-        r = np.concatenate([r, pr.prior.rate(grid)])
-        cnt = np.concatenate([cnt, np.ones(grid.size)])
-        wts = np.concatenate([wts, np.full(grid.size, math.sqrt(pr.prior_weight / grid.size))])
-    if np.unique(p).size < 3:
-        raise ValueError(f"need samples at >= 3 distinct caps >= valid_min_w, got {np.unique(p).size}")
+    """One problem's rows: :func:`capctl.allocator.curves.fit_points` (points [N] W, rates [N],
+    counts [N], weights [N]: data then the prior's pseudo-observations), the box (lower, upper)
+    and the three starts (each ``(log a, log k_w, sat_w)``), and the number of data points N_data.
+    Raises ValueError as ``fit_curve`` does (fewer than 3 distinct caps, counts not positive,
+    shapes that differ)."""
+    p, r, cnt, wts, n = fit_points(pr.cap_w, pr.rate_rel, pr.counts, pr.valid_min_w, pr.prior, pr.prior_weight)
     pmin, pmax = float(p.min()), float(p.max())
     span = max(pmax - pmin, 1.0)
     k_lo, k_hi = _K_BOUNDS_REL[0] * span, _K_BOUNDS_REL[1] * span
@@ -179,9 +160,7 @@ def _fit_group(rows: list, problems, out: list, f_scale: float) -> None:
             out[i] = ValueError("curve fit failed: no start ended at finite parameters")
             continue
         a, k, sat = math.exp(theta[q, 0]), math.exp(theta[q, 1]), float(theta[q, 2])
-        err = rate(p[:n], a, k, sat) - r[:n] if n else np.array([np.nan])
-        rmse = float(np.sqrt(np.sum(cnt[:n] * err ** 2) / np.sum(cnt[:n]))) if n else math.nan
-        out[i] = CurveParams(a, k, sat, float(problems[i].valid_min_w), rmse, float(np.max(np.abs(err))), "fit")
+        out[i] = CurveParams(a, k, sat, float(problems[i].valid_min_w), *fit_errors(p, r, cnt, n, a, k, sat), "fit")
 
 
 def _solve(theta, lo, hi, P, R, C, W, f_scale: float) -> np.ndarray:

@@ -44,6 +44,8 @@ __all__ = [
     "RATE_MIN",
     "cap_for_rate",
     "fit_curve",
+    "fit_points",
+    "fit_errors",
     "FitProblem",
     "OnlineCurveFit",
     "load_zeus_traces",
@@ -134,27 +136,7 @@ def fit_curve(cap_w, rate_rel, *, valid_min_w: float | None = None, x0: CurvePar
     Jacobian (:func:`_resid_jac`; scipy's default finite differences gave the same fits, median
     curve difference 2e-9 over 450 synthetic refits, 27 % more CPU).
     """
-    p = np.asarray(cap_w, float).ravel()
-    r = np.asarray(rate_rel, float).ravel()
-    if p.shape != r.shape:
-        raise ValueError(f"cap_w and rate_rel differ in shape: {p.shape} vs {r.shape}")
-    ok = np.isfinite(p) & np.isfinite(r)
-    if valid_min_w is not None:
-        ok &= p >= valid_min_w
-    cnt = np.ones_like(p) if counts is None else np.asarray(counts, float).ravel()
-    if cnt.shape != ok.shape or not np.all(np.isfinite(cnt) & (cnt > 0)):
-        raise ValueError(f"counts must be {ok.shape} positive finite numbers")
-    p, r, cnt = p[ok], r[ok], cnt[ok]
-    wts = np.ones_like(p)
-    if prior is not None and prior_weight > 0:
-        lo = valid_min_w if valid_min_w is not None else prior.valid_min_w
-        grid = np.linspace(lo, max(prior.sat_w, lo + 1.0) * 1.05, 12)
-        p = np.concatenate([p, grid])
-        r = np.concatenate([r, prior.rate(grid)])
-        cnt = np.concatenate([cnt, np.ones(grid.size)])
-        wts = np.concatenate([wts, np.full(grid.size, math.sqrt(prior_weight / grid.size))])
-    if np.unique(p).size < 3:
-        raise ValueError(f"need samples at >= 3 distinct caps >= valid_min_w, got {np.unique(p).size}")
+    p, r, cnt, wts, n = fit_points(cap_w, rate_rel, counts, valid_min_w, prior, prior_weight)
     pmin, pmax = float(p.min()), float(p.max())
     span = max(pmax - pmin, 1.0)
     if x0 is None:
@@ -175,11 +157,52 @@ def fit_curve(cap_w, rate_rel, *, valid_min_w: float | None = None, x0: CurvePar
         if best is None or sol.cost < best.cost:
             best = sol
     a, k, sat = math.exp(best.x[0]), math.exp(best.x[1]), float(best.x[2])
-    n = int(ok.sum())
-    err = rate(p[:n], a, k, sat) - r[:n] if n else np.array([np.nan])
-    rmse = float(np.sqrt(np.sum(cnt[:n] * err ** 2) / np.sum(cnt[:n]))) if n else math.nan
     return CurveParams(a, k, sat, float(valid_min_w if valid_min_w is not None else pmin),
-                       rmse, float(np.max(np.abs(err))), "fit")
+                       *fit_errors(p, r, cnt, n, a, k, sat), "fit")
+
+
+PRIOR_GRID_POINTS = 12
+"""Pseudo-observations of the prior curve a fit adds (a grid over its valid range)."""
+
+
+def fit_points(cap_w, rate_rel, counts, valid_min_w: float | None, prior: CurveParams | None,
+               prior_weight: float):
+    """The residuals' data of a fit (:func:`fit_curve`, :mod:`capctl.allocator.batchfit`): the
+    finite samples at caps >= ``valid_min_w`` (W), then ``prior``'s pseudo-observations when
+    ``prior_weight`` > 0. Returns ``(caps [N] W, rates [N], counts [N], weights [N], N_data)``,
+    the data first. Raises ValueError for shapes that differ, counts that are not positive finite
+    numbers (``counts`` None: 1 each), or fewer than 3 distinct caps."""
+    p = np.asarray(cap_w, float).ravel()
+    r = np.asarray(rate_rel, float).ravel()
+    if p.shape != r.shape:
+        raise ValueError(f"cap_w and rate_rel differ in shape: {p.shape} vs {r.shape}")
+    ok = np.isfinite(p) & np.isfinite(r)
+    if valid_min_w is not None:
+        ok &= p >= valid_min_w
+    cnt = np.ones_like(p) if counts is None else np.asarray(counts, float).ravel()
+    if cnt.shape != ok.shape or not np.all(np.isfinite(cnt) & (cnt > 0)):
+        raise ValueError(f"counts must be {ok.shape} positive finite numbers")
+    p, r, cnt = p[ok], r[ok], cnt[ok]
+    n = p.size
+    wts = np.ones_like(p)
+    if prior is not None and prior_weight > 0:
+        lo = valid_min_w if valid_min_w is not None else prior.valid_min_w
+        grid = np.linspace(lo, max(prior.sat_w, lo + 1.0) * 1.05, PRIOR_GRID_POINTS)
+        p = np.concatenate([p, grid])
+        r = np.concatenate([r, prior.rate(grid)])
+        cnt = np.concatenate([cnt, np.ones(grid.size)])
+        wts = np.concatenate([wts, np.full(grid.size, math.sqrt(prior_weight / grid.size))])
+    if np.unique(p).size < 3:
+        raise ValueError(f"need samples at >= 3 distinct caps >= valid_min_w, got {np.unique(p).size}")
+    return p, r, cnt, wts, n
+
+
+def fit_errors(p, r, cnt, n: int, a: float, k_w: float, sat_w: float) -> tuple[float, float]:
+    """``(fit_rmse, fit_max_err)`` of the curve ``(a, k_w, sat_w)`` on the first ``n`` (data)
+    points of :func:`fit_points` (relative rate; count-weighted RMS; NaN without data)."""
+    err = rate(p[:n], a, k_w, sat_w) - r[:n] if n else np.array([np.nan])
+    rmse = float(np.sqrt(np.sum(cnt[:n] * err ** 2) / np.sum(cnt[:n]))) if n else math.nan
+    return rmse, float(np.max(np.abs(err)))
 
 
 def _resid_jac(th, p, wts):
