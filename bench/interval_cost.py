@@ -348,6 +348,7 @@ class IntervalBench:
         sent = await coord._send(decision, problem.inputs)
         sw.cpu["send"] += (c() - t - (self.fleet.agent_cpu_s - a0)) * on
         t = c()
+        coord._ticks_since_policy += 1  # (Coordinator.tick's bookkeeping: the exact decreases after a start end)
         coord._after_plans(decision)
         coord.tick_count += 1
         coord._publish(problem.inputs, solution.out, solution.desired_w, list(decision.alerts), 0.0, sent)
