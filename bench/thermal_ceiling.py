@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Cap churn and job pace under thermal ceilings, by thermal plant (docs/coordinator.md, "Limitations").
+
+    .venv/bin/python bench/thermal_ceiling.py [--gpus 2000] [--intervals 120] [--skip 40]
+        [--plant one-pole|two-pole] [--hold-prior] [--whole-degrees]
+
+The daemon's own coordinator on bench/interval_cost.py's fleet (its :class:`IntervalBench`: N GPUs,
+8 per node, H100-class 200-700 W, racks, budget 0.7 x TDP, a job mix on 90 % of the GPUs, 1 % of
+the GPUs running hot; stand-in agents with real messages, a simulated clock of 1 s per interval) at
+constant loads (every job in its heavy phase, 650 W demand), with the GPUs' temperature from one
+of two plants:
+
+* ``one-pole``: interval_cost.py's own, ``T += 0.3 (T_ss - T)`` per 1 s interval (tau ~2.8 s),
+  ``T_ss = 28 + 0.07 P`` (hot: ``45 + 0.07 P``), +-0.5 degC uniform noise;
+* ``two-pole``: a die (tau 2 s, 0.035 degC/W) on a heat sink (tau 40 s, 0.05 degC/W), inlet 25
+  degC (hot: 40 degC), no noise: a single-pole thermal fit (capctl.allocator.thermal) cannot
+  represent it.
+
+``--whole-degrees``: the GPUs report their temperature floored to whole degrees, as NVML does
+(``nvmlDeviceGetTemperature`` returns an unsigned int). ``--hold-prior``: the coordinator's
+thermal fit never learns (``ThermalBank.add`` does nothing), so every ceiling uses the prior
+(R 0.1 degC/W, tau 30 s, inlet 25 degC): a model slower than the plant, as on a node's first
+samples.
+
+Measured over intervals ``skip`` .. ``intervals`` (the devices' side: the caps they enforce, their
+temperatures and clocks):
+
+* ``moving_50w``: share of GPU-intervals whose cap moved by more than 50 W (``hot_moving_50w``:
+  of the hot GPUs); ``mean_move_w``: mean |cap change| per GPU per interval (W);
+* ``hot_at_target``: share of the hot GPUs' samples at or above the ceiling's target (slowdown
+  89 degC - margin 5 degC = 84 degC), ``hot_at_slowdown``: at or above 89 degC, ``hot_max_c``;
+* ``pace_mhz``: mean over intervals and jobs of the job's slowest GPU's SM clock (a synchronous
+  job's pace).
+
+Control quality only (no timing): CPU load does not change the figures, but the refit budget runs
+on real time, so pace differs run to run by up to ~10 MHz. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+import interval_cost as ic  # noqa: E402
+
+TARGET_C, SLOWDOWN_C = 84.0, 89.0  # the fleet's slowdown temperature and the policy's 5 degC margin
+
+
+class TwoPoleFleet(ic.Fleet):
+    """interval_cost.py's fleet with a die on a heat sink (see module docstring)."""
+
+    DIE = (2.0, 0.035)  # tau s, degC/W
+    SINK = (40.0, 0.05)
+
+    def step(self, t: int) -> None:
+        if not hasattr(self, "sink_c"):
+            self.sink_c = self.temp.copy()
+            self.die_c = np.zeros_like(self.temp)
+        super().step(t)  # loads, power, clocks, energy (its temperature is replaced below)
+        inlet = np.where(self.hot, 40.0, 25.0)
+        self.sink_c += (1 - np.exp(-ic.INTERVAL_S / self.SINK[0])) * (inlet + self.SINK[1] * self.power - self.sink_c)
+        self.die_c += (1 - np.exp(-ic.INTERVAL_S / self.DIE[0])) * (self.DIE[1] * self.power - self.die_c)
+        self.temp = self.sink_c + self.die_c
+
+
+def whole_degrees(fleet_cls):
+    """``fleet_cls`` whose telemetry reports temperatures floored to whole degrees (NVML)."""
+
+    class Whole(fleet_cls):
+        def gpu_rows(self, k):
+            rows = super().gpu_rows(k)
+            for r in rows:
+                r.temp_c = float(int(r.temp_c))
+            return rows
+
+    return Whole
+
+
+def run(gpus: int, intervals: int, skip: int, plant: str, hold_prior: bool, whole: bool, seed: int = 0) -> dict:
+    """One run (see module docstring); returns the figures."""
+    from coordinator import models
+
+    ic.PHASE_INTERVALS = 10 ** 9  # constant loads: every job heavy
+    fleet_cls = TwoPoleFleet if plant == "two-pole" else ic.Fleet
+    if whole:
+        fleet_cls = whole_degrees(fleet_cls)
+    saved_fleet, saved_add = ic.Fleet, models.ThermalBank.add
+    ic.Fleet = fleet_cls
+    if hold_prior:
+        models.ThermalBank.add = lambda self, rows, time_s, power_w, temp_c: None
+    try:
+        bench = ic.IntervalBench(gpus, seed)
+        caps, temps, clocks = asyncio.run(_intervals(bench, intervals))
+    finally:
+        ic.Fleet, models.ThermalBank.add = saved_fleet, saved_add
+    fleet = bench.fleet
+    caps, temps, clocks = caps[skip:], temps[skip:], clocks[skip:]
+    move = np.abs(np.diff(caps, axis=0))
+    hot = fleet.hot
+    job = fleet.job_of_node
+    pace = [[c[job == j].min() for j in range(len(fleet.jobs))] for c in clocks]
+    return {"gpus": gpus, "plant": plant, "hold_prior": hold_prior, "whole_degrees": whole,
+            "intervals": [skip, intervals], "moving_50w": round(float((move > 50).mean()), 4),
+            "hot_moving_50w": round(float((move[:, hot] > 50).mean()), 4),
+            "mean_move_w": round(float(move.mean()), 2),
+            "hot_at_target": round(float((temps[:, hot] >= TARGET_C).mean()), 4),
+            "hot_at_slowdown": round(float((temps[:, hot] >= SLOWDOWN_C).mean()), 4),
+            "hot_max_c": round(float(temps[:, hot].max()), 1), "pace_mhz": round(float(np.mean(pace)), 1)}
+
+
+async def _intervals(bench, intervals: int):
+    caps, temps, clocks = [], [], []
+    for it in range(intervals):
+        bench.fleet.step(it)
+        bench.ingest([bench.fleet.telemetry_bytes(k) for k in range(bench.n_nodes)])
+        await bench.one_interval()
+        bench.now_s += ic.INTERVAL_S
+        caps.append(bench.fleet.enforced.copy())
+        temps.append(bench.fleet.temp.copy())
+        clocks.append(bench.fleet.clock.copy())
+    return np.array(caps), np.array(temps), np.array(clocks)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpus", type=int, default=2000)
+    ap.add_argument("--intervals", type=int, default=120)
+    ap.add_argument("--skip", type=int, default=40, help="intervals left out of the figures (warm-up)")
+    ap.add_argument("--plant", choices=("one-pole", "two-pole"), default="two-pole")
+    ap.add_argument("--hold-prior", action="store_true")
+    ap.add_argument("--whole-degrees", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not 0 <= args.skip < args.intervals - 1:
+        ap.error(f"--skip {args.skip}: need 0 <= skip < intervals - 1 ({args.intervals - 1})")
+    r = run(args.gpus, args.intervals, args.skip, args.plant, args.hold_prior, args.whole_degrees, args.seed)
+    print(f"{r['gpus']} GPUs, {r['plant']} plant{', fit held at the prior' if r['hold_prior'] else ''}"
+          f"{', whole degrees' if r['whole_degrees'] else ''}: caps moving > 50 W {100 * r['moving_50w']:.1f} % "
+          f"(hot GPUs {100 * r['hot_moving_50w']:.1f} %), mean move {r['mean_move_w']:.1f} W; hot GPUs at the "
+          f"target {100 * r['hot_at_target']:.1f} %, at slowdown {100 * r['hot_at_slowdown']:.2f} %, "
+          f"max {r['hot_max_c']:.1f} degC; pace {r['pace_mhz']:.0f} MHz")
+    print(json.dumps({"bench": "thermal_ceiling", **r}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
