@@ -173,3 +173,28 @@ def test_pending_top_equals_the_per_gpu_max():
     assert got.shape == (500,) and np.array_equal(got, np.array(want))
     assert gpucolumns.pending_top_w([]).shape == (0,)
     assert np.array_equal(gpucolumns.pending_top_w(({}, {}, {1: 5.0})), [-math.inf, -math.inf, 5.0])
+
+
+def test_throttle_counts_equal_a_count_over_the_window_and_drop_what_left_it():
+    """GpuObs.throttle_counts(now) is the count of the samples of the last THROTTLE_WINDOW_S before
+    ``now`` (samples, thermal, power), queried at times after the latest sample as the view does
+    (the view's snapshot comes after the interval's reports), and the samples that left the
+    window are dropped, so the next query is O(1) (it was a pass over the history each time)."""
+    from coordinator.registry import THROTTLE_WINDOW_S
+
+    rng = random.Random(4)
+    g = GpuObs(node="n1", index=0)
+    samples = []
+    t = now = 1000.0
+    for _ in range(400):
+        t = now + rng.choice([0.25, 1.0, 1.0, 7.0, 45.0])  # one monotonic clock (the registry's)
+        thermal, power = rng.random() < 0.3, rng.random() < 0.6
+        g.add_throttle(t, thermal, power)
+        samples.append((t, thermal, power))
+        now = t + rng.choice([0.0, 0.4, 0.9, 2.0])
+        want = [s for s in samples if now - s[0] <= THROTTLE_WINDOW_S]
+        assert g.throttle_counts(now) == (len(want), sum(s[1] for s in want), sum(s[2] for s in want))
+        assert len(g.throttle_hist) == len(want)  # nothing older than the window is kept
+        assert g.throttle_fractions(now) == ((sum(s[1] for s in want) / len(want), sum(s[2] for s in want) / len(want))
+                                             if want else (0.0, 0.0))
+    assert len(samples) > 300 and 0 < len(g.throttle_hist) < len(samples)
