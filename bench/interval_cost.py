@@ -10,8 +10,8 @@ of 8-1,024 GPUs (log-uniform sizes, as :func:`capctl.allocator.synthetic.synthet
 
 The coordinator is the daemon's own :class:`coordinator.loop.Coordinator` (registry, models,
 decision, plans, ledger, view) on a simulated clock that advances one interval per interval (the
-refit throttle and leases see the policy's 1 s interval; the refit budget keeps its real
-``perf_counter`` clock). Each node's agent is a small in-process stand-in (no gRPC: the transport
+refit throttle and leases see the policy's 1 s interval; the reports land :data:`REPORT_LEAD_S`
+before the snapshot; the refit budget keeps its real ``perf_counter`` clock). Each node's agent is a small in-process stand-in (no gRPC: the transport
 is bench/control_loop.py's): it says hello with the real ``AgentHello``, and each interval sends
 one real ``NodeTelemetry`` serialized to bytes; the coordinator side decodes it
 (``AgentMessage.FromString``, what the gRPC deserializer calls) and runs the server's telemetry
@@ -78,6 +78,15 @@ INTERVAL_S = 1.0
 HEAVY_W, LIGHT_W = 650.0, 320.0
 PHASE_INTERVALS = 4
 """A job's load changes every this many intervals."""
+REPORT_LEAD_S = 0.2
+"""The simulated clock moves this much (s) between the reports and the interval's snapshot, as
+for agents following the coordinator's report advice (0.08-0.30 of an interval ahead,
+docs/protocol.md). With the clock standing still there, and fewer intervals than the 60 s
+throttle window (``--warmup 62`` or more fills it: the daemon's steady state), a cost of the live
+daemon was not measured: the view's throttle counts went over each GPU's whole history every
+interval (coordinator/registry.py, ``throttle_counts``, fixed 4 Dec 2026). Measured at 8,000 GPUs
+with ``--warmup 62 --intervals 4``: stage ``after`` 16.1 -> 3.6 us per GPU, beyond the solver
+53.0 -> 39.6 us (the same code with ``--warmup 4``: 31-36 us, the cost of a young daemon)."""
 MAX_MEMORY_SHARE = 0.6
 """Jobs' memory-bound shares are drawn uniformly in [0, this] (the what-if workloads' range of
 ``memory_bound_fraction`` reaches 0.9, capctl/sim/workload.py; most training steps are below 0.6)."""
@@ -379,13 +388,14 @@ class IntervalBench:
             t = time.process_time()
             self.ingest(blobs)
             self.sw.cpu["ingest"] += (time.process_time() - t) * self.sw.on
+            self.now_s += REPORT_LEAD_S  # the reports land a little before the interval's snapshot
             decision = await self.one_interval()
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(profile)
             self.read_view()
             modes.append(decision.mode)
-            self.now_s += INTERVAL_S
+            self.now_s += INTERVAL_S - REPORT_LEAD_S
         return modes
 
 
