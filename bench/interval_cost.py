@@ -138,10 +138,11 @@ def job_mix(n_nodes: int, rng) -> list[tuple[int, int]]:
 class Fleet:
     """The stand-in agents: per-GPU state as arrays [nodes, 8] (W, degC, MHz, J)."""
 
-    def __init__(self, n_nodes: int, seed: int) -> None:
+    def __init__(self, n_nodes: int, seed: int, phase_intervals: int = PHASE_INTERVALS) -> None:
         from capctl.v1 import capctl_pb2 as pb
 
         self.pb = pb
+        self.phase_intervals = phase_intervals  # intervals between a job's load changes
         rng = np.random.default_rng(seed)
         self.rng = rng
         self.n = n_nodes
@@ -155,7 +156,7 @@ class Fleet:
         self.jobs = job_mix(n_nodes, rng)
         for j, (first, count) in enumerate(self.jobs):
             self.job_of_node[first:first + count] = j
-        self.offset = rng.integers(0, 2 * PHASE_INTERVALS, len(self.jobs))
+        self.offset = rng.integers(0, 2 * phase_intervals, len(self.jobs))
         # each job's memory-bound share of a step (coordinator/membound.py's model), so the
         # telemetry carries NVML's utilization rates and the models' share update is in the cost
         self.mem_share = rng.uniform(0.0, MAX_MEMORY_SHARE, len(self.jobs))
@@ -178,7 +179,7 @@ class Fleet:
 
     def step(self, t: int) -> None:
         """Advance the devices by one interval (loads, power, temperatures, energy)."""
-        heavy = ((t + self.offset) // PHASE_INTERVALS) % 2 == 0
+        heavy = ((t + self.offset) // self.phase_intervals) % 2 == 0
         demand_job = np.where(heavy, HEAVY_W, LIGHT_W)
         j = self.job_of_node
         demand = np.where(j[:, None] >= 0, demand_job[np.maximum(j, 0)][:, None], 60.0)
@@ -288,7 +289,9 @@ class IntervalBench:
     """The daemon's coordinator for ``n_gpus`` GPUs on a simulated clock, its stand-in agents and
     the stage timers (see module docstring)."""
 
-    def __init__(self, n_gpus: int, seed: int) -> None:
+    def __init__(self, n_gpus: int, seed: int, fleet_cls=None, phase_intervals: int = PHASE_INTERVALS) -> None:
+        """``fleet_cls``: the stand-in agents' class (default :class:`Fleet`), built with
+        ``phase_intervals`` (see :data:`PHASE_INTERVALS`)."""
         from capctl.policy import load_policy
         from coordinator import loop
         from coordinator.metrics import ViewCollector
@@ -306,7 +309,7 @@ class IntervalBench:
         coord.registry.clock = clock
         coord._start_clock = clock() - 1e6  # no startup hold
         coord.models = Models(clock=clock)
-        self.fleet = Fleet(self.n_nodes, seed)
+        self.fleet = (fleet_cls or Fleet)(self.n_nodes, seed, phase_intervals)
         self.sw = Stopwatch()
         self.sessions = [BenchSession(k, self.fleet, coord) for k in range(self.n_nodes)]
         for k, s in enumerate(self.sessions):

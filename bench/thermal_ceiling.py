@@ -7,8 +7,8 @@
 The daemon's own coordinator on bench/interval_cost.py's fleet (its :class:`IntervalBench`: N GPUs,
 8 per node, H100-class 200-700 W, racks, budget 0.7 x TDP, a job mix on 90 % of the GPUs, 1 % of
 the GPUs running hot; stand-in agents with real messages, a simulated clock of 1 s per interval) at
-constant loads (every job in its heavy phase, 650 W demand), with the GPUs' temperature from one
-of two plants:
+constant loads (each job stays in the phase its random offset puts it in: heavy, 650 W demand, or
+light, 320 W), with the GPUs' temperature from one of two plants:
 
 * ``one-pole``: interval_cost.py's own, ``T += 0.3 (T_ss - T)`` per 1 s interval (tau ~2.8 s),
   ``T_ss = 28 + 0.07 P`` (hot: ``45 + 0.07 P``), +-0.5 degC uniform noise;
@@ -53,6 +53,9 @@ import numpy as np  # noqa: E402
 import interval_cost as ic  # noqa: E402
 
 TARGET_C, SLOWDOWN_C = 84.0, 89.0  # the fleet's slowdown temperature and the policy's 5 degC margin
+CONSTANT_LOADS = 10 ** 9
+"""``phase_intervals`` of the fleet: no job changes its load within a run (each stays in the phase
+its offset puts it in, heavy 650 W or light 320 W)."""
 
 
 class TwoPoleFleet(ic.Fleet):
@@ -89,19 +92,17 @@ def run(gpus: int, intervals: int, skip: int, plant: str, hold_prior: bool, whol
     """One run (see module docstring); returns the figures."""
     from coordinator import models
 
-    ic.PHASE_INTERVALS = 10 ** 9  # constant loads: every job heavy
     fleet_cls = TwoPoleFleet if plant == "two-pole" else ic.Fleet
     if whole:
         fleet_cls = whole_degrees(fleet_cls)
-    saved_fleet, saved_add = ic.Fleet, models.ThermalBank.add
-    ic.Fleet = fleet_cls
+    saved_add = models.ThermalBank.add
     if hold_prior:
         models.ThermalBank.add = lambda self, rows, time_s, power_w, temp_c: None
     try:
-        bench = ic.IntervalBench(gpus, seed)
+        bench = ic.IntervalBench(gpus, seed, fleet_cls, phase_intervals=CONSTANT_LOADS)
         caps, temps, clocks = asyncio.run(_intervals(bench, intervals))
     finally:
-        ic.Fleet, models.ThermalBank.add = saved_fleet, saved_add
+        models.ThermalBank.add = saved_add
     fleet = bench.fleet
     caps, temps, clocks = caps[skip:], temps[skip:], clocks[skip:]
     move = np.abs(np.diff(caps, axis=0))
