@@ -82,6 +82,9 @@ at most this many times: some channels of a loaded agent process never even atte
 connection (seen at 1,000 agents: 36 of them for 120 s, no error)."""
 LOAD_PERIOD_S = float(os.environ.get("CAPCTL_BENCH_LOAD_PERIOD_S", "4.0"))
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
+PLAIN_READINGS = bool(os.environ.get("CAPCTL_BENCH_PLAIN_READINGS"))
+"""``--readings plain``: the agents send one ``GpuTelemetry`` per GPU even to a coordinator that
+asks for packed readings (the format of agents before them), for a before/after in one run."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
 BUDGET_FRACTION = 0.6
 """Default budget as a fraction of the fleet's TDP (W/W). The jobs run in antiphase pairs (job 2k
@@ -150,8 +153,26 @@ class Readings:
     def __init__(self, pb, node: str, job: str) -> None:
         def gpus():
             return [pb.GpuTelemetry(index=i, utilization_pct=100.0, job_id=job) for i in range(GPUS)]
+        self.pb = pb
         self.tele = pb.AgentMessage(telemetry=pb.NodeTelemetry(node=node, gpus=gpus()))
         self.ack_msg = pb.AgentMessage(ack=pb.CapAck(ok=True, gpus=gpus()))
+        self.packed = False
+        """Send the GPUs packed (``GpuReadings``, :func:`capctl.readings.pack`), as the real agent
+        does to a coordinator whose Welcome asks for it (set on the welcome)."""
+
+    def _packed(self, msg) -> bytes:
+        """``msg`` (the kept ``AgentMessage``) serialized with its GPUs packed instead."""
+        from capctl import readings
+
+        out = self.pb.AgentMessage()
+        body = msg.WhichOneof("body")
+        part = getattr(out, body)
+        src = getattr(msg, body)
+        for name in ("node", "seq", "timestamp_s", "ok"):
+            if hasattr(src, name):
+                setattr(part, name, getattr(src, name))
+        readings.pack(src.gpus, part.readings)
+        return out.SerializeToString()
 
     @staticmethod
     def fill(gpus, enforced: list, demand: list, temp: list, rng: random.Random) -> None:
@@ -175,14 +196,14 @@ class Readings:
         t = self.tele.telemetry
         t.seq, t.timestamp_s = seq, timestamp_s
         self.fill(t.gpus, enforced, demand, temp, rng)
-        return self.tele.SerializeToString()
+        return self._packed(self.tele) if self.packed else self.tele.SerializeToString()
 
     def ack(self, seq: int, enforced, demand, temp, rng) -> bytes:
         """A serialized ``AgentMessage(ack=CapAck(seq, ok=True, gpus=read-back))``."""
         a = self.ack_msg.ack
         a.seq = seq
         self.fill(a.gpus, enforced, demand, temp, rng)
-        return self.ack_msg.SerializeToString()
+        return self._packed(self.ack_msg) if self.packed else self.ack_msg.SerializeToString()
 
 
 def gpu_reading(enforced_w: float, demand_w: float, rng: random.Random) -> tuple[float, int, bool]:
@@ -288,6 +309,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                 now = time.monotonic()
                 if msg.HasField("welcome"):
                     stats["welcomed"] += 1
+                    readings.packed = msg.welcome.packed_readings and not PLAIN_READINGS
                     if timer["handle"] is None and not started:
                         started.append(now)
                         with win["welcomed"].get_lock():  # the parent starts the run once all are in
@@ -575,6 +597,9 @@ def main(argv=None) -> int:
     ap.add_argument("--advice", default="follow", choices=("follow", "ignore", "both"),
                     help="agents follow the coordinator's report timing (CapPlan.report_in_s), ignore it "
                          "(report on their own phase, as before it), or both, one run after the other")
+    ap.add_argument("--readings", default="packed", choices=("packed", "plain"),
+                    help="the agents' GPU readings: packed (GpuReadings, to a coordinator that asks for them, as "
+                         "the real agent) or plain (one GpuTelemetry per GPU, as agents before packed readings)")
     ap.add_argument("--load-period-s", type=float, default=LOAD_PERIOD_S,
                     help="seconds between a job's load changes (default %(default)s: caps move every few "
                          "intervals; a value longer than the run: steady loads, plans are holds)")
@@ -583,6 +608,7 @@ def main(argv=None) -> int:
         ap.error(f"--load-period-s {args.load_period_s}: need a positive number of seconds")
     LOAD_PERIOD_S = args.load_period_s
     os.environ["CAPCTL_BENCH_LOAD_PERIOD_S"] = repr(args.load_period_s)  # the agent processes read it at import
+    os.environ["CAPCTL_BENCH_PLAIN_READINGS"] = "1" if args.readings == "plain" else ""
     KEEP_LOG = args.keep_log
     results = []
     modes = {"follow": [True], "ignore": [False], "both": [False, True]}[args.advice]

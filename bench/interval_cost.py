@@ -13,9 +13,11 @@ decision, plans, ledger, view) on a simulated clock that advances one interval p
 refit throttle and leases see the policy's 1 s interval; the reports land :data:`REPORT_LEAD_S`
 before the snapshot; the refit budget keeps its real ``perf_counter`` clock). Each node's agent is a small in-process stand-in (no gRPC: the transport
 is bench/control_loop.py's): it says hello with the real ``AgentHello``, and each interval sends
-one real ``NodeTelemetry`` serialized to bytes; the coordinator side decodes it
-(``AgentMessage.FromString``, what the gRPC deserializer calls) and runs the server's telemetry
-branch (``limits.validate_telemetry``, ``Coordinator.on_energy``, ``Registry.on_telemetry``).
+one real ``NodeTelemetry`` serialized to bytes, its GPUs packed (``GpuReadings``, what the real
+agent sends this coordinator; ``--readings plain``: one ``GpuTelemetry`` per GPU, as agents before
+packed readings); the coordinator side decodes it (``AgentMessage.FromString``, what the gRPC
+deserializer calls) and runs the server's telemetry branch (``limits.telemetry_rows``,
+``Coordinator.on_energy``, ``Registry.on_telemetry``).
 Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and answers a plan with
 caps with a real ``CapAck`` (the read-back of the GPUs the plan named, as nodeagent does; a hold is
 not acknowledged), decoded and recorded by ``Coordinator.on_ack`` during the phase-1 wait.
@@ -161,6 +163,8 @@ class Fleet:
         # telemetry carries NVML's utilization rates and the models' share update is in the cost
         self.mem_share = rng.uniform(0.0, MAX_MEMORY_SHARE, len(self.jobs))
         self.seq = 0
+        self.plain = False
+        """Send one ``GpuTelemetry`` per GPU (agents before packed readings) instead of ``GpuReadings``."""
         self.agent_cpu_s = 0.0  # CPU of the stand-in agents inside the coordinator's stages (subtracted)
 
     def hello(self, k: int):
@@ -217,10 +221,25 @@ class Fleet:
         return rows
 
     def telemetry_bytes(self, k: int) -> bytes:
+        """Node ``k``'s report, serialized: its GPUs packed (``GpuReadings``, as the real agent sends
+        them to a coordinator that asks) unless :attr:`plain`."""
+        from capctl import readings
+
         pb = self.pb
         self.seq += 1
-        tele = pb.NodeTelemetry(node=node_name(k), timestamp_s=time.time(), seq=self.seq, gpus=self.gpu_rows(k))
+        tele = pb.NodeTelemetry(node=node_name(k), timestamp_s=time.time(), seq=self.seq)
+        self.put_gpus(tele, self.gpu_rows(k))
         return pb.AgentMessage(telemetry=tele).SerializeToString()
+
+    def put_gpus(self, part, rows: list) -> None:
+        """Put the ``GpuTelemetry`` ``rows`` into ``part`` (a ``NodeTelemetry`` or ``CapAck``): packed
+        (:func:`capctl.readings.pack`, as nodeagent/messages.py), or one message per GPU when :attr:`plain`."""
+        from capctl import readings
+
+        if self.plain:
+            part.gpus.extend(rows)
+        else:
+            readings.pack(rows, part.readings)
 
 
 class Stopwatch:
@@ -268,8 +287,9 @@ class BenchSession:
         # nodeagent's on_plan answers (nodeagent/loop.py)
         touched = {c.index for c in plan.caps}
         if touched:
-            rows = [r for r in fleet.gpu_rows(self.k) if r.index in touched]
-            ack = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True, gpus=rows)).SerializeToString()
+            msg = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True))
+            fleet.put_gpus(msg.ack, [r for r in fleet.gpu_rows(self.k) if r.index in touched])
+            ack = msg.SerializeToString()
             asyncio.get_running_loop().call_soon(self._ack, ack)
         self.fleet.agent_cpu_s += time.process_time() - t1
         return True
@@ -278,8 +298,9 @@ class BenchSession:
         from capctl.security import limits
 
         msg = self.fleet.pb.AgentMessage.FromString(data)
-        if not limits.validate_ack(msg.ack):
-            self.coord.on_ack(self, msg.ack)
+        rows, problem = limits.ack_rows(msg.ack)  # the server's ack branch (coordinator/server.py)
+        if not problem:
+            self.coord.on_ack(self, msg.ack, rows)
 
     def close(self, reason: str) -> None:
         self.close_reason = reason
@@ -327,10 +348,11 @@ class IntervalBench:
             node = self.sessions[k].node
             if tele.node and tele.node != node:
                 continue
-            if limits.validate_telemetry(tele, node):
+            rows, problem = limits.telemetry_rows(tele, node)
+            if problem:
                 continue
             coord.on_energy(node, tele)
-            coord.registry.on_telemetry(node, tele)
+            coord.registry.on_telemetry(node, tele, rows)
 
     async def one_interval(self):
         """Coordinator.tick, stage by stage (same calls, same order); returns the decision."""
@@ -402,13 +424,15 @@ class IntervalBench:
         return modes
 
 
-def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: str = "") -> dict:
-    """Run :class:`IntervalBench` and return its figures (us per GPU per interval by stage)."""
+def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: str = "", plain: bool = False) -> dict:
+    """Run :class:`IntervalBench` and return its figures (us per GPU per interval by stage);
+    ``plain``: the stand-in agents send one ``GpuTelemetry`` per GPU, not packed readings."""
     from capctl.allocator import fast
     from coordinator import allocation, loop
     from coordinator.models import Models
 
     bench = IntervalBench(n_gpus, seed)
+    bench.fleet.plain = plain
     sw = bench.sw
     # stage timers around the daemon's own functions (looked up at call time)
     patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),
@@ -427,6 +451,7 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
     per = {s: 1e6 * v / (n_gpus * intervals) for s, v in sw.cpu.items()}
     beyond = sum(v for s, v in per.items() if s not in ("solve", "view"))
     return {"gpus": n_gpus, "nodes": bench.n_nodes, "jobs": len(bench.fleet.jobs), "intervals": intervals,
+            "readings": "plain" if plain else "packed",
             "us_per_gpu": {s: round(v, 2) for s, v in per.items()},
             "solve_us_per_gpu": round(per["solve"], 2), "beyond_solver_us": round(beyond, 2),
             "view_read_us": round(per["view"], 2),
@@ -497,6 +522,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="write a cProfile of the first timed interval (ingest to "
                     "publish, not the view read) to this file")
+    ap.add_argument("--readings", default="packed", choices=("packed", "plain"),
+                    help="the stand-in agents' GPU readings: packed (GpuReadings, as the real agent sends them to "
+                         "this coordinator) or plain (one GpuTelemetry per GPU, agents before packed readings); "
+                         "compare the two in separate runs (a second size in one process runs ~10 %% slower)")
     ap.add_argument("--sim", nargs=2, metavar=("CLUSTER", "POLICY"),
                     help="measure the capctl policy of `capctl sim` on this cluster and policy file instead")
     ap.add_argument("--duration", type=float, default=None, help="with --sim: simulated seconds")
@@ -510,9 +539,9 @@ def main(argv=None) -> int:
         return 0
     results = []
     for n in [int(x) for x in args.gpus.split(",") if x.strip()]:
-        r = measure(n, args.intervals, args.warmup, args.seed, args.profile)
+        r = measure(n, args.intervals, args.warmup, args.seed, args.profile, args.readings == "plain")
         stages = "  ".join(f"{s} {v:.1f}" for s, v in r["us_per_gpu"].items())
-        print(f"{n:>7} GPUs, {r['jobs']} jobs: beyond the solver {r['beyond_solver_us']:.1f} us/GPU/interval "
+        print(f"{n:>7} GPUs, {r['jobs']} jobs, {r['readings']} readings: beyond the solver {r['beyond_solver_us']:.1f} us/GPU/interval "
               f"(target <= 20), solver {r['solve_us_per_gpu']:.1f}, a view read {r['view_read_us']:.1f}; interval CPU {r['interval_cpu_s']:.2f} s; "
               f"{stages}", flush=True)
         results.append(r)

@@ -70,3 +70,26 @@ def from_wire(value: int) -> str:
         return _ENUM.Name(value)
     except ValueError:
         return f"UNKNOWN_{int(value)}"
+
+
+_NAMES: dict[tuple, str] = {}
+
+
+def name_of_wire(value: int, name: str) -> str:
+    """:func:`of` of a message whose ``cap_state`` is ``value`` and ``cap_state_name`` is ``name``,
+    memoized (a handful of states; every GPU of every report asks)."""
+    key = (value, name)
+    hit = _NAMES.get(key)
+    if hit is None:
+        hit = from_wire(value) if value else name
+        if len(_NAMES) < 256:
+            _NAMES[key] = hit
+    return hit
+
+
+def wire_of_name(name: str) -> int:
+    """The ``CapState`` value of ``name``; 0 (unspecified) for "" or a name the protocol does not define."""
+    try:
+        return to_wire(name)
+    except ValueError:
+        return 0

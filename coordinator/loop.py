@@ -310,13 +310,15 @@ class Coordinator:
                 s = planner.clamp(s, g.min_cap_w, g.max_cap_w)
                 safe.append(pb.CapAssignment(index=idx, cap_w=s))
         return pb.Welcome(protocol_version="capctl.v1", coordinator_id=self.coordinator_id,
-                          interval_s=self.interval_s, lease_s=self.lease_s, safe_caps=safe, term=self.term)
+                          interval_s=self.interval_s, lease_s=self.lease_s, safe_caps=safe, term=self.term,
+                          packed_readings=True)
 
-    def on_ack(self, session, ack) -> None:
-        """A ``CapAck`` arrived on ``session``."""
+    def on_ack(self, session, ack, rows: list | None = None) -> None:
+        """A ``CapAck`` arrived on ``session`` (``rows``: its read-backs decoded and checked,
+        :func:`capctl.security.limits.ack_rows`; None: decoded here)."""
         now = self.registry.clock()
         sent = session.sent.pop(ack.seq, None)
-        self.registry.on_ack(session.node, ack, sent[1] if sent else None)
+        self.registry.on_ack(session.node, ack, sent[1] if sent else None, rows)
         if sent is not None:
             self.rtt_s.append(now - sent[0])
             if sent[3] > -1e17:

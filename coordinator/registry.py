@@ -39,7 +39,8 @@ import time
 
 import numpy as np
 
-from capctl import capstates, devicedata
+from capctl import capstates, devicedata, readings
+from capctl.readings import R_CAP, R_ENFORCED, R_ERROR, R_INDEX, R_PRE_JOB, R_STATE
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 
 log = logging.getLogger("capctl.coordinator.registry")
@@ -299,21 +300,6 @@ def held_detail(min_w: float, max_w: float, state: str, error: str) -> str:
             f"again{now}")
 
 
-_STATE_NAMES: dict[tuple, str] = {}
-
-
-def _cap_state_name(value: int, name: str) -> str:
-    """:func:`capctl.capstates.of` of a message with these ``cap_state``/``cap_state_name``
-    fields, memoized (a handful of states)."""
-    key = (value, name)
-    hit = _STATE_NAMES.get(key)
-    if hit is None:
-        hit = capstates.from_wire(value) if value else name
-        if len(_STATE_NAMES) < 256:
-            _STATE_NAMES[key] = hit
-    return hit
-
-
 _REASON_FLAGS: dict[tuple, tuple[bool, bool, bool]] = {}
 _REASON_FLAGS_MAX = 4096
 
@@ -427,8 +413,10 @@ class Registry:
             node.session = None
             self.events.append(f"disconnect {node_name}")
 
-    def on_telemetry(self, node_name: str, msg) -> bool:
+    def on_telemetry(self, node_name: str, msg, rows: list | None = None) -> bool:
         """Record one ``NodeTelemetry``: readings, throttling history, model samples, job energy.
+        ``rows``: its GPUs decoded and checked (:func:`capctl.security.limits.telemetry_rows`; the
+        server's path); None decodes ``msg`` here (:func:`capctl.readings.rows_of`), packed or not.
 
         Returns True when it brought the first reading of some GPU (the node can now be allocated).
         """
@@ -442,59 +430,50 @@ class Registry:
         node.seen_s = time.time()
         node.seen_mono = now
         node.last_telemetry_seq = msg.seq
-        self._record_gpus(node, msg, now)
+        self._record_gpus(node, readings.rows_of(msg) if rows is None else rows, now)
         return first and all(g.have_reading for g in node.gpus.values())
 
-    def _record_gpus(self, node: NodeObs, msg, now: float) -> None:
-        """The GPU readings of one ``NodeTelemetry`` (:meth:`on_telemetry`) at ``now`` (s)."""
+    def _record_gpus(self, node: NodeObs, rows: list, now: float) -> None:
+        """The GPU rows (:mod:`capctl.readings`) of one ``NodeTelemetry`` (:meth:`on_telemetry`)
+        at ``now`` (s)."""
         node_name = node.name
         gpus = node.gpus
         energy_seen = self._energy_seen.get(node_name)
         if energy_seen is None:
             energy_seen = self._energy_seen[node_name] = {}
         job_of = gpu_jobs(node.bindings.values())  # (a GPU bound to several jobs: the first binding's)
-        state_of = _cap_state_name
         constraints_problem = _constraints_problem
         unsupported = capstates.UNSUPPORTED_CONSTRAINTS
-        for t in msg.gpus:
-            index = t.index
+        for row in rows:
+            (index, power_w, cap_w, enforced_w, temp_c, sm_clock, util, mem_pct, energy_j, pre_job_w, _w0, _w1, _w2,
+             _w3, state, reasons, job_id, error) = row
             g = gpus.get(index)
             if g is None:
                 continue
-            enforced_w = t.enforced_w
             if not enforced_w > 0:
                 # no valid reading (an agent that just started, NVML not answering yet: zeros):
                 # nothing of this sample is a fact; the GPU keeps its last readings (or stays
                 # without one: fixed at its accounted cap) and no model learns from it
-                self._reading(g, t)
+                self._reading(g, row)
                 continue
             # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
-            state = state_of(t.cap_state, t.cap_state_name)
             g.have_reading = g.reading_live = True
-            g.cap_w = t.cap_w
+            g.cap_w = cap_w
             g.enforced_w = enforced_w
-            error = t.error
             if constraints_problem(g.min_cap_w, g.max_cap_w):
                 g.cap_state, error = unsupported, held_detail(g.min_cap_w, g.max_cap_w, state, error)
             elif state:
                 g.cap_state = state
-            if state == OOB_LIMITED and enforced_w < t.cap_w - OOB_TOLERANCE_W:
+            if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
                 g.oob_w, g.oob_mono = enforced_w, now
-            g.pre_job_cap_w = t.pre_job_cap_w
-            power_w = t.power_w
-            temp_c = t.temp_c
-            sm_clock = t.sm_clock_mhz
-            util = t.utilization_pct
-            energy_j = t.energy_j
-            reasons = tuple(t.clocks_event_reasons)
+            g.pre_job_cap_w = pre_job_w
             g.power_w = power_w
             g.temp_c = temp_c
             g.sm_clock_mhz = sm_clock
             g.reasons = reasons
             g.utilization_pct = util
-            mem_pct = t.utilization_rates.memory_pct if t.HasField("utilization_rates") else math.nan
             g.memory_utilization_pct = mem_pct
-            g.job_id = t.job_id
+            g.job_id = job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
             g.add_throttle(now, thermal, power)
@@ -513,11 +492,13 @@ class Registry:
                 if job:
                     self.job_energy_j[job] += energy_j - prev
 
-    def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None) -> None:
+    def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None, rows: list | None = None) -> None:
         """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
 
         ``sent_caps`` are the caps of the acknowledged plan (index -> W); a GPU of the plan missing
         from the read-back stays counted at ``max(reading, cap sent)`` for ``ack_memory_s``.
+        ``rows``: its read-backs decoded and checked (:func:`capctl.security.limits.ack_rows`);
+        None decodes ``ack`` here.
         """
         node = self.nodes.get(node_name)
         if node is None:
@@ -527,12 +508,12 @@ class Registry:
         seen = set()
         gpus = node.gpus
         reading = self._reading
-        for t in ack.gpus:
-            index = t.index
+        for row in (readings.rows_of(ack) if rows is None else rows):
+            index = row[R_INDEX]
             g = gpus.get(index)
             if g is None:
                 continue
-            if not reading(g, t):
+            if not reading(g, row):
                 continue  # not read back: the cap sent keeps counting (below)
             seen.add(index)
             g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
@@ -546,24 +527,26 @@ class Registry:
                     g.last_ack_w = max(g.enforced_w, sent)
                     g.last_ack_mono = now
 
-    def _reading(self, g: GpuObs, t) -> bool:
-        """Apply one read-back (telemetry or ack) to ``g``; False when it holds no valid reading.
+    def _reading(self, g: GpuObs, row: tuple) -> bool:
+        """Apply one read-back row (telemetry or ack, :mod:`capctl.readings`) to ``g``; False when
+        it holds no valid reading.
 
         A read-back without a positive enforced limit is not a reading: NVML never enforces 0 W,
         so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
         first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
         and a GPU that never had a reading stays fixed at its accounted cap."""
-        state = _cap_state_name(t.cap_state, t.cap_state_name)  # capstates.of(t), memoized
-        enforced_w = t.enforced_w
-        error = t.error
+        state = row[R_STATE]
+        enforced_w = row[R_ENFORCED]
+        error = row[R_ERROR]
         if not enforced_w > 0:
             if state:
                 g.cap_state = state
             g.error = error or g.error
             g.reading_live = False  # the last readings are no longer live (the caps keep counting)
             return False
+        cap_w = row[R_CAP]
         g.have_reading = True
-        g.cap_w = t.cap_w
+        g.cap_w = cap_w
         g.enforced_w = enforced_w
         if _constraints_problem(g.min_cap_w, g.max_cap_w):  # whatever an older agent says: bad device data
             # holds the GPU
@@ -571,9 +554,9 @@ class Registry:
             error = held_detail(g.min_cap_w, g.max_cap_w, state, error)
         elif state:
             g.cap_state = state
-        if state == OOB_LIMITED and enforced_w < t.cap_w - OOB_TOLERANCE_W:
+        if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
             g.oob_w, g.oob_mono = enforced_w, self.clock()
-        g.pre_job_cap_w = t.pre_job_cap_w
+        g.pre_job_cap_w = row[R_PRE_JOB]
         if error:
             g.error = error
         return True

@@ -326,18 +326,19 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 if tele.node and tele.node != session.node:
                     log.warning("telemetry for %r on the stream of %r ignored", tele.node, session.node)
                     continue
-                if limits.validate_telemetry(tele, session.node):
+                rows, problem = limits.telemetry_rows(tele, session.node)  # decoded once, packed or not
+                if problem:
                     continue
                 coord.on_energy(session.node, tele)
                 coord.note_report(session.node)
-                if coord.registry.on_telemetry(session.node, tele) | coord.first_report(session.node):
+                if coord.registry.on_telemetry(session.node, tele, rows) | coord.first_report(session.node):
                     coord.wake()  # a node's first readings (or its first report on a new HA stream): allocate it now
             elif kind == "ack":
-                problem = limits.validate_ack(msg.ack)
+                rows, problem = limits.ack_rows(msg.ack)
                 if problem:
                     log.warning("agent %s: CapAck %d ignored: %s", session.node, msg.ack.seq, problem)
                     continue
-                coord.on_ack(session, msg.ack)
+                coord.on_ack(session, msg.ack, rows)
             elif kind == "job_started":
                 problem = limits.validate_binding(msg.job_started.binding, session.node, "JobStarted.binding")
                 if problem:

@@ -83,6 +83,7 @@ class AgentCore:
         self.plan_term = 0  # term of the last plan applied
         self.last_plan_seq = 0
         self.coordinator_id = ""
+        self.packed_readings = False  # the coordinator's Welcome asked for GpuReadings (capctl.readings)
         self.telemetry_seq = 0
         self.last_samples: list[GpuSample] = []
         self.energy = EnergyMeter()  # per-job energy from the GPUs' energy counters (nodeagent.energy)

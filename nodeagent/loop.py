@@ -112,6 +112,7 @@ class AgentLoop(AgentCore):
                 self.interval_s = float(welcome.interval_s)
             if welcome.coordinator_id != self.coordinator_id:
                 self.coordinator_id = welcome.coordinator_id
+            self.packed_readings = bool(welcome.packed_readings)  # per stream: an older coordinator reads GpuTelemetry
             self.fence.see(welcome.term)
             self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
             self.save_state()
@@ -155,7 +156,7 @@ class AgentLoop(AgentCore):
             touched = {c.index for c in plan.caps}
             states = self.caps.states()
             gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
-        return messages.cap_ack(plan.seq, ok, gpus, errors)
+        return messages.cap_ack(plan.seq, ok, gpus, errors, packed=self.packed_readings)
 
     def _apply_plan_caps(self, plan, errors: list[str]) -> bool:
         """Apply the caps (W) of ``plan``, each the GPU's new allowance; append a line per refused
@@ -249,7 +250,8 @@ class AgentLoop(AgentCore):
                 self.resend_ended = False
             msg = messages.node_telemetry(self.node, time.time(), self.telemetry_seq,
                                           [self._gpu_telemetry(s, bound, states) for s in samples],
-                                          job_energy=[messages.job_energy(self.node, r) for r in records])
+                                          job_energy=[messages.job_energy(self.node, r) for r in records],
+                                          packed=self.packed_readings)
         if self.link is not None and not self.link.send(msg, droppable=True) and resent:
             # dropped (the stream not up yet: a report between the hello and the welcome, or the
             # outbox full): the ended jobs' records go with the next report that is sent (found by a

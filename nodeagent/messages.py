@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
-from capctl import capstates
+from capctl import capstates, readings
 from nodeagent.backend import DeviceInfo, GpuSample
 from nodeagent.link import PROTOCOL_VERSION
 
@@ -155,13 +155,20 @@ def hello(*, node: str, agent_version: str, driver_version: str | None, simulate
     )
 
 
-def node_telemetry(node: str, timestamp_s: float, seq: int, gpus: list, job_energy: Sequence = ()):
+def node_telemetry(node: str, timestamp_s: float, seq: int, gpus: list, job_energy: Sequence = (),
+                   packed: bool = False):
     """``AgentMessage`` carrying one ``NodeTelemetry`` (``timestamp_s``: Unix time, s; ``job_energy``:
-    ``JobEnergy`` messages of the running jobs, :func:`job_energy`)."""
+    ``JobEnergy`` messages of the running jobs, :func:`job_energy`). ``packed``: the GPUs
+    (``GpuTelemetry``) go as one ``GpuReadings`` (:func:`capctl.readings.pack`; to a coordinator
+    whose ``Welcome`` asked for it)."""
     from capctl.v1 import capctl_pb2
 
-    return capctl_pb2.AgentMessage(telemetry=capctl_pb2.NodeTelemetry(node=node, timestamp_s=timestamp_s,
-                                                                      seq=seq, gpus=gpus, job_energy=job_energy))
+    tele = capctl_pb2.NodeTelemetry(node=node, timestamp_s=timestamp_s, seq=seq, job_energy=job_energy)
+    if packed:
+        readings.pack(gpus, tele.readings)
+    else:
+        tele.gpus.extend(gpus)
+    return capctl_pb2.AgentMessage(telemetry=tele)
 
 
 def job_energy(node: str, rec):
@@ -176,11 +183,17 @@ def job_energy(node: str, rec):
         user=rec.user, partition=rec.partition, account=rec.account)
 
 
-def cap_ack(seq: int, ok: bool, gpus: list, errors: Sequence[str]):
-    """``CapAck`` of plan ``seq`` with the read-back of its GPUs and the errors joined by "; "."""
+def cap_ack(seq: int, ok: bool, gpus: list, errors: Sequence[str], packed: bool = False):
+    """``CapAck`` of plan ``seq`` with the read-back of its GPUs (``GpuTelemetry``; ``packed``: as
+    one ``GpuReadings``, see :func:`node_telemetry`) and the errors joined by "; "."""
     from capctl.v1 import capctl_pb2
 
-    return capctl_pb2.CapAck(seq=seq, ok=ok, gpus=gpus, error="; ".join(errors))
+    ack = capctl_pb2.CapAck(seq=seq, ok=ok, error="; ".join(errors))
+    if packed:
+        readings.pack(gpus, ack.readings)
+    else:
+        ack.gpus.extend(gpus)
+    return ack
 
 
 def job_started(binding):

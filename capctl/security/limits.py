@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 import re
 
+from capctl import readings
+from capctl.readings import R_ERROR, R_INDEX, R_JOB, R_REASONS, R_STATE
+
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """Largest gRPC message the coordinator receives or sends (4 MiB: a 64-GPU hello is ~20 KiB)."""
 MAX_LOCAL_MESSAGE_BYTES = 1 * 1024 * 1024
@@ -124,73 +127,76 @@ def validate_binding(b, node: str | None = None, field: str = "binding") -> str:
 
 
 _CLEAN_MAX = 4096
-"""Most entries of each memo of :func:`validate_gpu_telemetry` (cleared when full)."""
+"""Most entries of each memo of :func:`rows_problem` (cleared when full)."""
 _CLEAN_LABELS: set = set()
-"""``(cap_state_name, job_id)`` pairs found acceptable (a fleet reports a few distinct pairs)."""
+"""``(cap_state, job_id)`` pairs found acceptable (a fleet reports a few distinct pairs)."""
 _CLEAN_REASONS: set = set()
 """Clocks-event-reason tuples found acceptable (a fleet reports a few distinct sets)."""
 
 
-def validate_gpu_telemetry(g, field: str = "gpus") -> str:
-    """A ``GpuTelemetry``: index, string lengths, reason count. Numbers are not judged here
-    (the coordinator treats non-finite readings as missing).
+def rows_problem(rows: list, field: str) -> str:
+    """The first problem of the decoded GPU rows ``rows`` (:func:`capctl.readings.rows_of`: a
+    ``NodeTelemetry``'s or ``CapAck``'s GPUs, packed or not), "" when none: index, string lengths,
+    reason count. Numbers are not judged here (the coordinator treats non-finite readings as missing).
 
-    Every GPU of every report and acknowledgement comes through here: a reading whose labels and
-    reason set were already found acceptable is passed on a memo (two set lookups,
-    :data:`_CLEAN_LABELS`, :data:`_CLEAN_REASONS`; bounded by :data:`_CLEAN_MAX`); anything
-    else takes the full checks below (:func:`_gpu_telemetry_problem`), whose verdict is the one
-    returned (tested equal on random readings, tests/security/test_limits.py)."""
-    if _known_clean(g):
-        return ""
-    reasons = tuple(g.clocks_event_reasons)
-    labels = (g.cap_state_name, g.job_id)
-    problem = _gpu_telemetry_problem(g, field)
-    if not problem:
-        for memo, key in ((_CLEAN_LABELS, labels), (_CLEAN_REASONS, reasons)):
+    Every GPU of every report and acknowledgement comes through here: a row whose labels and reason
+    set were already found acceptable passes on a memo (two set lookups, :data:`_CLEAN_LABELS`,
+    :data:`_CLEAN_REASONS`; bounded by :data:`_CLEAN_MAX`); anything else takes the full checks
+    (:func:`row_problem`), whose verdict is the one returned (tested equal on random readings,
+    tests/security/test_limits.py)."""
+    clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
+    for row in rows:
+        reasons = row[R_REASONS]
+        if (row[R_INDEX] < MAX_GPUS_PER_NODE and len(row[R_ERROR]) <= MAX_ERROR_LEN
+                and (row[R_STATE], row[R_JOB]) in clean_labels and (not reasons or reasons in clean_reasons)):
+            continue
+        p = row_problem(row, field)
+        if p:
+            return p
+        for memo, key in ((clean_labels, (row[R_STATE], row[R_JOB])), (clean_reasons, reasons)):
             if len(memo) >= _CLEAN_MAX:
                 memo.clear()
             memo.add(key)
-    return problem
-
-
-def _known_clean(g) -> bool:
-    """True when ``g`` (a ``GpuTelemetry``) passes on the memo of :func:`validate_gpu_telemetry`."""
-    reasons = g.clocks_event_reasons
-    return (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
-            and (g.cap_state_name, g.job_id) in _CLEAN_LABELS and (not reasons or tuple(reasons) in _CLEAN_REASONS))
-
-
-def _gpus_problem(gpus, field: str) -> str:
-    """:func:`validate_gpu_telemetry` of each of ``gpus``: the first problem, "" when none (the
-    memo's check inlined: every GPU of every report and acknowledgement)."""
-    clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
-    for g in gpus:
-        reasons = g.clocks_event_reasons
-        if (g.index < MAX_GPUS_PER_NODE and len(g.error) <= MAX_ERROR_LEN
-                and (g.cap_state_name, g.job_id) in clean_labels and (not reasons or tuple(reasons) in clean_reasons)):
-            continue
-        p = validate_gpu_telemetry(g, field)
-        if p:
-            return p
     return ""
 
 
-def _gpu_telemetry_problem(g, field: str) -> str:
-    """The full checks of :func:`validate_gpu_telemetry` ("" when acceptable)."""
-    if g.index >= MAX_GPUS_PER_NODE:
-        return f"{field}.index {g.index}: at most {MAX_GPUS_PER_NODE - 1}"
-    if len(g.clocks_event_reasons) > MAX_CLOCK_REASONS:
-        return f"{field}[{g.index}].clocks_event_reasons: {len(g.clocks_event_reasons)}, at most {MAX_CLOCK_REASONS}"
-    if any(len(r) > MAX_LABEL_LEN for r in g.clocks_event_reasons):
-        return f"{field}[{g.index}].clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
-    if len(g.error) > MAX_ERROR_LEN:
-        return f"{field}[{g.index}].error: {len(g.error)} characters, at most {MAX_ERROR_LEN} allowed"
-    state, job = g.cap_state_name, g.job_id
+def row_problem(row: tuple, field: str) -> str:
+    """The full checks of one decoded GPU row (see :func:`rows_problem`; "" when acceptable)."""
+    index, reasons, error = row[R_INDEX], row[R_REASONS], row[R_ERROR]
+    if index >= MAX_GPUS_PER_NODE:
+        return f"{field}.index {index}: at most {MAX_GPUS_PER_NODE - 1}"
+    if len(reasons) > MAX_CLOCK_REASONS:
+        return f"{field}[{index}].clocks_event_reasons: {len(reasons)}, at most {MAX_CLOCK_REASONS}"
+    if any(len(r) > MAX_LABEL_LEN for r in reasons):
+        return f"{field}[{index}].clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
+    if len(error) > MAX_ERROR_LEN:
+        return f"{field}[{index}].error: {len(error)} characters, at most {MAX_ERROR_LEN} allowed"
+    state, job = row[R_STATE], row[R_JOB]
     if len(state) > MAX_LABEL_LEN or len(job) > MAX_LABEL_LEN * 8 or _CONTROL_RE.search(state) \
             or _CONTROL_RE.search(job):  # (the field names are built only for a message: every GPU, every interval)
-        return _first(check_label(state, f"{field}[{g.index}].cap_state_name"),
-                      check_label(job, f"{field}[{g.index}].job_id", MAX_LABEL_LEN * 8))
+        return _first(check_label(state, f"{field}[{index}].cap_state_name"),
+                      check_label(job, f"{field}[{index}].job_id", MAX_LABEL_LEN * 8))
     return ""
+
+
+def _checked_rows(part, field: str) -> tuple[list, str]:
+    """``(rows, problem)`` of the GPUs of ``part`` (a ``NodeTelemetry`` or ``CapAck``; ``field``
+    names its message): decoded once (:func:`capctl.readings.rows_of`), packed or not; rows are
+    ``[]`` when ``problem`` is not ""."""
+    if readings.is_packed(part):
+        if len(part.gpus):
+            return [], f"{field}: both gpus and readings (packed) set; an agent sends one"
+        name = f"{field}.readings"
+        rows, p = readings.packed_rows(part.readings, name, MAX_GPUS_PER_NODE)
+        if p:
+            return [], p
+    else:
+        if len(part.gpus) > MAX_GPUS_PER_NODE:
+            return [], f"{field}.gpus: {len(part.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
+        name = f"{field}.gpus"
+        rows = readings.rows_of(part)
+    p = rows_problem(rows, name)
+    return ([], p) if p else (rows, "")
 
 
 def validate_hello(hello) -> str:
@@ -233,22 +239,31 @@ def validate_hello(hello) -> str:
     return ""
 
 
-def validate_telemetry(t, node: str | None = None) -> str:
-    """A ``NodeTelemetry``: node (equal to ``node`` when given), GPU count, each GPU."""
+def telemetry_rows(t, node: str | None = None) -> tuple[list, str]:
+    """A ``NodeTelemetry``: node (equal to ``node`` when given), GPU count, each GPU (packed or
+    not). Returns ``(rows, problem)``: its decoded GPU rows (:mod:`capctl.readings`; ``[]`` when
+    refused) and "" or what is wrong."""
     if t.node and node is not None and t.node != node:
-        return f"NodeTelemetry.node {_show(t.node)} on the stream of {_show(node)}"
-    if len(t.gpus) > MAX_GPUS_PER_NODE:
-        return f"NodeTelemetry.gpus: {len(t.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
-    return _gpus_problem(t.gpus, "NodeTelemetry.gpus")
+        return [], f"NodeTelemetry.node {_show(t.node)} on the stream of {_show(node)}"
+    return _checked_rows(t, "NodeTelemetry")
+
+
+def validate_telemetry(t, node: str | None = None) -> str:
+    """The problem of :func:`telemetry_rows` ("" when acceptable)."""
+    return telemetry_rows(t, node)[1]
+
+
+def ack_rows(ack) -> tuple[list, str]:
+    """A ``CapAck``: GPU count, each GPU's read-back (packed or not), error length. Returns
+    ``(rows, problem)`` as :func:`telemetry_rows`."""
+    if len(ack.error) > 16 * MAX_ERROR_LEN:
+        return [], f"CapAck.error: {len(ack.error)} characters, at most {16 * MAX_ERROR_LEN}"
+    return _checked_rows(ack, "CapAck")
 
 
 def validate_ack(ack) -> str:
-    """A ``CapAck``: GPU count, each GPU's read-back, error length."""
-    if len(ack.gpus) > MAX_GPUS_PER_NODE:
-        return f"CapAck.gpus: {len(ack.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
-    if len(ack.error) > 16 * MAX_ERROR_LEN:
-        return f"CapAck.error: {len(ack.error)} characters, at most {16 * MAX_ERROR_LEN}"
-    return _gpus_problem(ack.gpus, "CapAck.gpus")
+    """The problem of :func:`ack_rows` ("" when acceptable)."""
+    return ack_rows(ack)[1]
 
 
 def validate_job_start(req) -> str:

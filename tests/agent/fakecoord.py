@@ -21,8 +21,11 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
     messages; :meth:`push_plan` sends a plan to the (latest) stream of a node."""
 
     def __init__(self, address: str, *, interval_s: float = 0.2, lease_s: float = 2.0,
-                 safe_caps: dict[int, float] | None = None, protocol_version: str = "capctl.v1") -> None:
+                 safe_caps: dict[int, float] | None = None, protocol_version: str = "capctl.v1",
+                 packed_readings: bool = False) -> None:
+        """``packed_readings``: the Welcome asks for ``GpuReadings`` (as the real coordinator's)."""
         self.address = address
+        self.packed_readings = packed_readings
         self.protocol_version = protocol_version
         self.interval_s = interval_s
         self.lease_s = lease_s
@@ -69,7 +72,8 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
         threading.Thread(target=reader, daemon=True).start()
         yield pb.CoordinatorMessage(welcome=pb.Welcome(
             protocol_version=self.protocol_version, coordinator_id=self.coordinator_id, interval_s=self.interval_s,
-            lease_s=self.lease_s, safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in self.safe_caps.items()]))
+            lease_s=self.lease_s, safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in self.safe_caps.items()],
+            packed_readings=self.packed_readings))
         while not done.is_set() and context.is_active():
             try:
                 item = out.get(timeout=0.1)

@@ -39,6 +39,36 @@ def rig(tmp_path):
     node.close()
 
 
+def test_packed_readings_only_to_a_coordinator_that_asks(tmp_path):
+    """Welcomed with ``packed_readings``, the agent sends its GPUs' readings as one GpuReadings in
+    its telemetry and acks (capctl.readings), decoding to the devices' values; welcomed without it
+    (the rig's coordinator above, an older one), as GpuTelemetry messages."""
+    from capctl import readings
+    from capctl.security import limits
+
+    node = sim_node(tmp_path / "sim", 4, seed=5)
+    fc = FakeCoordinator(f"unix:{tmp_path}/fc.sock", interval_s=0.2, lease_s=30.0, packed_readings=True).start()
+    a = start_agent(tmp_path, "n1", fc.address, sim_env=node.env(), interval_s=0.2, reconnect_max_s=0.5)
+    try:
+        a.wait_ready(20, connected=True)
+        wait_until(lambda: len(fc.telemetry) >= 2, 5, what="two telemetry messages")
+        t = fc.telemetry[-1]
+        assert len(t.gpus) == 0 and t.HasField("readings")
+        rows, problem = limits.telemetry_rows(t, "n1")
+        assert problem == "" and [r[readings.R_INDEX] for r in rows] == [0, 1, 2, 3]
+        assert rows[1][readings.R_ENFORCED] == node.read(1)["enforced_w"]
+        assert rows[2][readings.R_TEMP] > 0 and rows[2][readings.R_STATE] == "OK"
+        seq = fc.push_plan("n1", {0: 420.0, 2: 333.5})
+        ack = wait_until(lambda: fc.ack_for(seq), 5, what="ack")
+        rows, problem = limits.ack_rows(ack)
+        assert ack.ok and problem == "" and len(ack.gpus) == 0
+        assert {r[readings.R_INDEX]: r[readings.R_ENFORCED] for r in rows} == {0: 420.0, 2: 333.5}
+    finally:
+        a.stop()
+        fc.stop()
+        node.close()
+
+
 def test_hello_telemetry_plan_ack(rig):
     node, fc, agent = rig
     a = agent()
@@ -53,6 +83,7 @@ def test_hello_telemetry_plan_ack(rig):
     wait_until(lambda: len(fc.telemetry) >= 2, 5, what="two telemetry messages")
     t = fc.telemetry[-1]
     assert t.node == "n1" and len(t.gpus) == 4 and t.gpus[1].enforced_w == node.read(1)["enforced_w"]
+    assert not t.HasField("readings")  # a coordinator that did not ask for packed readings
 
     seq = fc.push_plan("n1", {0: 420.0, 1: 333.5, 3: 9999.0})  # 9999 W: clamped to the device maximum
     ack = wait_until(lambda: fc.ack_for(seq), 5, what="ack")

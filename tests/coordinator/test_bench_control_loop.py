@@ -51,3 +51,32 @@ def test_refilled_readings_serialize_as_fresh_messages_on_random_data():
         not_at_cap += sum(1 for g in body.gpus if not g.clocks_event_reasons)
     assert at_cap > 100 and not_at_cap > 100  # both ways of the throttle reason, and back, were exercised
     assert ours.random() == ref.random()  # one draw per GPU, as before
+
+
+def test_packed_readings_carry_what_the_plain_ones_do():
+    """Welcomed with packed_readings, the stand-in agents send the same readings packed
+    (GpuReadings, as nodeagent): every decoded row equals the plain message's."""
+    import control_loop as cl
+
+    from capctl import readings as rd
+    from capctl.v1 import capctl_pb2 as pb
+
+    data = random.Random(3)
+    plain, packed = cl.Readings(pb, "bn00007", "job2"), cl.Readings(pb, "bn00007", "job2")
+    packed.packed = True
+    ours, ref = random.Random(5), random.Random(5)
+    for seq in range(1, 60):
+        enforced = [data.uniform(200, 700) for _ in range(8)]
+        demand = [data.choice([cl.HEAVY_W, cl.LIGHT_W]) for _ in range(8)]
+        temp = [data.uniform(35, 86) for _ in range(8)]
+        if seq % 2:
+            got = pb.AgentMessage.FromString(packed.report(seq, 1.7e9, enforced, demand, temp, ours)).telemetry
+            want = pb.AgentMessage.FromString(plain.report(seq, 1.7e9, enforced, demand, temp, ref)).telemetry
+            assert (got.node, got.seq, got.timestamp_s) == (want.node, want.seq, want.timestamp_s)
+        else:
+            got = pb.AgentMessage.FromString(packed.ack(seq, enforced, demand, temp, ours)).ack
+            want = pb.AgentMessage.FromString(plain.ack(seq, enforced, demand, temp, ref)).ack
+            assert (got.seq, got.ok) == (want.seq, want.ok)
+        assert not got.gpus and got.HasField("readings") and len(want.gpus) == 8
+        facts = [r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:] for r in rd.rows_of(got)]
+        assert facts == [r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:] for r in rd.rows_of(want)]

@@ -32,6 +32,8 @@ def test_stand_in_agents_send_utilization_rates_and_the_models_estimate_each_job
 def test_stand_in_acks_read_back_the_gpus_the_plan_named_as_nodeagent_does():
     import interval_cost as ic
 
+    from capctl import readings
+
     bench = ic.IntervalBench(512, seed=1)
     pb = bench.fleet.pb
     named: dict = {}  # (node, plan seq) -> GPU indices of the plan's caps
@@ -45,7 +47,8 @@ def test_stand_in_acks_read_back_the_gpus_the_plan_named_as_nodeagent_does():
 
         def spy_ack(data, ack=ack, s=s):
             msg = pb.AgentMessage.FromString(data).ack
-            seen.append((named[(s.node, msg.seq)], {g.index for g in msg.gpus}))
+            assert not msg.gpus  # packed, as the real agent answers this coordinator
+            seen.append((named[(s.node, msg.seq)], {r[readings.R_INDEX] for r in readings.rows_of(msg)}))
             return ack(data)
 
         s.send, s._ack = spy_send, spy_ack

@@ -1,5 +1,8 @@
 """The registry's inlined hot loops equal their per-GPU definitions (issue 12, item 7).
 
+The same messages packed (``GpuReadings``, :mod:`capctl.readings`) leave a third registry equal
+to both: the packed path records exactly what the per-GPU messages say.
+
 ``Registry._record_gpus`` (telemetry) and ``Registry.on_ack`` inline :meth:`Registry._reading`
 and :meth:`GpuObs.add_throttle`; ``gpucolumns.pending_top_w`` visits only non-empty pending
 dicts. Each is compared here with the per-GPU code it replaced (kept below as the reference,
@@ -17,7 +20,7 @@ import random
 
 import numpy as np
 
-from capctl import capstates
+from capctl import capstates, readings
 from capctl.v1 import capctl_pb2 as pb
 from coordinator import gpucolumns
 from coordinator import registry as R
@@ -35,7 +38,7 @@ def _reference_record(reg: Registry, node: NodeObs, msg, now: float) -> None:
         g = node.gpus.get(t.index)
         if g is None:
             continue
-        if not reg._reading(g, t):
+        if not reg._reading(g, _row(t)):
             continue
         reasons = tuple(t.clocks_event_reasons)
         g.power_w, g.temp_c, g.sm_clock_mhz, g.reasons = t.power_w, t.temp_c, t.sm_clock_mhz, reasons
@@ -45,7 +48,7 @@ def _reference_record(reg: Registry, node: NodeObs, msg, now: float) -> None:
         g.job_id, g.error = t.job_id, t.error
         g.reading_live = True
         if g.constraints_problem:  # held for the hello's constraints: the detail says so and what the agent reports
-            g.error = R.held_detail(g.min_cap_w, g.max_cap_w, R._cap_state_name(t.cap_state, t.cap_state_name),
+            g.error = R.held_detail(g.min_cap_w, g.max_cap_w, capstates.name_of_wire(t.cap_state, t.cap_state_name),
                                     t.error)
         thermal, power, stuck = R.reason_flags(reasons)
         g.add_throttle(now, thermal, power)
@@ -69,7 +72,7 @@ def _reference_ack(reg: Registry, node: NodeObs, ack, now: float) -> None:
     seen = set()
     for t in ack.gpus:
         g = node.gpus.get(t.index)
-        if g is None or not reg._reading(g, t):
+        if g is None or not reg._reading(g, _row(t)):
             continue
         seen.add(t.index)
         g.last_ack_w, g.last_ack_mono = g.enforced_w, now
@@ -78,6 +81,32 @@ def _reference_ack(reg: Registry, node: NodeObs, ack, now: float) -> None:
             sent = g.pending.pop(ack.seq, None)
             if sent is not None and idx not in seen:
                 g.last_ack_w, g.last_ack_mono = max(g.enforced_w, sent), now
+
+
+def _row(t: pb.GpuTelemetry) -> tuple:
+    """The decoded row of one ``GpuTelemetry`` (what ``Registry._reading`` takes)."""
+    return readings.rows_of(pb.CapAck(gpus=[t]))[0]
+
+
+def _packable(msg):
+    """``msg`` as an agent that packs would say it: a cap state only as a ``CapState`` value (a
+    name the protocol does not define, which only a hand-made message carries, is unspecified)."""
+    out = type(msg)()
+    out.CopyFrom(msg)
+    for t in out.gpus:
+        if not t.cap_state:
+            t.cap_state = capstates.wire_of_name(t.cap_state_name)
+        t.cap_state_name = ""
+    return out
+
+
+def _packed(msg):
+    """``msg`` (a ``NodeTelemetry`` or ``CapAck``) with its GPUs packed instead (``GpuReadings``)."""
+    out = type(msg)()
+    out.CopyFrom(msg)
+    del out.gpus[:]
+    readings.pack(msg.gpus, out.readings)
+    return out
 
 
 def _registry(rng: random.Random, nodes: int, per_node: int, clock) -> Registry:
@@ -139,6 +168,8 @@ def test_telemetry_and_acks_equal_the_per_gpu_definitions():
     fast = _registry(rng, nodes=12, per_node=8, clock=lambda: clock[0])
     ref = copy.deepcopy(fast)
     ref.clock = fast.clock
+    packed, ref_p = copy.deepcopy(fast), copy.deepcopy(fast)  # packed messages, and their reference
+    packed.clock = ref_p.clock = fast.clock
     valid = 0
     for step in range(40):
         clock[0] += rng.choice([0.5, 1.0, 31.0, 60.25])  # some steps age the throttle window out
@@ -147,18 +178,25 @@ def test_telemetry_and_acks_equal_the_per_gpu_definitions():
             valid += sum(t.enforced_w > 0 and t.index < 8 for t in gpus)
             msg = pb.NodeTelemetry(node=name, seq=step, gpus=gpus)
             fast.on_telemetry(name, msg)
+            packed.on_telemetry(name, _packed(_packable(msg)))
+            ref_p.nodes[name].last_report_mono = ref_p.nodes[name].last_telemetry_mono = clock[0]
+            ref_p.nodes[name].last_telemetry_seq = msg.seq
+            _reference_record(ref_p, ref_p.nodes[name], _packable(msg), clock[0])
             ref_node = ref.nodes[name]
             ref_node.last_report_mono = ref_node.last_telemetry_mono = clock[0]
             ref_node.last_telemetry_seq = msg.seq
             _reference_record(ref, ref_node, msg, clock[0])
             sent = rng.sample(range(8), 3)
-            for reg in (fast, ref):  # caps sent, some acknowledged below
+            for reg in (fast, ref, packed, ref_p):  # caps sent, some acknowledged below
                 for i in sent:
                     reg.nodes[name].gpus[i].pending[step] = 300.0 + 10 * i
             ack = pb.CapAck(seq=step, ok=True, gpus=[_gpu_message(rng, i) for i in rng.sample(range(9), 4)])
             fast.on_ack(name, ack, None)
+            packed.on_ack(name, _packed(_packable(ack)), None)
             _reference_ack(ref, ref.nodes[name], ack, clock[0])
+            _reference_ack(ref_p, ref_p.nodes[name], _packable(ack), clock[0])
         _assert_registries_equal(fast, ref)
+        _assert_registries_equal(packed, ref_p)
     assert valid > 300 and any(fast.job_energy_j.values())  # the random data did exercise the paths
     assert any(g.cap_state == capstates.UNSUPPORTED_CONSTRAINTS for g in fast.all_gpus())
     assert any(g.slowdown_run > 0 for g in fast.all_gpus())

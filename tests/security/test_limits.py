@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from capctl import readings
 from capctl.security import limits
 from capctl.v1 import capctl_pb2 as pb
 
@@ -93,8 +94,9 @@ def test_clip_and_options():
 
 
 def test_gpu_telemetry_memo_gives_the_full_checks_verdict():
-    """validate_gpu_telemetry's memo of acceptable labels and reason sets returns exactly what the
-    full checks return, on random readings mixing good and bad values (repeats hit the memo)."""
+    """rows_problem's memo of acceptable labels and reason sets returns exactly what the full
+    checks (row_problem) return, on random readings mixing good and bad values (repeats hit the
+    memo)."""
     import random
 
     rng = random.Random(7)
@@ -106,8 +108,102 @@ def test_gpu_telemetry_memo_gives_the_full_checks_verdict():
         g = pb.GpuTelemetry(index=rng.choice([0, 7, 63, 64, 100]), cap_state_name=rng.choice(states),
                             job_id=rng.choice(jobs), clocks_event_reasons=rng.choice(reason_sets),
                             error=rng.choice(["", "lost", "e" * 1025]))
-        expect = limits._gpu_telemetry_problem(g, "gpus")
-        assert limits.validate_gpu_telemetry(g, "gpus") == expect
+        row = readings.rows_of(pb.CapAck(gpus=[g]))[0]
+        expect = limits.row_problem(row, "gpus")
+        assert limits.rows_problem([row], "gpus") == expect
         seen.add(bool(expect))
     assert seen == {True, False}
     assert limits._CLEAN_LABELS and limits._CLEAN_REASONS  # the memo was used
+
+
+def _packed_telemetry(gpus, row_bytes=None):
+    t = pb.NodeTelemetry(node="gpu-a01")
+    readings.pack(gpus, t.readings)
+    if row_bytes is not None:
+        t.readings.row_bytes = row_bytes
+    return t
+
+
+def _row(index, reasons=0, job=1, error=0) -> bytes:
+    return readings.ROW.pack(index, 300.0, 300.0, 300.0, 50.0, 1500, 90.0, math.nan, 1e5, 0.0, 1, reasons, job, error)
+
+
+def _with_rows(t, data: bytes) -> pb.NodeTelemetry:
+    out = pb.NodeTelemetry()
+    out.CopyFrom(t)
+    out.readings.rows = data
+    return out
+
+
+def test_packed_readings_decode_to_the_rows_of_the_same_gpus():
+    gpus = [pb.GpuTelemetry(index=i, power_w=300.5 + i, cap_w=500, enforced_w=480, temp_c=61.25, sm_clock_mhz=1755,
+                            utilization_pct=99.0, energy_j=1e6 + i, pre_job_cap_w=700, cap_state=2, job_id=f"{i % 2}",
+                            error="nvml: timeout" if i == 3 else "",
+                            clocks_event_reasons=["SW_POWER_CAP"] if i % 2 else ["SW_POWER_CAP", "HW_SLOWDOWN"])
+            for i in range(8)]
+    for i in (1, 5):
+        gpus[i].utilization_rates.memory_pct = 12.0
+    plain = pb.NodeTelemetry(node="gpu-a01", gpus=gpus)
+    packed = _packed_telemetry(gpus)
+    got, problem = limits.telemetry_rows(packed, "gpu-a01")
+    want, problem_plain = limits.telemetry_rows(plain, "gpu-a01")
+    assert problem == problem_plain == ""
+    def facts(rows):  # (the packed string positions aside; NaN memory_pct compared as text)
+        return [repr(r[:readings.R_WIRE_REASONS] + r[readings.R_STATE:]) for r in rows]
+    assert facts(got) == facts(want)
+    assert got[1][readings.R_STATE] == "OOB_LIMITED" and got[3][readings.R_ERROR] == "nvml: timeout"
+    assert got[0][readings.R_REASONS] == ("SW_POWER_CAP", "HW_SLOWDOWN") and got[1][readings.R_REASONS] == ("SW_POWER_CAP",)
+    assert math.isnan(got[0][readings.R_MEM]) and got[1][readings.R_MEM] == 12.0
+    # each distinct string once: "", two reason sets, two job ids, one error
+    assert sorted(packed.readings.strings) == sorted(["", "SW_POWER_CAP\x1fHW_SLOWDOWN", "SW_POWER_CAP", "0", "1",
+                                                      "nvml: timeout"])
+    assert limits.validate_ack(pb.CapAck(seq=1, readings=packed.readings)) == ""
+
+
+def test_bad_packed_readings_name_the_field():
+    good = _packed_telemetry([pb.GpuTelemetry(index=i, enforced_w=300, job_id="7") for i in range(2)])
+    data = good.readings.rows
+    cases = [
+        (_packed_telemetry([], row_bytes=3), "NodeTelemetry.readings.row_bytes 3: need 88 to 1024"),
+        (_with_rows(good, data[:-1]), "175 bytes, not a whole number of 88-byte rows"),
+        (_with_rows(good, data * 33), "66 GPUs, at most 64 allowed"),
+        (_with_rows(good, _row(70) + data[88:]), "NodeTelemetry.readings.index 70: at most 63"),
+        (_with_rows(good, data[:88] + _row(1, reasons=5)),
+         "readings[1].clocks_event_reasons: string 5, need a position in strings (0 to 1)"),
+        (_with_rows(good, data[:88] + _row(1, job=2)), "readings[1].job_id: string 2, need a position"),
+        (_with_rows(good, _row(0, error=9) + data[88:]), "readings[0].error: string 9"),
+    ]
+    first = pb.NodeTelemetry()
+    first.CopyFrom(good)
+    first.readings.strings[0] = "x"
+    cases.append((first, "readings.strings: 2 strings, the first 'x'; need 1 to 193, \"\" first"))
+    many = pb.NodeTelemetry()
+    many.CopyFrom(good)
+    many.readings.strings.extend(str(k) for k in range(200))
+    cases.append((many, "readings.strings: 202 strings"))
+    both = pb.NodeTelemetry()
+    both.CopyFrom(good)
+    both.gpus.add(index=0)
+    cases.append((both, "both gpus and readings"))
+    ctl = pb.NodeTelemetry()
+    ctl.CopyFrom(good)
+    ctl.readings.strings[1] = "7\x1b[2J"
+    cases.append((ctl, "NodeTelemetry.readings[0].job_id"))
+    for msg, expect in cases:
+        problem = limits.validate_telemetry(msg, "gpu-a01")
+        assert expect in problem, (expect, problem)
+        assert limits.telemetry_rows(msg, "gpu-a01")[0] == []
+    assert limits.validate_telemetry(good, "gpu-a01") == ""
+
+
+def test_packed_rows_of_a_newer_agent_are_read_by_their_known_fields():
+    """Rows longer than capctl.readings.ROW (fields a newer agent appended) decode to their first
+    88 bytes; the extra bytes are skipped."""
+    gpus = [pb.GpuTelemetry(index=i, power_w=100.0 + i, enforced_w=300, cap_state=1, job_id="7") for i in range(3)]
+    t = _packed_telemetry(gpus)
+    data = t.readings.rows
+    t.readings.row_bytes = 104
+    t.readings.rows = b"".join(data[k * 88:(k + 1) * 88] + b"\xff" * 16 for k in range(3))
+    rows, problem = limits.telemetry_rows(t)
+    assert problem == "" and [(r[readings.R_INDEX], r[readings.R_POWER]) for r in rows] == [(0, 100.0), (1, 101.0),
+                                                                                            (2, 102.0)]
