@@ -156,12 +156,17 @@ class Readings:
         self.pb = pb
         self.tele = pb.AgentMessage(telemetry=pb.NodeTelemetry(node=node, gpus=gpus()))
         self.ack_msg = pb.AgentMessage(ack=pb.CapAck(ok=True, gpus=gpus()))
+        self.last: list = []  # (index, power W, enforced W, temp degC, clock MHz, at cap) of the last fill
+        self.strings = ("", "SW_POWER_CAP", job)  # the packed rows' string table
         self.packed = False
         """Send the GPUs packed (``GpuReadings``, :func:`capctl.readings.pack`), as the real agent
         does to a coordinator whose Welcome asks for it (set on the welcome)."""
 
     def _packed(self, msg) -> bytes:
-        """``msg`` (the kept ``AgentMessage``) serialized with its GPUs packed instead."""
+        """``msg`` (the kept ``AgentMessage``, just refilled) serialized with its GPUs packed
+        instead: the rows written from the values :meth:`fill` set (``capctl.readings.ROW``, the
+        layout :func:`capctl.readings.pack` writes; tested equal), not through ``pack``, so that
+        the stand-ins' own CPU on this host stays near the plain form's."""
         from capctl import readings
 
         out = self.pb.AgentMessage()
@@ -171,16 +176,25 @@ class Readings:
         for name in ("node", "seq", "timestamp_s", "ok"):
             if hasattr(src, name):
                 setattr(part, name, getattr(src, name))
-        readings.pack(src.gpus, part.readings)
+        r = part.readings
+        r.row_bytes = readings.ROW.size
+        r.rows = b"".join([readings.ROW.pack(i, p, e, e, t, c, 100.0, math.nan, 0.0, 0.0, 0, 1 if at_cap else 0, 2, 0)
+                           for i, p, e, t, c, at_cap in self.last])
+        r.strings.extend(self.strings)
         return out.SerializeToString()
 
-    @staticmethod
-    def fill(gpus, enforced: list, demand: list, temp: list, rng: random.Random) -> None:
+    def fill(self, gpus, enforced: list, demand: list, temp: list, rng: random.Random) -> None:
         """Set each of ``gpus`` (a repeated ``GpuTelemetry``) to :func:`gpu_reading` of its index
-        (one ``rng`` draw per GPU, in index order, as building them afresh did)."""
+        (one ``rng`` draw per GPU, in index order, as building them afresh did); the values are
+        also kept in :attr:`last` for the packed form."""
+        last = self.last
+        last.clear()
         for g in gpus:
             i = g.index
             p, clock, at_cap = gpu_reading(enforced[i], demand[i], rng)
+            last.append((i, p, enforced[i], temp[i], clock, at_cap))
+            if self.packed:
+                continue  # (the messages are not sent: their fields are not written)
             g.power_w = p
             g.cap_w = g.enforced_w = enforced[i]
             g.temp_c = temp[i]

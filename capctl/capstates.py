@@ -77,12 +77,14 @@ _NAMES: dict[tuple, str] = {}
 
 def name_of_wire(value: int, name: str) -> str:
     """:func:`of` of a message whose ``cap_state`` is ``value`` and ``cap_state_name`` is ``name``,
-    memoized (a handful of states; every GPU of every report asks)."""
+    memoized (a handful of states; every GPU of every report asks). With ``value`` set, ``name``
+    is not read (the enum wins, as in :func:`of`); only names of at most 128 characters (the
+    protocol's label bound) are kept in the memo."""
     key = (value, name)
     hit = _NAMES.get(key)
     if hit is None:
         hit = from_wire(value) if value else name
-        if len(_NAMES) < 256:
+        if len(_NAMES) < 256 and len(name) <= 128:  # (asked before the bound checks: a long name is not kept)
             _NAMES[key] = hit
     return hit
 

@@ -14,12 +14,15 @@ same 8 GPUs decodes in ~6 us (``memoryview.cast`` + ``tolist``, measured 5 Dec 2
 
 Stdlib and protobuf only: the agent (``capctl[agent]``, no numpy) packs with :func:`pack`.
 
-Row (tuple of 16), units as the protocol's: ``(index, power_w, cap_w, enforced_w, temp_c,
-sm_clock_mhz, utilization_pct, memory_pct, energy_j, pre_job_cap_w, wire_state, reason_set, cap_state,
-reasons, job_id, error)``: the first twelve are a packed row's fields as decoded (``index``,
-``sm_clock_mhz``, ``wire_state`` and ``reason_set`` ints; ``memory_pct`` NaN when not reported; a
-``GpuTelemetry``'s ``reason_set`` is 0), then ``cap_state`` the state's name (:mod:`capctl.capstates`;
-"" unspecified), ``reasons`` a tuple of clocks-event-reason names, ``job_id`` and ``error`` strings.
+Row (tuple of 18), units as the protocol's: ``(index, power_w, cap_w, enforced_w, temp_c,
+sm_clock_mhz, utilization_pct, memory_pct, energy_j, pre_job_cap_w, wire_state, wire_reasons,
+wire_job, wire_error, cap_state, reasons, job_id, error)``: the first fourteen are a packed row's
+fields as decoded (:data:`ROW`: ``index``, ``sm_clock_mhz`` and the four ``wire_*`` ints;
+``memory_pct`` NaN when not reported; ``wire_reasons``, ``wire_job``, ``wire_error`` positions in
+the message's string table, 0 in a ``GpuTelemetry``'s row, whose ``wire_state`` is its
+``cap_state`` field), then ``cap_state`` the state's name (:mod:`capctl.capstates`; "" unspecified),
+``reasons`` a tuple of clocks-event-reason names, ``job_id`` and ``error`` strings. The ``R_*``
+constants are positions in a row (the quantities' units are the protocol's, named above).
 """
 
 from __future__ import annotations
@@ -38,9 +41,16 @@ MAX_ROW_BYTES = 1024
 """Largest ``GpuReadings.row_bytes`` accepted (room for fields a newer agent appends)."""
 MAX_STRINGS = 3 * 64 + 1
 """Most ``GpuReadings.strings``: "" and three per GPU of the largest node."""
+MAX_CACHED_REASONS_CHARS = 32 * 129
+"""Longest joined reason set kept in the decoder's memo: the longest set the bound checks accept
+(32 names of 128 characters, capctl.security.limits). Longer ones are decoded but not kept, so a
+message refused for them leaves nothing behind (found by a review: 1 MiB reason strings, each
+distinct, kept ~38 MB per refused message)."""
 REASON_SEP = "\x1f"
 """Joins the clocks-event-reason names of one set in ``GpuReadings.strings`` (U+001F, unit
-separator: NVML's reason names are identifiers, :mod:`capctl.reasons`)."""
+separator: NVML's reason names are identifiers, :mod:`capctl.reasons`). Two sets have no packed
+form: a name containing U+001F (it decodes as two names) and a set of one empty name (it decodes
+as no reason); no agent sends either."""
 
 (R_INDEX, R_POWER, R_CAP, R_ENFORCED, R_TEMP, R_CLOCK, R_UTIL, R_MEM, R_ENERGY, R_PRE_JOB, R_WIRE_STATE, R_WIRE_REASONS,
  R_WIRE_JOB, R_WIRE_ERROR, R_STATE, R_REASONS, R_JOB, R_ERROR) = range(18)
@@ -67,6 +77,8 @@ class _ReasonSets(dict):
 
     def __missing__(self, joined: str) -> tuple:
         names = tuple(joined.split(REASON_SEP)) if joined else ()
+        if len(joined) > MAX_CACHED_REASONS_CHARS:  # (not checked yet: a refused message must leave nothing held)
+            return names
         if len(self) >= 4096:
             self.clear()
         self[joined] = names
@@ -150,5 +162,5 @@ def packed_rows(r, field: str, max_rows: int) -> tuple[list, str]:
     except IndexError:
         k, col = next((k, c) for k, rec in enumerate(recs) for c in (11, 12, 13) if rec[c] >= len(strs))
         what = {11: "clocks_event_reasons", 12: "job_id", 13: "error"}[col]
-        return [], (f"{field}[{k}].{what}: string {recs[k][col]}, need a position in strings "
+        return [], (f"{field}.rows[{k}].{what}: string {recs[k][col]}, need a position in strings "
                     f"(0 to {len(strs) - 1})")

@@ -419,6 +419,10 @@ class Registry:
         server's path); None decodes ``msg`` here (:func:`capctl.readings.rows_of`), packed or not.
 
         Returns True when it brought the first reading of some GPU (the node can now be allocated).
+
+        Raises:
+            ValueError: with ``rows`` None, packed readings that cannot be decoded (a caller that
+                has not checked ``msg``: :func:`capctl.security.limits.telemetry_rows` does).
         """
         node = self.nodes.get(node_name)
         if node is None:
@@ -498,7 +502,8 @@ class Registry:
         ``sent_caps`` are the caps of the acknowledged plan (index -> W); a GPU of the plan missing
         from the read-back stays counted at ``max(reading, cap sent)`` for ``ack_memory_s``.
         ``rows``: its read-backs decoded and checked (:func:`capctl.security.limits.ack_rows`);
-        None decodes ``ack`` here.
+        None decodes ``ack`` here (``ValueError`` for packed readings that cannot be decoded, as
+        :meth:`on_telemetry`).
         """
         node = self.nodes.get(node_name)
         if node is None:

@@ -55,7 +55,8 @@ def test_refilled_readings_serialize_as_fresh_messages_on_random_data():
 
 def test_packed_readings_carry_what_the_plain_ones_do():
     """Welcomed with packed_readings, the stand-in agents send the same readings packed
-    (GpuReadings, as nodeagent): every decoded row equals the plain message's."""
+    (GpuReadings, as nodeagent; rows written from the values, not through capctl.readings.pack):
+    every decoded row equals the plain message's, and the rng draws stay the same."""
     import control_loop as cl
 
     from capctl import readings as rd
@@ -78,5 +79,6 @@ def test_packed_readings_carry_what_the_plain_ones_do():
             want = pb.AgentMessage.FromString(plain.ack(seq, enforced, demand, temp, ref)).ack
             assert (got.seq, got.ok) == (want.seq, want.ok)
         assert not got.gpus and got.HasField("readings") and len(want.gpus) == 8
-        facts = [r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:] for r in rd.rows_of(got)]
-        assert facts == [r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:] for r in rd.rows_of(want)]
+        facts = [repr(r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:]) for r in rd.rows_of(got)]  # (NaN: as text)
+        assert facts == [repr(r[:rd.R_WIRE_REASONS] + r[rd.R_STATE:]) for r in rd.rows_of(want)]
+    assert ours.random() == ref.random()

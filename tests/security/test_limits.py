@@ -169,9 +169,9 @@ def test_bad_packed_readings_name_the_field():
         (_with_rows(good, data * 33), "66 GPUs, at most 64 allowed"),
         (_with_rows(good, _row(70) + data[88:]), "NodeTelemetry.readings.index 70: at most 63"),
         (_with_rows(good, data[:88] + _row(1, reasons=5)),
-         "readings[1].clocks_event_reasons: string 5, need a position in strings (0 to 1)"),
-        (_with_rows(good, data[:88] + _row(1, job=2)), "readings[1].job_id: string 2, need a position"),
-        (_with_rows(good, _row(0, error=9) + data[88:]), "readings[0].error: string 9"),
+         "readings.rows[1].clocks_event_reasons: string 5, need a position in strings (0 to 1)"),
+        (_with_rows(good, data[:88] + _row(1, job=2)), "readings.rows[1].job_id: string 2, need a position"),
+        (_with_rows(good, _row(0, error=9) + data[88:]), "readings.rows[0].error: string 9"),
     ]
     first = pb.NodeTelemetry()
     first.CopyFrom(good)
@@ -207,3 +207,22 @@ def test_packed_rows_of_a_newer_agent_are_read_by_their_known_fields():
     rows, problem = limits.telemetry_rows(t)
     assert problem == "" and [(r[readings.R_INDEX], r[readings.R_POWER]) for r in rows] == [(0, 100.0), (1, 101.0),
                                                                                             (2, 102.0)]
+
+
+def test_refused_messages_leave_nothing_in_the_decoders_memos():
+    """The decoders' memos (reason sets, cap-state names) are asked before the bound checks: a
+    message refused for a huge reason string or state name must leave nothing held (a review found
+    ~38 MB kept per refused 4 MiB message)."""
+    from capctl import capstates
+
+    before_sets, before_names = len(readings._REASON_SETS), len(capstates._NAMES)
+    for k in range(20):
+        t = pb.NodeTelemetry(node="n1")
+        t.readings.row_bytes = readings.ROW.size
+        t.readings.rows = _row(0, reasons=1, job=0)
+        t.readings.strings.extend(["", "\x1f" * 20_000 + str(k)])
+        assert "clocks_event_reasons: 20001, at most 32" in limits.validate_telemetry(t, "n1")
+        plain = pb.NodeTelemetry(node="n1", gpus=[pb.GpuTelemetry(index=0, cap_state_name="S" * 5000 + str(k))])
+        assert "cap_state_name" in limits.validate_telemetry(plain, "n1")
+    assert len(readings._REASON_SETS) == before_sets and len(capstates._NAMES) == before_names
+    assert all(len(j) <= readings.MAX_CACHED_REASONS_CHARS for j in readings._REASON_SETS)
