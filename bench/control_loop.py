@@ -84,7 +84,8 @@ LOAD_PERIOD_S = float(os.environ.get("CAPCTL_BENCH_LOAD_PERIOD_S", "4.0"))
 """Each job's load alternates heavy/light every this many seconds (a few intervals)."""
 PLAIN_READINGS = bool(os.environ.get("CAPCTL_BENCH_PLAIN_READINGS"))
 """``--readings plain``: the agents send one ``GpuTelemetry`` per GPU even to a coordinator that
-asks for packed readings (the format of agents before them), for a before/after in one run."""
+asks for packed readings, and say no ``packed_plans`` (the forms of agents before them), for a
+before/after on one host."""
 HEAVY_W, LIGHT_W = 650.0, 320.0
 BUDGET_FRACTION = 0.6
 """Default budget as a fraction of the fleet's TDP (W/W). The jobs run in antiphase pairs (job 2k
@@ -232,6 +233,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                  acted: list, stepped: list, follow_advice: bool = True, delivered: list | None = None) -> None:
     import grpc
 
+    from capctl import plancaps
     from capctl.v1 import capctl_pb2 as pb
 
     rng = random.Random(idx)
@@ -257,6 +259,7 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                          default_cap_w=TDP_W, slowdown_temp_c=89.0, shutdown_temp_c=92.0,
                          max_sm_clock_mhz=1980) for i in range(GPUS)],
         jobs=[pb.JobBinding(job_id=job, node=node, gpu_indices=list(range(GPUS)), partition="batch")],
+        packed_plans=not PLAIN_READINGS,
     )
     await queue.put(pb.AgentMessage(hello=hello).SerializeToString())
 
@@ -339,13 +342,14 @@ async def _agent(idx: int, addr: str, win: dict, out: list, stats: dict,
                 plan = msg.plan
                 if follow_advice and 0 < plan.report_in_s <= 2 * INTERVAL_S:  # nodeagent/reportclock.py
                     schedule(now + plan.report_in_s)
-                for c in plan.caps:
-                    enforced[c.index] = c.cap_w
-                if plan.caps:  # a hold is not acknowledged (nodeagent/loop.py on_plan, docs/protocol.md)
+                caps = plancaps.of_plan(plan)[0]  # per-GPU or packed rows, as nodeagent reads them
+                for index, cap_w in caps.items():
+                    enforced[index] = cap_w
+                if caps:  # a hold is not acknowledged (nodeagent/loop.py on_plan, docs/protocol.md)
                     await queue.put(readings.ack(plan.seq, enforced, demand, temp, rng))
                 if now >= win["measure"] and last_tele[0] > 0:
-                    out.append((now - last_tele[0], len(plan.caps) > 0, time.time()))
-                if plan.caps and steps:  # the first cap change after a load step: enforced at this ack
+                    out.append((now - last_tele[0], len(caps) > 0, time.time()))
+                if caps and steps:  # the first cap change after a load step: enforced at this ack
                     if steps[0] >= win["measure"]:
                         stepped.append(now - steps[0])
                     steps.clear()
@@ -612,8 +616,9 @@ def main(argv=None) -> int:
                     help="agents follow the coordinator's report timing (CapPlan.report_in_s), ignore it "
                          "(report on their own phase, as before it), or both, one run after the other")
     ap.add_argument("--readings", default="packed", choices=("packed", "plain"),
-                    help="the agents' GPU readings: packed (GpuReadings, to a coordinator that asks for them, as "
-                         "the real agent) or plain (one GpuTelemetry per GPU, as agents before packed readings)")
+                    help="the agents' GPU readings and plans: packed (GpuReadings to a coordinator that asks for "
+                         "them, packed plan caps, as the real agent) or plain (one GpuTelemetry / CapAssignment "
+                         "per GPU, as agents before them)")
     ap.add_argument("--load-period-s", type=float, default=LOAD_PERIOD_S,
                     help="seconds between a job's load changes (default %(default)s: caps move every few "
                          "intervals; a value longer than the run: steady loads, plans are holds)")

@@ -14,8 +14,8 @@ refit throttle and leases see the policy's 1 s interval; the reports land :data:
 before the snapshot; the refit budget keeps its real ``perf_counter`` clock). Each node's agent is a small in-process stand-in (no gRPC: the transport
 is bench/control_loop.py's): it says hello with the real ``AgentHello``, and each interval sends
 one real ``NodeTelemetry`` serialized to bytes, its GPUs packed (``GpuReadings``, what the real
-agent sends this coordinator; ``--readings plain``: one ``GpuTelemetry`` per GPU, as agents before
-packed readings); the coordinator side decodes it (``AgentMessage.FromString``, what the gRPC
+agent sends this coordinator; ``--readings plain``: one ``GpuTelemetry`` per GPU and plans with
+per-GPU caps, as agents before packed readings and plans); the coordinator side decodes it (``AgentMessage.FromString``, what the gRPC
 deserializer calls) and runs the server's telemetry branch (``limits.telemetry_rows``,
 ``Coordinator.on_energy``, ``Registry.on_telemetry``).
 Plans are real ``CapPlan`` messages; the stand-in agent applies their caps and answers a plan with
@@ -71,6 +71,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+
+from capctl import plancaps  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_RACK = 32
@@ -164,7 +166,8 @@ class Fleet:
         self.mem_share = rng.uniform(0.0, MAX_MEMORY_SHARE, len(self.jobs))
         self.seq = 0
         self.plain = False
-        """Send one ``GpuTelemetry`` per GPU (agents before packed readings) instead of ``GpuReadings``."""
+        """Send one ``GpuTelemetry`` per GPU (agents before packed readings) instead of ``GpuReadings``,
+        and say no ``packed_plans`` in the hello (plans come as ``repeated CapAssignment``)."""
         self.agent_cpu_s = 0.0  # CPU of the stand-in agents inside the coordinator's stages (subtracted)
 
     def hello(self, k: int):
@@ -179,7 +182,7 @@ class Fleet:
                              min_cap_w=MIN_W, max_cap_w=TDP_W, default_cap_w=TDP_W, slowdown_temp_c=89.0,
                              shutdown_temp_c=92.0, max_sm_clock_mhz=MAX_CLOCK_MHZ, pre_job_cap_w=TDP_W)
                   for i in range(GPUS_PER_NODE)],
-            jobs=jobs)
+            jobs=jobs, packed_plans=not self.plain)
 
     def step(self, t: int) -> None:
         """Advance the devices by one interval (loads, power, temperatures, energy)."""
@@ -280,12 +283,13 @@ class BenchSession:
         t1 = time.process_time()  # the agent's side from here: not the coordinator's
         plan = type(msg).FromString(data).plan
         fleet = self.fleet
-        for c in plan.caps:
-            fleet.enforced[self.k, c.index] = c.cap_w
+        caps = plancaps.of_plan(plan)[0]  # per-GPU or packed (capctl.plancaps), as nodeagent reads them
+        for index, cap_w in caps.items():
+            fleet.enforced[self.k, index] = cap_w
         pb = fleet.pb
         # the read-back of the GPUs the plan named; a hold (no caps) is not acknowledged: what
         # nodeagent's on_plan answers (nodeagent/loop.py)
-        touched = {c.index for c in plan.caps}
+        touched = caps.keys()
         if touched:
             msg = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True))
             fleet.put_gpus(msg.ack, [r for r in fleet.gpu_rows(self.k) if r.index in touched])
@@ -310,9 +314,11 @@ class IntervalBench:
     """The daemon's coordinator for ``n_gpus`` GPUs on a simulated clock, its stand-in agents and
     the stage timers (see module docstring)."""
 
-    def __init__(self, n_gpus: int, seed: int, fleet_cls=None, phase_intervals: int = PHASE_INTERVALS) -> None:
+    def __init__(self, n_gpus: int, seed: int, fleet_cls=None, phase_intervals: int = PHASE_INTERVALS,
+                 plain: bool = False) -> None:
         """``fleet_cls``: the stand-in agents' class (default :class:`Fleet`), built with
-        ``phase_intervals`` (see :data:`PHASE_INTERVALS`)."""
+        ``phase_intervals`` (see :data:`PHASE_INTERVALS`); ``plain``: the stand-ins send and read
+        the per-GPU messages (``Fleet.plain``), not packed readings and plans."""
         from capctl.policy import load_policy
         from coordinator import loop
         from coordinator.metrics import ViewCollector
@@ -331,6 +337,7 @@ class IntervalBench:
         coord._start_clock = clock() - 1e6  # no startup hold
         coord.models = Models(clock=clock)
         self.fleet = (fleet_cls or Fleet)(self.n_nodes, seed, phase_intervals)
+        self.fleet.plain = plain
         self.sw = Stopwatch()
         self.sessions = [BenchSession(k, self.fleet, coord) for k in range(self.n_nodes)]
         for k, s in enumerate(self.sessions):
@@ -431,8 +438,7 @@ def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: st
     from coordinator import allocation, loop
     from coordinator.models import Models
 
-    bench = IntervalBench(n_gpus, seed)
-    bench.fleet.plain = plain
+    bench = IntervalBench(n_gpus, seed, plain=plain)
     sw = bench.sw
     # stage timers around the daemon's own functions (looked up at call time)
     patches = [(fast, "solve", "solve"), (allocation, "build_problem", "build"), (allocation, "paced_split", "pace"),

@@ -360,7 +360,7 @@ class Coordinator:
             msg = planmsg.cap_plan(
                 self._safe_caps_cache, node_name, caps, safe,
                 seq=seq, phase=phase, lease_expiry_s=self.lease_clock_s() + self.lease_s, lease_s=self.lease_s,
-                dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s,
+                dry_run=dry_run, term=self.term, snapshot_time_s=self._snapshot_time_s, packed=node.packed_plans,
             )
         except ValueError as exc:  # a cap that is no number of watts: this node's plan only, never sent
             log.error("capctl bug: plan %d for node %s not sent: %s", seq, node_name, exc)

@@ -259,6 +259,7 @@ class NodeObs:
     bindings: dict[str, Binding] = dataclasses.field(default_factory=dict)
     simulated: bool = False
     agent_version: str = ""
+    packed_plans: bool = False  # its agent reads packed plan caps (AgentHello.packed_plans, capctl.plancaps)
     driver_version: str = ""
     last_report_mono: float = -1e18  # hello or telemetry
     last_telemetry_mono: float = -1e18
@@ -370,6 +371,7 @@ class Registry:
             self.nodes[hello.node] = node
         node.simulated = hello.simulated
         node.agent_version = hello.agent_version
+        node.packed_plans = hello.packed_plans
         node.driver_version = hello.driver_version
         old = node.gpus
         node.gpus = {}
@@ -512,14 +514,28 @@ class Registry:
         node.last_report_mono = now
         seen = set()
         gpus = node.gpus
-        reading = self._reading
+        constraints_problem = _constraints_problem
         for row in (readings.rows_of(ack) if rows is None else rows):
             index = row[R_INDEX]
             g = gpus.get(index)
             if g is None:
                 continue
-            if not reading(g, row):
-                continue  # not read back: the cap sent keeps counting (below)
+            enforced_w = row[R_ENFORCED]
+            if not enforced_w > 0 or constraints_problem(g.min_cap_w, g.max_cap_w):
+                if not self._reading(g, row):
+                    continue  # not read back: the cap sent keeps counting (below)
+            else:  # a valid read-back of a usable GPU (:meth:`_reading`, inlined: every ack, every GPU)
+                state, cap_w, error = row[R_STATE], row[R_CAP], row[R_ERROR]
+                g.have_reading = True
+                g.cap_w = cap_w
+                g.enforced_w = enforced_w
+                if state:
+                    g.cap_state = state
+                    if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
+                        g.oob_w, g.oob_mono = enforced_w, now
+                g.pre_job_cap_w = row[R_PRE_JOB]
+                if error:
+                    g.error = error
             seen.add(index)
             g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now

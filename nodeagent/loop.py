@@ -18,7 +18,7 @@ import logging
 import math
 import time
 
-from capctl import __version__, capstates
+from capctl import __version__, capstates, plancaps
 from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
@@ -136,44 +136,50 @@ class AgentLoop(AgentCore):
                 self.wake.set()  # the loop re-reads when its next report is due
             self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
+            caps, safe, problem = plancaps.of_plan(plan)  # per-GPU or packed rows (capctl.plancaps)
             before = dict(self.lease.safe_caps_w)
-            self.lease.set_safe_caps({c.index: c.cap_w for c in plan.safe_caps})
+            if not problem:  # (undecodable rows: the last safe caps stay)
+                self.lease.set_safe_caps(safe)
             safe_changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
             if self.safe_mode:
                 log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
                 self.safe_mode.clear()
-            errors: list[str] = []
+            errors: list[str] = [problem] if problem else []
             self.dry_run_plans = bool(plan.dry_run)
-            ok = self._apply_plan_caps(plan, errors) if not plan.dry_run and plan.caps else True
+            ok = self._apply_plan_caps(caps, plan.phase, errors) if not plan.dry_run and caps else not problem
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
             if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
                 self.save_state()
-            if not plan.caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
+            if problem:  # nothing applied: say why (the coordinator keeps counting what it sent)
+                log.warning("plan %d: %s", plan.seq, problem)
+                return messages.cap_ack(plan.seq, False, [], errors, packed=self.packed_readings)
+            if not caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
                 return None
             samples = self.backend.telemetry_all()
             self.last_samples = samples
             bound = self.bound_indices()
-            touched = {c.index for c in plan.caps}
+            touched = caps.keys()
             states = self.caps.states()
             gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
         return messages.cap_ack(plan.seq, ok, gpus, errors, packed=self.packed_readings)
 
-    def _apply_plan_caps(self, plan, errors: list[str]) -> bool:
-        """Apply the caps (W) of ``plan``, each the GPU's new allowance; append a line per refused
-        or failed GPU to ``errors``; True when every cap was applied."""
+    def _apply_plan_caps(self, caps: dict[int, float], phase: str, errors: list[str]) -> bool:
+        """Apply a plan's ``caps`` (GPU index -> W; ``phase`` its phase), each the GPU's new
+        allowance; append a line per refused or failed GPU to ``errors``; True when every cap was
+        applied."""
         ok = True
         wanted: dict[int, float] = {}
-        for c in plan.caps:
-            if c.index not in self.devices:
-                errors.append(f"GPU {c.index} does not exist on {self.node}")
+        for index, cap_w in caps.items():
+            if index not in self.devices:
+                errors.append(f"GPU {index} does not exist on {self.node}")
                 ok = False
                 continue
-            if not math.isfinite(c.cap_w) or c.cap_w <= 0:
-                errors.append(f"GPU {c.index}: cap {c.cap_w!r} W refused")
+            if not math.isfinite(cap_w) or cap_w <= 0:
+                errors.append(f"GPU {index}: cap {cap_w!r} W refused")
                 ok = False
                 continue
-            wanted[c.index] = self._clamp(c.index, c.cap_w)
-        if plan.phase == PHASE_DECREASE:
+            wanted[index] = self._clamp(index, cap_w)
+        if phase == PHASE_DECREASE:
             self._hold_raises(wanted)
         before = {i: (self.allowed_w.get(i), self.desired_w.get(i)) for i in wanted}
         for i, cap in wanted.items():

@@ -151,7 +151,7 @@ def hello(*, node: str, agent_version: str, driver_version: str | None, simulate
     return capctl_pb2.AgentHello(
         protocol_version=PROTOCOL_VERSION, node=node, agent_version=agent_version,
         driver_version=driver_version or "", simulated=bool(simulated),
-        gpus=gpus, jobs=jobs, last_plan_seq=last_plan_seq,
+        gpus=gpus, jobs=jobs, last_plan_seq=last_plan_seq, packed_plans=True,  # reads capctl.plancaps rows
     )
 
 

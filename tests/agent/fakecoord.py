@@ -83,18 +83,28 @@ class FakeCoordinator(pb_grpc.AgentLinkServicer):
 
     def push_plan(self, node: str, caps: dict[int, float], *, phase: str = "decrease", lease_s: float | None = None,
                   safe_caps: dict[int, float] | None = None, dry_run: bool = False, term: int = 0,
-                  report_in_s: float = 0.0) -> int:
-        """Send a plan to ``node``'s stream; returns its seq."""
+                  report_in_s: float = 0.0, caps_rows: bytes | None = None) -> int:
+        """Send a plan to ``node``'s stream; returns its seq. ``caps_rows``: the caps as packed rows
+        instead (capctl.plancaps; ``caps`` then unused), the safe caps packed too."""
         lease = self.lease_s if lease_s is None else lease_s
         with self.lock:
             self.seq += 1
             seq = self.seq
             out = self.outboxes[node]
-        out.put(pb.CoordinatorMessage(plan=pb.CapPlan(
-            seq=seq, phase=phase, caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in caps.items()],
-            lease_expiry_s=time.time() + lease, lease_s=lease,
-            safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in (safe_caps or self.safe_caps).items()],
-            dry_run=dry_run, term=term, report_in_s=report_in_s)))
+        safe = safe_caps or self.safe_caps
+        if caps_rows is not None:
+            from capctl import plancaps
+
+            plan = pb.CapPlan(seq=seq, phase=phase, caps_rows=caps_rows, safe_caps_rows=plancaps.pack(safe),
+                              lease_expiry_s=time.time() + lease, lease_s=lease, dry_run=dry_run, term=term,
+                              report_in_s=report_in_s)
+        else:
+            plan = pb.CapPlan(
+                seq=seq, phase=phase, caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in caps.items()],
+                lease_expiry_s=time.time() + lease, lease_s=lease,
+                safe_caps=[pb.CapAssignment(index=i, cap_w=c) for i, c in safe.items()],
+                dry_run=dry_run, term=term, report_in_s=report_in_s)
+        out.put(pb.CoordinatorMessage(plan=plan))
         return seq
 
     def ack_for(self, seq: int) -> pb.CapAck | None:

@@ -42,8 +42,9 @@ def rig(tmp_path):
 def test_packed_readings_only_to_a_coordinator_that_asks(tmp_path):
     """Welcomed with ``packed_readings``, the agent sends its GPUs' readings as one GpuReadings in
     its telemetry and acks (capctl.readings), decoding to the devices' values; welcomed without it
-    (the rig's coordinator above, an older one), as GpuTelemetry messages."""
-    from capctl import readings
+    (the rig's coordinator above, an older one), as GpuTelemetry messages. It reads packed plan
+    caps (capctl.plancaps) and says so in its hello."""
+    from capctl import plancaps, readings
     from capctl.security import limits
 
     node = sim_node(tmp_path / "sim", 4, seed=5)
@@ -63,6 +64,16 @@ def test_packed_readings_only_to_a_coordinator_that_asks(tmp_path):
         rows, problem = limits.ack_rows(ack)
         assert ack.ok and problem == "" and len(ack.gpus) == 0
         assert {r[readings.R_INDEX]: r[readings.R_ENFORCED] for r in rows} == {0: 420.0, 2: 333.5}
+        # packed plans (capctl.plancaps): the agent says it reads them, applies them, and refuses
+        # undecodable rows whole (an ack saying why, no cap changed)
+        assert fc.hellos[0].packed_plans
+        seq = fc.push_plan("n1", {}, caps_rows=plancaps.pack({1: 310.0, 3: 280.0}), safe_caps={1: 250.0})
+        ack = wait_until(lambda: fc.ack_for(seq), 5, what="packed plan ack")
+        assert ack.ok and {r[readings.R_INDEX] for r in limits.ack_rows(ack)[0]} == {1, 3}
+        assert node.read(1)["limit_w"] == 310.0 and node.read(3)["limit_w"] == 280.0
+        seq = fc.push_plan("n1", {}, caps_rows=plancaps.pack({1: 500.0})[:-3])
+        ack = wait_until(lambda: fc.ack_for(seq), 5, what="bad packed plan ack")
+        assert not ack.ok and "CapPlan.caps_rows: 9 bytes" in ack.error and node.read(1)["limit_w"] == 310.0
     finally:
         a.stop()
         fc.stop()

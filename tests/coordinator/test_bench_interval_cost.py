@@ -32,7 +32,7 @@ def test_stand_in_agents_send_utilization_rates_and_the_models_estimate_each_job
 def test_stand_in_acks_read_back_the_gpus_the_plan_named_as_nodeagent_does():
     import interval_cost as ic
 
-    from capctl import readings
+    from capctl import plancaps, readings
 
     bench = ic.IntervalBench(512, seed=1)
     pb = bench.fleet.pb
@@ -42,7 +42,7 @@ def test_stand_in_acks_read_back_the_gpus_the_plan_named_as_nodeagent_does():
         send, ack = s.send, s._ack
 
         def spy_send(msg, send=send, s=s):
-            named[(s.node, msg.plan.seq)] = {c.index for c in msg.plan.caps}
+            named[(s.node, msg.plan.seq)] = set(plancaps.of_plan(msg.plan)[0])  # (packed, as to nodeagent)
             return send(msg)
 
         def spy_ack(data, ack=ack, s=s):

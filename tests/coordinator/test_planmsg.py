@@ -144,3 +144,38 @@ def test_ints_and_numpy_reals_are_accepted(good):
     assert got == _direct(caps, caps, seq=4)
     assert [(a.index, a.cap_w) for a in got.plan.caps] == [(2, float(good))] == [
         (a.index, a.cap_w) for a in got.plan.safe_caps]
+
+
+def test_packed_plans_carry_the_same_caps():
+    """To an agent that reads packed plans: the caps and safe caps as packed rows
+    (capctl.plancaps), decoding to exactly the dicts given; the scalar fields as the plain plan's;
+    bad caps refused the same way."""
+    import random
+
+    from capctl import plancaps
+
+    rng = random.Random(9)
+    for seq in range(1, 200):
+        caps = {i: rng.uniform(200, 700) for i in rng.sample(range(8), rng.randint(0, 8))}
+        safe = {i: float(rng.choice([200, 350.5, 700])) for i in rng.sample(range(8), rng.randint(0, 8))}
+        fields = dict(seq=seq, phase=rng.choice(["hold", "decrease"]), lease_expiry_s=1e9 + seq, lease_s=10.0,
+                      term=rng.choice([0, 7]), snapshot_time_s=seq * 1.5)
+        got = planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", caps, safe, packed=True, **fields)
+        plain = planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", caps, safe, **fields)
+        plan = pb.CoordinatorMessage.FromString(got.SerializeToString()).plan
+        assert got.WhichOneof("body") == "plan" and not plan.caps and not plan.safe_caps
+        assert plancaps.of_plan(plan) == (caps, safe, "") == plancaps.of_plan(plain.plan)
+        assert (plan.seq, plan.phase, plan.term, plan.lease_s) == (seq, fields["phase"], fields["term"], 10.0)
+    with pytest.raises(ValueError, match="cap_w nan"):
+        planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {0: math.nan}, {}, packed=True)
+
+
+def test_bad_packed_plan_rows_are_named_and_apply_nothing():
+    from capctl import plancaps
+
+    plan = pb.CapPlan(seq=1, caps_rows=plancaps.pack({0: 300.0})[:-1])
+    assert plancaps.of_plan(plan) == ({}, {}, "CapPlan.caps_rows: 11 bytes, not a whole number of 12-byte rows")
+    plan = pb.CapPlan(seq=1, caps_rows=plancaps.pack({0: 300.0}), safe_caps_rows=plancaps.pack({0: 1.0}) * 65)
+    assert plancaps.of_plan(plan) == ({}, {}, "CapPlan.safe_caps_rows: 65 caps, at most 64 allowed")
+    both = pb.CapPlan(caps=[pb.CapAssignment(index=1, cap_w=250.0)], caps_rows=plancaps.pack({0: 300.0}))
+    assert plancaps.of_plan(both) == ({1: 250.0, 0: 300.0}, {}, "")
