@@ -99,7 +99,13 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
     from capctl.demo.run import remove_stale_workdirs
 
     with _running_demo(tmp_path) as (proc, workdir):
+        # the workdir line comes before the demo has started its daemons: wait for the 4 agents
+        # (bounded; under a loaded 2-core host they took longer than the line: the test's rerun)
+        deadline = time.monotonic() + 30
         alive = _children_alive(workdir)
+        while sum("capctl-agent" in x for x in alive) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = _children_alive(workdir)
         agents = [x for x in alive if "capctl-agent" in x]
         assert len(agents) == 4, alive
         proc.kill()
