@@ -433,7 +433,8 @@ class IntervalBench:
 
 def measure(n_gpus: int, intervals: int, warmup: int, seed: int = 0, profile: str = "", plain: bool = False) -> dict:
     """Run :class:`IntervalBench` and return its figures (us per GPU per interval by stage);
-    ``plain``: the stand-in agents send one ``GpuTelemetry`` per GPU, not packed readings."""
+    ``plain``: the stand-in agents send one ``GpuTelemetry`` per GPU, not packed readings, and
+    say no ``packed_plans`` (their plans come as one ``CapAssignment`` per GPU)."""
     from capctl.allocator import fast
     from coordinator import allocation, loop
     from coordinator.models import Models
@@ -529,8 +530,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="", help="write a cProfile of the first timed interval (ingest to "
                     "publish, not the view read) to this file")
     ap.add_argument("--readings", default="packed", choices=("packed", "plain"),
-                    help="the stand-in agents' GPU readings: packed (GpuReadings, as the real agent sends them to "
-                         "this coordinator) or plain (one GpuTelemetry per GPU, agents before packed readings); "
+                    help="the stand-in agents' GPU readings and plans: packed (GpuReadings and packed plan caps, "
+                         "as the real agent and this coordinator) or plain (one GpuTelemetry / CapAssignment per "
+                         "GPU, agents before them); "
                          "compare the two in separate runs (a second size in one process runs ~10 %% slower)")
     ap.add_argument("--sim", nargs=2, metavar=("CLUSTER", "POLICY"),
                     help="measure the capctl policy of `capctl sim` on this cluster and policy file instead")

@@ -25,16 +25,21 @@ def pack(caps: dict[int, float]) -> bytes:
     (the coordinator checks them first, coordinator/planmsg.py ``check_caps``).
 
     Raises:
-        struct.error: an index outside 0..2^32-1 or a cap that is no number.
+        ValueError: an index outside 0..2^32-1 or a cap that is no number (what the per-GPU
+            form's protobuf setters raise, so the coordinator's one ``except ValueError`` of a
+            node's plan covers both).
     """
-    return b"".join([CAP.pack(i, c) for i, c in sorted(caps.items())])
+    try:
+        return b"".join([CAP.pack(i, c) for i, c in sorted(caps.items())])
+    except struct.error as err:
+        raise ValueError(f"packed caps {caps!r:.200}: {err}") from None
 
 
 def unpack(data: bytes, field: str) -> tuple[dict[int, float], str]:
     """``(caps, problem)`` of packed rows ``data``: GPU index -> W (a repeated index: its last
     row), or ``{}`` and what is wrong (a size that is not whole 12-byte rows, more than
-    :data:`MAX_CAPS` rows), naming ``field``. The caps' values are the receiver's to judge
-    (finite, > 0: the agent refuses any other, as in ``repeated CapAssignment``)."""
+    :data:`MAX_CAPS` rows), naming ``field``. The values are the receiver's to judge (the agent
+    takes only finite watts above 0, caps and safe caps alike, in either form)."""
     if len(data) % CAP.size:
         return {}, f"CapPlan.{field}: {len(data)} bytes, not a whole number of {CAP.size}-byte rows"
     if len(data) > CAP.size * MAX_CAPS:
@@ -43,15 +48,18 @@ def unpack(data: bytes, field: str) -> tuple[dict[int, float], str]:
 
 
 def of_plan(plan) -> tuple[dict[int, float], dict[int, float], str]:
-    """``(caps, safe caps, problem)`` of a ``CapPlan``, GPU index -> W, from both forms (the
-    per-GPU ``caps`` / ``safe_caps`` and the packed ``caps_rows`` / ``safe_caps_rows``; a
-    coordinator sends one). ``problem`` is "" or why the packed rows cannot be read: then both
-    dicts are empty (nothing of such a plan is applied)."""
+    """``(caps, safe caps, problem)`` of a ``CapPlan``, GPU index -> W, from either form (the
+    per-GPU ``caps`` / ``safe_caps`` or the packed ``caps_rows`` / ``safe_caps_rows``).
+    ``problem`` is "" or why the plan cannot be read (packed rows of a bad size or count, one
+    list in both forms): then both dicts are empty (nothing of such a plan is taken)."""
     caps = {c.index: c.cap_w for c in plan.caps}
     safe = {c.index: c.cap_w for c in plan.safe_caps}
     for name, into in (("caps_rows", caps), ("safe_caps_rows", safe)):
         data = getattr(plan, name)
         if data:
+            if into:
+                plain = "caps" if name == "caps_rows" else "safe_caps"
+                return {}, {}, f"CapPlan.{name} and CapPlan.{plain} both set: a coordinator sends one form"
             got, problem = unpack(data, name)
             if problem:
                 return {}, {}, problem

@@ -11,6 +11,7 @@ on the agent's wall clock, so a wall-clock jump on either side cannot stretch a 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -55,11 +56,23 @@ class Lease:
             self.expiry_mono_s = min(candidates)
             self.expired_applied = False
 
-    def set_safe_caps(self, caps_w: dict[int, float]) -> None:
+    def set_safe_caps(self, caps_w: dict[int, float]) -> dict[int, float]:
         """Update the failsafe caps (W per NVML index) with those a plan or Welcome carries; GPUs it
-        does not name keep their last safe cap (a plan may cover a subset of the node's GPUs)."""
+        does not name keep their last safe cap (a plan may cover a subset of the node's GPUs).
+        A value that is no finite number of watts above 0 (NaN, infinite, <= 0, not a number) is
+        never taken: the GPU keeps its last safe cap (a NaN would win the failsafe's ``min`` and be
+        written; found by a review). Returns the refused ones (index -> value as given)."""
+        refused = {}
         for k, v in caps_w.items():
-            self.safe_caps_w[int(k)] = float(v)
+            try:
+                w = float(v)
+            except (TypeError, ValueError):
+                w = math.nan
+            if math.isfinite(w) and w > 0:
+                self.safe_caps_w[int(k)] = w
+            else:
+                refused[k] = v
+        return refused
 
     def active(self, now_mono_s: float | None = None) -> bool:
         """True while a lease is held and not yet expired."""

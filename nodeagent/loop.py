@@ -114,7 +114,9 @@ class AgentLoop(AgentCore):
                 self.coordinator_id = welcome.coordinator_id
             self.packed_readings = bool(welcome.packed_readings)  # per stream: an older coordinator reads GpuTelemetry
             self.fence.see(welcome.term)
-            self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
+            refused = self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
+            if refused:
+                log.warning("welcome: safe caps %s refused (need finite watts > 0): the last ones kept", refused)
             self.save_state()
         # telemetry right away: the coordinator needs our enforced caps before planning
         self.report_clock.report_now(time.monotonic(), WELCOME_REPORT_DELAY_S)
@@ -124,8 +126,11 @@ class AgentLoop(AgentCore):
         """Apply a ``CapPlan`` (renew the lease, update safe caps, set caps clamped to the limit
         constraints unless ``dry_run``) and return its ``CapAck`` with the read-back of the GPUs it
         named; a plan without caps (a hold) is not acknowledged (None: docs/protocol.md, "hold"):
-        its read-back would only repeat the telemetry. Unknown GPUs or non-finite caps make ``ok``
-        false. Never raises for a bad cap or a failed write: they are reported in the ack."""
+        its read-back would only repeat the telemetry. Unknown GPUs, caps or safe caps that are no
+        finite watts above 0 make ``ok`` false (a refused safe cap keeps the last one). A plan
+        whose packed rows cannot be read (capctl.plancaps) is not taken at all (no lease renewal,
+        no cap, no safe cap, its seq not recorded) and is answered ``ok`` false with the reason,
+        a hold too. Never raises for a bad cap or a failed write: they are reported in the ack."""
         received_mono = time.monotonic()
         with self.lock:
             refused = self.fence.admit(plan.term)
@@ -134,25 +139,28 @@ class AgentLoop(AgentCore):
                 raise LeaveCoordinator(refused)
             if self.report_clock.advise(plan.report_in_s, received_mono, self.interval_s):
                 self.wake.set()  # the loop re-reads when its next report is due
+            caps, safe, problem = plancaps.of_plan(plan)  # per-GPU or packed rows (capctl.plancaps)
+            if problem:  # rows that cannot be read: the plan is not taken (no lease renewed, no cap,
+                # no safe cap, seq not advanced), only answered, so that the coordinator logs why
+                log.warning("plan %d refused: %s", plan.seq, problem)
+                return messages.cap_ack(plan.seq, False, [], [problem], packed=self.packed_readings)
             self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
-            caps, safe, problem = plancaps.of_plan(plan)  # per-GPU or packed rows (capctl.plancaps)
             before = dict(self.lease.safe_caps_w)
-            if not problem:  # (undecodable rows: the last safe caps stay)
-                self.lease.set_safe_caps(safe)
+            refused_safe = self.lease.set_safe_caps(safe)
             safe_changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
             if self.safe_mode:
                 log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
                 self.safe_mode.clear()
-            errors: list[str] = [problem] if problem else []
+            errors: list[str] = [f"GPU {i}: safe cap {v!r} W refused" for i, v in refused_safe.items()]
+            if refused_safe:
+                log.warning("plan %d: %s (the last safe caps kept)", plan.seq, "; ".join(errors))
             self.dry_run_plans = bool(plan.dry_run)
-            ok = self._apply_plan_caps(caps, plan.phase, errors) if not plan.dry_run and caps else not problem
+            ok = self._apply_plan_caps(caps, plan.phase, errors) if not plan.dry_run and caps else True
+            ok = ok and not refused_safe
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
             if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
                 self.save_state()
-            if problem:  # nothing applied: say why (the coordinator keeps counting what it sent)
-                log.warning("plan %d: %s", plan.seq, problem)
-                return messages.cap_ack(plan.seq, False, [], errors, packed=self.packed_readings)
             if not caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
                 return None
             samples = self.backend.telemetry_all()

@@ -178,4 +178,6 @@ def test_bad_packed_plan_rows_are_named_and_apply_nothing():
     plan = pb.CapPlan(seq=1, caps_rows=plancaps.pack({0: 300.0}), safe_caps_rows=plancaps.pack({0: 1.0}) * 65)
     assert plancaps.of_plan(plan) == ({}, {}, "CapPlan.safe_caps_rows: 65 caps, at most 64 allowed")
     both = pb.CapPlan(caps=[pb.CapAssignment(index=1, cap_w=250.0)], caps_rows=plancaps.pack({0: 300.0}))
-    assert plancaps.of_plan(both) == ({1: 250.0, 0: 300.0}, {}, "")
+    assert plancaps.of_plan(both) == ({}, {}, "CapPlan.caps_rows and CapPlan.caps both set: a coordinator sends one form")
+    with pytest.raises(ValueError, match="packed caps"):  # as the per-GPU form: one except for both in send_plan
+        planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {-1: 250.0}, {}, packed=True, seq=1)

@@ -115,6 +115,37 @@ def test_a_hold_renews_the_lease_and_safe_caps_and_is_not_acknowledged(tmp_path)
     assert ack.seq == 3 and [g.index for g in ack.gpus] == [1] and reads[0] == 1
 
 
+def test_packed_plans_and_bad_safe_caps(tmp_path):
+    """A packed plan (capctl.plancaps) applies as the per-GPU one; rows that cannot be read are
+    not taken at all (no cap, no safe cap, no lease renewal, seq not recorded) and answered not ok,
+    a hold too; a safe cap that is no finite watts above 0 (NaN, 0, -5), in either form, is refused
+    and the GPU keeps its last one (a NaN won the failsafe's min before)."""
+    import math
+
+    from capctl import plancaps
+
+    dev = PureDevice(4, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    ack = agent.on_plan(capctl_pb2.CapPlan(seq=1, lease_s=60.0, caps_rows=plancaps.pack({0: 300.0, 2: 350.0}),
+                                           safe_caps_rows=plancaps.pack({0: 250.0, 1: 260.0})))
+    assert ack.ok and {g.index: g.cap_w for g in ack.gpus} == {0: 300.0, 2: 350.0}
+    assert agent.lease.safe_caps_w == {0: 250.0, 1: 260.0} and agent.last_plan_seq == 1
+    expiry, writes = agent.lease.expiry_mono_s, len(dev.writes)
+    for bad in (capctl_pb2.CapPlan(seq=2, lease_s=600.0, caps_rows=plancaps.pack({0: 200.0})[:-1]),
+                capctl_pb2.CapPlan(seq=3, lease_s=600.0, safe_caps_rows=plancaps.pack({0: 200.0}) * 65),
+                capctl_pb2.CapPlan(seq=4, lease_s=600.0, caps=[capctl_pb2.CapAssignment(index=1, cap_w=250.0)],
+                                   caps_rows=plancaps.pack({0: 200.0}))):
+        ack = agent.on_plan(bad)
+        assert ack is not None and not ack.ok and "CapPlan." in ack.error and ack.seq == bad.seq
+        assert len(dev.writes) == writes and agent.lease.expiry_mono_s == expiry and agent.last_plan_seq == 1
+        assert agent.lease.safe_caps_w == {0: 250.0, 1: 260.0}
+    ack = agent.on_plan(plan(5, {3: 320.0}, safe={0: math.nan, 1: 0.0, 2: -5.0, 3: 300.0}))
+    assert not ack.ok and "GPU 0: safe cap nan W refused" in ack.error and "GPU 2: safe cap -5.0 W refused" in ack.error
+    assert agent.lease.safe_caps_w == {0: 250.0, 1: 260.0, 3: 300.0} and agent.desired_w[3] == 320.0
+    assert agent.on_plan(capctl_pb2.CapPlan(seq=6, lease_s=60.0, safe_caps_rows=plancaps.pack({1: math.inf}))) is None
+    assert agent.lease.safe_caps_w[1] == 260.0  # a hold: not acknowledged, its bad safe cap refused all the same
+
+
 def test_plan_clamps_to_the_constraints_and_refuses_bad_caps_per_gpu(tmp_path):
     dev = PureDevice(3, limit_w=400.0)
     agent = make_agent(tmp_path, dev)
