@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from capctl import plancaps  # noqa: E402
+from capctl import plancaps, readings  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_RACK = 32
@@ -226,23 +226,11 @@ class Fleet:
     def telemetry_bytes(self, k: int) -> bytes:
         """Node ``k``'s report, serialized: its GPUs packed (``GpuReadings``, as the real agent sends
         them to a coordinator that asks) unless :attr:`plain`."""
-        from capctl import readings
-
         pb = self.pb
         self.seq += 1
         tele = pb.NodeTelemetry(node=node_name(k), timestamp_s=time.time(), seq=self.seq)
-        self.put_gpus(tele, self.gpu_rows(k))
+        readings.fill(tele, self.gpu_rows(k), not self.plain)
         return pb.AgentMessage(telemetry=tele).SerializeToString()
-
-    def put_gpus(self, part, rows: list) -> None:
-        """Put the ``GpuTelemetry`` ``rows`` into ``part`` (a ``NodeTelemetry`` or ``CapAck``): packed
-        (:func:`capctl.readings.pack`, as nodeagent/messages.py), or one message per GPU when :attr:`plain`."""
-        from capctl import readings
-
-        if self.plain:
-            part.gpus.extend(rows)
-        else:
-            readings.pack(rows, part.readings)
 
 
 class Stopwatch:
@@ -292,7 +280,7 @@ class BenchSession:
         touched = caps.keys()
         if touched:
             msg = pb.AgentMessage(ack=pb.CapAck(seq=plan.seq, ok=True))
-            fleet.put_gpus(msg.ack, [r for r in fleet.gpu_rows(self.k) if r.index in touched])
+            readings.fill(msg.ack, [r for r in fleet.gpu_rows(self.k) if r.index in touched], not fleet.plain)
             ack = msg.SerializeToString()
             asyncio.get_running_loop().call_soon(self._ack, ack)
         self.fleet.agent_cpu_s += time.process_time() - t1

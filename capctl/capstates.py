@@ -72,21 +72,27 @@ def from_wire(value: int) -> str:
         return f"UNKNOWN_{int(value)}"
 
 
-_NAMES: dict[tuple, str] = {}
+class _WireNames(dict):
+    """``CapState`` value -> name (:func:`from_wire`), filled on first use and bounded (256
+    values; a value from a newer peer shows as ``UNKNOWN_<n>``). A dict so that the decoders of
+    every GPU of every report look a state up with one subscript."""
+
+    def __missing__(self, value: int) -> str:
+        name = from_wire(value)
+        if len(self) < 256:
+            self[value] = name
+        return name
+
+
+WIRE_NAMES = _WireNames()
+"""The one memo of :func:`from_wire` (:func:`name_of_wire`, :mod:`capctl.readings`)."""
 
 
 def name_of_wire(value: int, name: str) -> str:
-    """:func:`of` of a message whose ``cap_state`` is ``value`` and ``cap_state_name`` is ``name``,
-    memoized (a handful of states; every GPU of every report asks). With ``value`` set, ``name``
-    is not read (the enum wins, as in :func:`of`); only names of at most 128 characters (the
-    protocol's label bound) are kept in the memo."""
-    key = (value, name)
-    hit = _NAMES.get(key)
-    if hit is None:
-        hit = from_wire(value) if value else name
-        if len(_NAMES) < 256 and len(name) <= 128:  # (asked before the bound checks: a long name is not kept)
-            _NAMES[key] = hit
-    return hit
+    """:func:`of` of a message whose ``cap_state`` is ``value`` and ``cap_state_name`` is ``name``:
+    the enum's name through :data:`WIRE_NAMES` when ``value`` is set (``name`` not read), else
+    ``name`` (nothing of a peer's text is kept)."""
+    return WIRE_NAMES[value] if value else name
 
 
 def wire_of_name(name: str) -> int:

@@ -2,15 +2,17 @@
 
 The agent reports its GPUs in a ``NodeTelemetry`` and a ``CapAck`` either as one ``GpuTelemetry``
 message per GPU (every agent before packed readings, and any agent talking to a coordinator whose
-``Welcome`` lacks ``packed_readings``) or packed, as one ``GpuReadings``: a float64 row per GPU
-(:data:`ROW`), the strings beside it (docs/protocol.md, "Packed readings"). The coordinator
-decodes either into the same rows (:func:`rows_of`, tuples indexed by the ``R_*`` constants) and
-checks them once (:func:`rows_problem`); the registry records rows, never protobuf fields.
+``Welcome`` lacks ``packed_readings``) or packed, as one ``GpuReadings``: a fixed binary row per
+GPU (:data:`ROW`) and a table of its distinct strings (docs/protocol.md, "Packed readings"). The
+coordinator decodes either into the same rows (:func:`rows_of`, :func:`packed_rows`; tuples
+indexed by the ``R_*`` constants) and checks them once
+(:func:`capctl.security.limits.rows_problem`); the registry records rows, never protobuf fields.
 
-Why: reading one node's report field by field cost ~41 us per 8-GPU message on the 2-core test
-host (17 field reads per GPU through the protobuf runtime, then the same fields again for the bound
-checks), most of the coordinator's per-GPU ingest cost (issue 12, item 7); the packed row of the
-same 8 GPUs decodes in ~6 us (``memoryview.cast`` + ``tolist``, measured 5 Dec 2026).
+Why: reading one node's report field by field, then its strings again for the bound checks, cost
+~35 us per 8-GPU message on the 2-core test host (17 field reads per GPU through the protobuf
+runtime), most of the coordinator's per-GPU ingest (issue 12, item 7); the same 8 GPUs packed are
+decoded and checked in ~12 us (one ``struct.iter_unpack`` and a string table; measured 5 Dec
+2026, 200 bench reports x 20).
 
 Stdlib and protobuf only: the agent (``capctl[agent]``, no numpy) packs with :func:`pack`.
 
@@ -57,20 +59,6 @@ as no reason); no agent sends either."""
 """Positions in a decoded row (module docstring)."""
 
 
-class _WireNames(dict):
-    """``CapState`` value -> name (:func:`capctl.capstates.from_wire`), filled on first use and
-    bounded (a value from a newer peer shows as ``UNKNOWN_<n>``)."""
-
-    def __missing__(self, value: int) -> str:
-        name = capstates.from_wire(value)
-        if len(self) < 256:
-            self[value] = name
-        return name
-
-
-_WIRE_NAMES = _WireNames()
-
-
 class _ReasonSets(dict):
     """A reason set as sent (names joined by :data:`REASON_SEP`) -> its tuple of names, filled on
     first use and bounded (a fleet reports a few distinct sets)."""
@@ -106,6 +94,16 @@ def pack(gpus, readings) -> None:
     readings.row_bytes = ROW.size
     readings.rows = b"".join(packed)
     readings.strings.extend(strings)
+
+
+def fill(part, gpus: list, packed: bool) -> None:
+    """Put the ``GpuTelemetry`` messages ``gpus`` into ``part`` (an empty ``NodeTelemetry`` or
+    ``CapAck``): packed (:func:`pack` into ``part.readings``, to a coordinator whose ``Welcome``
+    asked for it) or one message per GPU (``part.gpus``)."""
+    if packed:
+        pack(gpus, part.readings)
+    else:
+        part.gpus.extend(gpus)
 
 
 def is_packed(part) -> bool:
@@ -156,7 +154,7 @@ def packed_rows(r, field: str, max_rows: int) -> tuple[list, str]:
                     + f"; need 1 to {MAX_STRINGS}, \"\" first")
     recs = (list(ROW.iter_unpack(data)) if size == ROW.size  # (a newer agent's longer rows: their first fields)
             else [ROW.unpack_from(data, k * size) for k in range(n)])
-    names, sets = _WIRE_NAMES, _REASON_SETS
+    names, sets = capstates.WIRE_NAMES, _REASON_SETS
     try:
         return [rec + (names[rec[10]], sets[strs[rec[11]]], strs[rec[12]], strs[rec[13]]) for rec in recs], ""
     except IndexError:

@@ -122,20 +122,17 @@ def cap_plan(cache: SafeCapsCache, node: str, caps: dict[int, float], safe: dict
     check_caps(node, "safe_caps", safe)
     if packed:
         msg = pb.CoordinatorMessage()
-        plan = msg.plan
-        plan.SetInParent()  # a plan even without caps
-        for name, value in fields.items():
-            setattr(plan, name, value)
-        if caps:
-            plan.caps_rows = plancaps.pack(caps)
+        msg.plan.SetInParent()  # a plan even without caps
         if safe:
-            plan.safe_caps_rows = plancaps.pack(safe)
-        return msg
-    msg = cache.blank(node, safe)
+            msg.plan.safe_caps_rows = plancaps.pack(safe)
+    else:
+        msg = cache.blank(node, safe)
     plan = msg.plan
     for name, value in fields.items():
         setattr(plan, name, value)
-    if caps:
+    if caps and packed:
+        plan.caps_rows = plancaps.pack(caps)
+    elif caps:
         add = plan.caps.add
         for i, c in sorted(caps.items()):
             add(index=i, cap_w=c)

@@ -514,28 +514,14 @@ class Registry:
         node.last_report_mono = now
         seen = set()
         gpus = node.gpus
-        constraints_problem = _constraints_problem
+        reading = self._reading
         for row in (readings.rows_of(ack) if rows is None else rows):
             index = row[R_INDEX]
             g = gpus.get(index)
             if g is None:
                 continue
-            enforced_w = row[R_ENFORCED]
-            if not enforced_w > 0 or constraints_problem(g.min_cap_w, g.max_cap_w):
-                if not self._reading(g, row):
-                    continue  # not read back: the cap sent keeps counting (below)
-            else:  # a valid read-back of a usable GPU (:meth:`_reading`, inlined: every ack, every GPU)
-                state, cap_w, error = row[R_STATE], row[R_CAP], row[R_ERROR]
-                g.have_reading = True
-                g.cap_w = cap_w
-                g.enforced_w = enforced_w
-                if state:
-                    g.cap_state = state
-                    if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
-                        g.oob_w, g.oob_mono = enforced_w, now
-                g.pre_job_cap_w = row[R_PRE_JOB]
-                if error:
-                    g.error = error
+            if not reading(g, row):
+                continue  # not read back: the cap sent keeps counting (below)
             seen.add(index)
             g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now

@@ -164,10 +164,7 @@ def node_telemetry(node: str, timestamp_s: float, seq: int, gpus: list, job_ener
     from capctl.v1 import capctl_pb2
 
     tele = capctl_pb2.NodeTelemetry(node=node, timestamp_s=timestamp_s, seq=seq, job_energy=job_energy)
-    if packed:
-        readings.pack(gpus, tele.readings)
-    else:
-        tele.gpus.extend(gpus)
+    readings.fill(tele, gpus, packed)
     return capctl_pb2.AgentMessage(telemetry=tele)
 
 
@@ -189,10 +186,7 @@ def cap_ack(seq: int, ok: bool, gpus: list, errors: Sequence[str], packed: bool 
     from capctl.v1 import capctl_pb2
 
     ack = capctl_pb2.CapAck(seq=seq, ok=ok, error="; ".join(errors))
-    if packed:
-        readings.pack(gpus, ack.readings)
-    else:
-        ack.gpus.extend(gpus)
+    readings.fill(ack, gpus, packed)
     return ack
 
 

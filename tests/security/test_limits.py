@@ -215,7 +215,7 @@ def test_refused_messages_leave_nothing_in_the_decoders_memos():
     ~38 MB kept per refused 4 MiB message)."""
     from capctl import capstates
 
-    before_sets, before_names = len(readings._REASON_SETS), len(capstates._NAMES)
+    before_sets, before_names = len(readings._REASON_SETS), len(capstates.WIRE_NAMES)
     for k in range(20):
         t = pb.NodeTelemetry(node="n1")
         t.readings.row_bytes = readings.ROW.size
@@ -224,5 +224,5 @@ def test_refused_messages_leave_nothing_in_the_decoders_memos():
         assert "clocks_event_reasons: 20001, at most 32" in limits.validate_telemetry(t, "n1")
         plain = pb.NodeTelemetry(node="n1", gpus=[pb.GpuTelemetry(index=0, cap_state_name="S" * 5000 + str(k))])
         assert "cap_state_name" in limits.validate_telemetry(plain, "n1")
-    assert len(readings._REASON_SETS) == before_sets and len(capstates._NAMES) == before_names
+    assert len(readings._REASON_SETS) == before_sets and len(capstates.WIRE_NAMES) == before_names
     assert all(len(j) <= readings.MAX_CACHED_REASONS_CHARS for j in readings._REASON_SETS)
