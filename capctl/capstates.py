@@ -49,8 +49,11 @@ def to_wire(name: str) -> int:
 
 def wire_fields(name: str) -> dict:
     """Keyword arguments setting a message's cap state (``GpuTelemetry``, ``GpuStatus``): the enum
-    and, for peers from before it, the name."""
-    return {"cap_state": to_wire(name), "cap_state_name": name}
+    and, for peers from before it, the name. A name the protocol does not define (a newer agent's
+    value, ``UNKNOWN_<n>``, or an older one's text) goes as the name alone, the enum unspecified:
+    :func:`of` reads it back as it was (found by a review: one GPU reporting cap state 200 made
+    every status, explain and metrics read of the coordinator raise)."""
+    return {"cap_state": wire_of_name(name), "cap_state_name": name}
 
 
 def of(msg) -> str:

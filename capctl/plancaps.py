@@ -50,8 +50,13 @@ def unpack(data: bytes, field: str) -> tuple[dict[int, float], str]:
 def of_plan(plan) -> tuple[dict[int, float], dict[int, float], str]:
     """``(caps, safe caps, problem)`` of a ``CapPlan``, GPU index -> W, from either form (the
     per-GPU ``caps`` / ``safe_caps`` or the packed ``caps_rows`` / ``safe_caps_rows``).
-    ``problem`` is "" or why the plan cannot be read (packed rows of a bad size or count, one
-    list in both forms): then both dicts are empty (nothing of such a plan is taken)."""
+    ``problem`` is "" or why the plan cannot be read (packed rows of a bad size, more than
+    :data:`MAX_CAPS` caps in either form, one list in both forms): then both dicts are empty
+    (nothing of such a plan is taken)."""
+    for name in ("caps", "safe_caps"):  # the packed lists' bound, the per-GPU ones too (a review:
+        # 200,000 per-GPU safe caps were all kept and saved)
+        if len(getattr(plan, name)) > MAX_CAPS:
+            return {}, {}, f"CapPlan.{name}: {len(getattr(plan, name))} caps, at most {MAX_CAPS} allowed"
     caps = {c.index: c.cap_w for c in plan.caps}
     safe = {c.index: c.cap_w for c in plan.safe_caps}
     for name, into in (("caps_rows", caps), ("safe_caps_rows", safe)):

@@ -48,6 +48,11 @@ MAX_CACHED_REASONS_CHARS = 32 * 129
 (32 names of 128 characters, capctl.security.limits). Longer ones are decoded but not kept, so a
 message refused for them leaves nothing behind (found by a review: 1 MiB reason strings, each
 distinct, kept ~38 MB per refused message)."""
+MAX_CACHED_REASON_NAMES = 32
+"""Most names of a reason set kept in the memo: the most the bound checks accept
+(``capctl.security.limits.MAX_CLOCK_REASONS``, tested equal). A set of ~4,000 empty names
+(separators only) within :data:`MAX_CACHED_REASONS_CHARS` is decoded but not kept (found by a
+review: 4,096 such sets, each in a refused message, held 153 MB)."""
 REASON_SEP = "\x1f"
 """Joins the clocks-event-reason names of one set in ``GpuReadings.strings`` (U+001F, unit
 separator: NVML's reason names are identifiers, :mod:`capctl.reasons`). Two sets have no packed
@@ -65,8 +70,8 @@ class _ReasonSets(dict):
 
     def __missing__(self, joined: str) -> tuple:
         names = tuple(joined.split(REASON_SEP)) if joined else ()
-        if len(joined) > MAX_CACHED_REASONS_CHARS:  # (not checked yet: a refused message must leave nothing held)
-            return names
+        if len(joined) > MAX_CACHED_REASONS_CHARS or len(names) > MAX_CACHED_REASON_NAMES:
+            return names  # (not checked yet: a message refused for it must leave nothing held)
         if len(self) >= 4096:
             self.clear()
         self[joined] = names

@@ -46,9 +46,11 @@ import numpy as np
 
 from capctl import capstates
 from capctl.errors import UserInputError
+from capctl.security import limits
 from capctl.v1 import capctl_pb2 as pb
 from capctl.wattunits import format_watts
-from coordinator import allocation, decide, gpucolumns, membound, observe, observed, planmsg, planner, tickphase
+from coordinator import (allocation, decide, gpucolumns, membound, observe, observed, planmsg, planner, throttle,
+                         tickphase)
 from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re-exported)
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
@@ -326,7 +328,8 @@ class Coordinator:
             if self.metrics is not None:
                 self.metrics.observe_ack(now - sent[0], now - sent[3] if sent[3] > -1e17 else None)
         if not ack.ok:
-            log.warning("agent %s: plan %d not fully applied: %s", session.node, ack.seq, ack.error or "no reason given")
+            log.warning("agent %s: plan %d not fully applied: %s", session.node, ack.seq,
+                        limits.printable(ack.error) or "no reason given")
         fut = session.waiters.pop(ack.seq, None)
         if fut is not None and not fut.done():
             fut.set_result(ack)
@@ -710,7 +713,8 @@ class Coordinator:
         for name in sorted(reg.nodes):
             node = reg.nodes[name]
             gpus = node.gpus
-            rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), g.throttle_counts(now))
+            lanes = node.throttle.counts(now)  # lane-packed (coordinator.throttle)
+            rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), _throttle_of(lanes, g.index))
                     for g in map(gpus.__getitem__, sorted(gpus))]
             nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
                           tuple(node.bindings.values()), rows))
@@ -1055,6 +1059,13 @@ _GPU_FIELDS = operator.attrgetter(
     "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j", "error", "reading_live",
 )
 """The GpuObs fields a view shows, read in one call (order: see :func:`build_view`)."""
+
+
+def _throttle_of(lanes: tuple[int, int, int], index: int) -> tuple[int, int, int]:
+    """GPU ``index``'s ``(samples, thermal, power)`` counts of its node's lane-packed window
+    counts ``lanes`` (:meth:`coordinator.throttle.NodeThrottle.counts`)."""
+    shift, mask = index * throttle.LANE_BITS, throttle.LANE_MASK
+    return (lanes[0] >> shift) & mask, (lanes[1] >> shift) & mask, (lanes[2] >> shift) & mask
 
 
 @dataclasses.dataclass(frozen=True)

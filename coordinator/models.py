@@ -678,6 +678,9 @@ class CurveColumns:
         return out
 
 
+_ROW = operator.attrgetter("row")
+"""A model's row in its bank (:class:`CurveBank`)."""
+
 _SAMPLE_FIELDS = ("utilization_pct", "enforced_w", "power_w", "sm_clock_mhz", "time_s", "temp_c",
                   "memory_utilization_pct")
 """The numeric ``Sample`` fields :meth:`Models._add_batch` reads (one pass each)."""
@@ -954,7 +957,10 @@ class Models:
     def memory_bounds(self) -> dict[tuple[str, int], float]:
         """GPU key -> :meth:`memory_bound` of every GPU that has an estimate."""
         bank = self.curve_bank
-        return {k: float(bank.mem_share[m.row]) for k, m in self.gpus.items() if bank.mem_weight[m.row] > 0}
+        keys = list(self.gpus)
+        rows = np.fromiter(map(_ROW, self.gpus.values()), np.int64, len(keys))
+        has = np.flatnonzero(bank.mem_weight[rows] > 0)  # (on arrays: two numpy reads per GPU cost 0.37 us)
+        return dict(zip(map(keys.__getitem__, has.tolist()), bank.mem_share[rows[has]].tolist()))
 
     def curve_arrays(self, keys) -> "CurveColumns":
         """The current rate curve of every GPU of ``keys`` as arrays (:class:`CurveColumns`),

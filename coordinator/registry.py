@@ -42,11 +42,12 @@ import numpy as np
 from capctl import capstates, devicedata, readings
 from capctl.readings import R_CAP, R_ENFORCED, R_ERROR, R_INDEX, R_PRE_JOB, R_STATE
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
+from coordinator.throttle import WINDOW_S, NodeThrottle
 
 log = logging.getLogger("capctl.coordinator.registry")
 
-THROTTLE_WINDOW_S = 60.0
-"""Window of the throttling time fractions, in seconds."""
+THROTTLE_WINDOW_S = WINDOW_S
+"""Window of the throttling time fractions, in seconds (:mod:`coordinator.throttle`)."""
 OOB_LIMITED = capstates.OOB_LIMITED
 OOB_TOLERANCE_W = 1.0
 """An enforced limit this far or more below the requested one is another limit binding (W; the
@@ -149,11 +150,7 @@ class GpuObs:
     last_ack_w: float = 0.0
     last_ack_mono: float = -1e18
     safe_cap_w: float = 0.0  # the last safe cap sent (W)
-    # throttling history: (mono time, thermal?, power?) over THROTTLE_WINDOW_S
-    throttle_hist: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=4096))
     new_samples: list[Sample] = dataclasses.field(default_factory=list)
-    # running sums over ``throttle_hist`` (samples, thermal, power), kept by :meth:`add_throttle`
-    throttle_sums: list = dataclasses.field(default_factory=lambda: [0, 0, 0])
     # the latest telemetry sample's enforced limit (W) and time (mono s): the operating point its
     # SM clock was measured at (an ack may have changed ``enforced_w`` since)
     sample_enforced_w: float = 0.0
@@ -197,58 +194,6 @@ class GpuObs:
                 value = ack
         return value
 
-    def add_throttle(self, now_mono: float, thermal: bool, power: bool) -> None:
-        """Append one sample to the throttling history (drops samples older than the window)."""
-        hist = self.throttle_hist
-        sums = self.throttle_sums
-        if len(hist) == hist.maxlen:
-            self._drop_oldest()
-        hist.append((now_mono, thermal, power))
-        sums[0] += 1
-        sums[1] += thermal
-        sums[2] += power
-        while hist and now_mono - hist[0][0] > THROTTLE_WINDOW_S:
-            self._drop_oldest()
-
-    def _drop_oldest(self) -> None:
-        _t, thermal, power = self.throttle_hist.popleft()
-        sums = self.throttle_sums
-        sums[0] -= 1
-        sums[1] -= thermal
-        sums[2] -= power
-
-    def throttle_counts(self, now_mono: float) -> tuple[int, int, int]:
-        """``(samples, thermal, power)`` counts over the last :data:`THROTTLE_WINDOW_S` seconds
-        before ``now_mono`` (the registry's monotonic clock: never earlier than the time of a
-        sample or of an earlier query). O(1) amortized: the samples that left the window are
-        dropped here (as :meth:`add_throttle` does), so the running sums are the answer.
-
-        (Before 4 Dec 2026 a history whose oldest sample had just left the window, as at every
-        view snapshot taken after the interval's reports, was counted sample by sample: measured
-        6.9 us per GPU per interval at 1,000 agents, bench/control_loop.py's profile, about as
-        much as recording the GPU's telemetry. The interval bench did not see it: its clock stands
-        still between the reports and the snapshot.)"""
-        hist = self.throttle_hist
-        while hist and now_mono - hist[0][0] > THROTTLE_WINDOW_S:
-            self._drop_oldest()
-        sums = self.throttle_sums
-        return sums[0], sums[1], sums[2]
-
-    def throttle_fractions(self, now_mono: float, window_s: float = THROTTLE_WINDOW_S) -> tuple[float, float]:
-        """Fractions (0..1) of the samples of the last ``window_s`` seconds in thermal / power throttling."""
-        if window_s == THROTTLE_WINDOW_S:
-            n, th, pw = self.throttle_counts(now_mono)
-            return (th / n, pw / n) if n else (0.0, 0.0)
-        n = th = pw = 0
-        for t, thermal, power in self.throttle_hist:
-            if now_mono - t <= window_s:
-                n += 1
-                th += thermal
-                pw += power
-        if n == 0:
-            return 0.0, 0.0
-        return th / n, pw / n
-
 
 @dataclasses.dataclass
 class NodeObs:
@@ -269,6 +214,8 @@ class NodeObs:
     next_seq: int = 1  # next plan seq to this node (per coordinator incarnation)
     seen_s: float = 0.0  # Unix time of the last message from its agent (or from the node ledger)
     seen_mono: float = 0.0  # the same on the registry's monotonic clock (immune to wall-clock jumps)
+    throttle: NodeThrottle = dataclasses.field(default_factory=NodeThrottle)
+    """Its GPUs' throttling over the last minute (:mod:`coordinator.throttle`; by GPU index)."""
 
     @property
     def connected(self) -> bool:
@@ -285,6 +232,24 @@ def _constraints_problem(min_w: float, max_w: float) -> str:
     """:func:`capctl.devicedata.constraints_problem`, memoized (a pure function of two floats,
     asked for every GPU several times an interval; a cluster has a handful of distinct pairs)."""
     return devicedata.constraints_problem(min_w, max_w)
+
+
+_MAX_W = devicedata.MAX_SANE_LIMIT_W
+_MAX_ENERGY_J = 1e18
+"""Largest energy counter taken (J): NVML's counter is a uint64 of mJ (1.8e16 J); more is no counter."""
+ENERGY_SLACK_S = 5.0
+"""An energy counter may grow by at most ``MAX_SANE_LIMIT_W x (s since its last value + this)``
+between two reports (s: the reports' receipt times jitter); a larger jump is a counter that
+jumped (a reset to another base, bad device data): not charged to the job, the next delta is."""
+
+
+def bad_limits_detail(index: int, enforced_w: float, cap_w: float) -> str:
+    """Why a read-back of GPU ``index`` with limits ``enforced_w`` / ``cap_w`` (W) is not a
+    reading: a limit no board enforces (not finite, negative, or above
+    :data:`capctl.devicedata.MAX_SANE_LIMIT_W`); the GPU keeps counting at its last known caps."""
+    return (f"GPU {index}: enforced limit {enforced_w!r} W, requested limit {cap_w!r} W read from the device: "
+            f"need 0 < enforced <= {_MAX_W:g} W and 0 <= requested <= {_MAX_W:g} W; not taken as a reading "
+            f"(counted at its last known limits)")
 
 
 def held_detail(min_w: float, max_w: float, state: str, error: str) -> str:
@@ -348,7 +313,8 @@ class Registry:
         self.nodes: dict[str, NodeObs] = {}
         self.clock = clock
         self.job_energy_j: dict[str, float] = collections.defaultdict(float)
-        self._energy_seen: dict[str, dict[int, float]] = {}  # node -> GPU index -> last energy counter (J)
+        # node -> GPU index -> (last energy counter J, when: registry clock s)
+        self._energy_seen: dict[str, dict[int, tuple[float, float]]] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         # node -> monotonic times at which a hello replaced a still-open stream of that node
         self.replaced_mono: dict[str, collections.deque] = {}
@@ -391,6 +357,8 @@ class Registry:
             if problem:  # bad device data: held at its limit, flagged (its telemetry says the same)
                 g.cap_state, g.error = capstates.UNSUPPORTED_CONSTRAINTS, f"GPU {info.index}: {problem}"
             node.gpus[info.index] = g
+        if node.gpus.keys() != old.keys():  # other GPUs: their throttling lanes start empty
+            node.throttle = NodeThrottle()
         if node.session is not None and node.session is not session:
             # a new stream while the old one is still open: an agent restart, or two agents
             # claiming the same node (each hello then replaces the other's stream)
@@ -450,16 +418,18 @@ class Registry:
         job_of = gpu_jobs(node.bindings.values())  # (a GPU bound to several jobs: the first binding's)
         constraints_problem = _constraints_problem
         unsupported = capstates.UNSUPPORTED_CONSTRAINTS
+        sampled = thermal_mask = power_mask = 0  # the report's throttling lanes (coordinator.throttle)
         for row in rows:
             (index, power_w, cap_w, enforced_w, temp_c, sm_clock, util, mem_pct, energy_j, pre_job_w, _w0, _w1, _w2,
              _w3, state, reasons, job_id, error) = row
             g = gpus.get(index)
             if g is None:
                 continue
-            if not enforced_w > 0:
-                # no valid reading (an agent that just started, NVML not answering yet: zeros):
-                # nothing of this sample is a fact; the GPU keeps its last readings (or stays
-                # without one: fixed at its accounted cap) and no model learns from it
+            if not (0.0 < enforced_w <= _MAX_W and 0.0 <= cap_w <= _MAX_W):
+                # no valid reading (an agent that just started, NVML not answering yet: zeros; or
+                # limits no board enforces: NaN, inf, 4,294,967 W): nothing of this sample is a
+                # fact; the GPU keeps its last readings (or stays without one: fixed at its
+                # accounted cap) and no model learns from it
                 self._reading(g, row)
                 continue
             # a valid reading (:meth:`_reading`, inlined: the hot loop of every interval)
@@ -482,7 +452,12 @@ class Registry:
             g.job_id = job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
-            g.add_throttle(now, thermal, power)
+            bit = 1 << (index << 4)  # its lane (coordinator.throttle.lane; LANE_BITS = 16)
+            sampled |= bit
+            if thermal:
+                thermal_mask |= bit
+            if power:
+                power_mask |= bit
             g.sample_enforced_w = enforced_w
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
@@ -490,13 +465,17 @@ class Registry:
                 g.new_samples.append(Sample(now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util,
                                             mem_pct))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
+            if not 0.0 <= energy_j <= _MAX_ENERGY_J:
+                continue  # not a counter value (NaN, inf, negative): missing, nothing charged
             prev = energy_seen.get(index)
-            energy_seen[index] = energy_j
+            energy_seen[index] = (energy_j, now)
             g.energy_j = energy_j
-            if prev is not None and energy_j >= prev:
+            if prev is not None and prev[0] <= energy_j <= prev[0] + _MAX_W * (now - prev[1] + ENERGY_SLACK_S):
                 job = job_of.get(index, "")
                 if job:
-                    self.job_energy_j[job] += energy_j - prev
+                    self.job_energy_j[job] += energy_j - prev[0]
+        if sampled:
+            node.throttle.add(now, sampled, thermal_mask, power_mask)
 
     def on_ack(self, node_name: str, ack, sent_caps: dict[int, float] | None, rows: list | None = None) -> None:
         """Record a ``CapAck``: its read-backs replace the readings; its plan is no longer pending.
@@ -544,14 +523,16 @@ class Registry:
         and a GPU that never had a reading stays fixed at its accounted cap."""
         state = row[R_STATE]
         enforced_w = row[R_ENFORCED]
+        cap_w = row[R_CAP]
         error = row[R_ERROR]
-        if not enforced_w > 0:
+        if not (0.0 < enforced_w <= _MAX_W and 0.0 <= cap_w <= _MAX_W):
             if state:
                 g.cap_state = state
+            if enforced_w or cap_w:  # (zeros: the agent read nothing; anything else is bad device data)
+                error = bad_limits_detail(g.index, enforced_w, cap_w)
             g.error = error or g.error
             g.reading_live = False  # the last readings are no longer live (the caps keep counting)
             return False
-        cap_w = row[R_CAP]
         g.have_reading = True
         g.cap_w = cap_w
         g.enforced_w = enforced_w

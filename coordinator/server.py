@@ -174,6 +174,10 @@ class TokenAuthorizer(AdminAuthorizer):
 # AgentLink
 
 
+REFUSED_LOG_EVERY_S = 60.0
+"""A stream's refused reports are logged at most once per this many seconds (with a count)."""
+
+
 class AgentSession:
     """One open AgentLink stream: outgoing queue, plans awaiting acknowledgement."""
 
@@ -185,6 +189,22 @@ class AgentSession:
         self.sent: dict[int, tuple] = {}  # seq -> (sent mono, caps {index: W}, phase, telemetry mono)
         self.closed = asyncio.Event()
         self.close_reason = ""
+        self._refused_mono = -math.inf  # when a refused report was last logged (time.monotonic)
+        self._refused_quiet = 0  # refused reports since, not logged
+
+    def note_refused(self, problem: str, now_mono: float | None = None) -> bool:
+        """Log a refused ``NodeTelemetry`` (``problem``: why) at most once per
+        :data:`REFUSED_LOG_EVERY_S` per stream, with the count of those not logged since (a bad
+        agent sends one a second); returns True when it logged. The node keeps its last readings
+        (it turns stale if nothing it sends is taken)."""
+        now = time.monotonic() if now_mono is None else now_mono
+        if now - self._refused_mono < REFUSED_LOG_EVERY_S:
+            self._refused_quiet += 1
+            return False
+        more = f" ({self._refused_quiet} more refused since the last line)" if self._refused_quiet else ""
+        log.warning("agent %s: NodeTelemetry refused, readings not taken: %s%s", self.node, problem, more)
+        self._refused_mono, self._refused_quiet = now, 0
+        return True
 
     def send(self, msg: pb.CoordinatorMessage) -> bool:
         """Queue ``msg`` for the agent; closes the session when the agent falls too far behind."""
@@ -328,6 +348,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                     continue
                 rows, problem = limits.telemetry_rows(tele, session.node)  # decoded once, packed or not
                 if problem:
+                    session.note_refused(problem)
                     continue
                 coord.on_energy(session.node, tele)
                 coord.note_report(session.node)

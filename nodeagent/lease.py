@@ -32,6 +32,22 @@ def failsafe_caps(current_w: dict[int, float], safe_w: dict[int, float]) -> dict
     return out
 
 
+MAX_LEASE_S = 86400.0
+"""Longest lease a plan may grant (s): the policy schema's maximum of ``failsafe.lease_s``."""
+
+
+def renewal_problem(lease_s: float, lease_expiry_unix_s: float) -> str:
+    """Why a plan's lease fields cannot renew a lease ("" when they can): ``lease_s`` must be a
+    finite number in [0, :data:`MAX_LEASE_S`] s and ``lease_expiry_unix_s`` a finite Unix time
+    (0: none). An infinite or absurd ``lease_s`` would keep the lease forever: the failsafe would
+    never fire (found by a review)."""
+    if not (math.isfinite(lease_s) and 0.0 <= lease_s <= MAX_LEASE_S):
+        return f"CapPlan.lease_s {lease_s!r}: need 0 to {MAX_LEASE_S:g} s (finite)"
+    if not math.isfinite(lease_expiry_unix_s):
+        return f"CapPlan.lease_expiry_s {lease_expiry_unix_s!r}: need a finite Unix time (0: none)"
+    return ""
+
+
 @dataclass
 class Lease:
     """Lease state of one agent. Times: ``time.monotonic()`` seconds unless named ``_unix_s``."""

@@ -22,7 +22,7 @@ from capctl import __version__, capstates, plancaps
 from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
-from nodeagent.lease import failsafe_caps
+from nodeagent.lease import failsafe_caps, renewal_problem
 from nodeagent.link import LeaveCoordinator
 from nodeagent.reportclock import ReportClock
 
@@ -114,9 +114,12 @@ class AgentLoop(AgentCore):
                 self.coordinator_id = welcome.coordinator_id
             self.packed_readings = bool(welcome.packed_readings)  # per stream: an older coordinator reads GpuTelemetry
             self.fence.see(welcome.term)
-            refused = self.lease.set_safe_caps({c.index: c.cap_w for c in welcome.safe_caps})
+            safe = {c.index: c.cap_w for c in welcome.safe_caps[:plancaps.MAX_CAPS]}
+            refused = self.lease.set_safe_caps({i: v for i, v in safe.items() if i in self.devices})
+            refused.update({i: v for i, v in safe.items() if i not in self.devices})
             if refused:
-                log.warning("welcome: safe caps %s refused (need finite watts > 0): the last ones kept", refused)
+                log.warning("welcome: safe caps %s refused (need finite watts > 0 for a GPU of this node): the last ones "
+                            "kept", dict(list(refused.items())[:8]))
             self.save_state()
         # telemetry right away: the coordinator needs our enforced caps before planning
         self.report_clock.report_now(time.monotonic(), WELCOME_REPORT_DELAY_S)
@@ -137,22 +140,27 @@ class AgentLoop(AgentCore):
             if refused:  # an older leader's plan: no cap changed, no lease renewed (nodeagent/fencing.py)
                 log.warning("%s; leaving that coordinator", refused)
                 raise LeaveCoordinator(refused)
-            if self.report_clock.advise(plan.report_in_s, received_mono, self.interval_s):
-                self.wake.set()  # the loop re-reads when its next report is due
             caps, safe, problem = plancaps.of_plan(plan)  # per-GPU or packed rows (capctl.plancaps)
-            if problem:  # rows that cannot be read: the plan is not taken (no lease renewed, no cap,
-                # no safe cap, seq not advanced), only answered, so that the coordinator logs why
+            problem = problem or renewal_problem(plan.lease_s, plan.lease_expiry_s)
+            if problem:  # a plan that cannot be read: not taken (no lease renewed, no cap, no safe
+                # cap, seq not advanced, its report advice not followed), only answered, so that
+                # the coordinator logs why
                 log.warning("plan %d refused: %s", plan.seq, problem)
                 return messages.cap_ack(plan.seq, False, [], [problem], packed=self.packed_readings)
+            if self.report_clock.advise(plan.report_in_s, received_mono, self.interval_s):
+                self.wake.set()  # the loop re-reads when its next report is due
             self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
             before = dict(self.lease.safe_caps_w)
-            refused_safe = self.lease.set_safe_caps(safe)
+            unknown = {i: v for i, v in safe.items() if i not in self.devices}
+            refused_safe = self.lease.set_safe_caps({i: v for i, v in safe.items() if i not in unknown})
             safe_changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
             if self.safe_mode:
                 log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
                 self.safe_mode.clear()
             errors: list[str] = [f"GPU {i}: safe cap {v!r} W refused" for i, v in refused_safe.items()]
+            errors += [f"GPU {i} does not exist on {self.node}: its safe cap not kept" for i in sorted(unknown)[:8]]
+            refused_safe.update(unknown)
             if refused_safe:
                 log.warning("plan %d: %s (the last safe caps kept)", plan.seq, "; ".join(errors))
             self.dry_run_plans = bool(plan.dry_run)

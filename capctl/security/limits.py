@@ -145,6 +145,10 @@ def rows_problem(rows: list, field: str) -> str:
     (:func:`row_problem`), whose verdict is the one returned (tested equal on random readings,
     tests/security/test_limits.py)."""
     clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
+    if len(rows) > 1 and len({row[R_INDEX] for row in rows}) != len(rows):
+        seen: set = set()
+        twice = next(row[R_INDEX] for row in rows if row[R_INDEX] in seen or seen.add(row[R_INDEX]))
+        return f"{field}: GPU index {twice} twice; an agent reports each GPU once"
     for row in rows:
         reasons = row[R_REASONS]
         if (row[R_INDEX] < MAX_GPUS_PER_NODE and len(row[R_ERROR]) <= MAX_ERROR_LEN
@@ -164,19 +168,31 @@ def row_problem(row: tuple, field: str) -> str:
     """The full checks of one decoded GPU row (see :func:`rows_problem`; "" when acceptable)."""
     index, reasons, error = row[R_INDEX], row[R_REASONS], row[R_ERROR]
     if index >= MAX_GPUS_PER_NODE:
-        return f"{field}.index {index}: at most {MAX_GPUS_PER_NODE - 1}"
+        return f"{field}: GPU index {index}, at most {MAX_GPUS_PER_NODE - 1}"
     if len(reasons) > MAX_CLOCK_REASONS:
-        return f"{field}[{index}].clocks_event_reasons: {len(reasons)}, at most {MAX_CLOCK_REASONS}"
+        return f"{field} GPU {index}: clocks_event_reasons: {len(reasons)}, at most {MAX_CLOCK_REASONS}"
     if any(len(r) > MAX_LABEL_LEN for r in reasons):
-        return f"{field}[{index}].clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
+        return f"{field} GPU {index}: clocks_event_reasons: a reason longer than {MAX_LABEL_LEN} characters"
+    if any(_CONTROL_RE.search(r) for r in reasons):
+        bad = next(r for r in reasons if _CONTROL_RE.search(r))
+        return f"{field} GPU {index}: clocks_event_reasons {_show(bad)}: control characters are not allowed"
     if len(error) > MAX_ERROR_LEN:
-        return f"{field}[{index}].error: {len(error)} characters, at most {MAX_ERROR_LEN} allowed"
+        return f"{field} GPU {index}: error: {len(error)} characters, at most {MAX_ERROR_LEN} allowed"
     state, job = row[R_STATE], row[R_JOB]
     if len(state) > MAX_LABEL_LEN or len(job) > MAX_LABEL_LEN * 8 or _CONTROL_RE.search(state) \
             or _CONTROL_RE.search(job):  # (the field names are built only for a message: every GPU, every interval)
-        return _first(check_label(state, f"{field}[{index}].cap_state_name"),
-                      check_label(job, f"{field}[{index}].job_id", MAX_LABEL_LEN * 8))
+        return _first(check_label(state, f"{field} GPU {index}: cap_state_name"),
+                      check_label(job, f"{field} GPU {index}: job_id", MAX_LABEL_LEN * 8))
     return ""
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\n``, ``\\x1b``): a peer's
+    free text (a GPU's error, an acknowledgement's error) goes into log lines and alerts as one
+    line that cannot rewrite the terminal (found by a review: ``"e\\n\\x1b[31mred"`` was taken as is)."""
+    if not _CONTROL_RE.search(text):
+        return text
+    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _checked_rows(part, field: str) -> tuple[list, str]:
@@ -196,7 +212,11 @@ def _checked_rows(part, field: str) -> tuple[list, str]:
         name = f"{field}.gpus"
         rows = readings.rows_of(part)
     p = rows_problem(rows, name)
-    return ([], p) if p else (rows, "")
+    if p:
+        return [], p
+    if any(row[R_ERROR] for row in rows):  # (most reports: no error at all)
+        rows = [row[:R_ERROR] + (printable(row[R_ERROR]),) + row[R_ERROR + 1:] for row in rows]
+    return rows, ""
 
 
 def validate_hello(hello) -> str:

@@ -186,3 +186,26 @@ def test_policy_zero_keeps_no_estimate_and_drops_one_kept_before():
     assert rate is clock  # the clock curve itself, on both paths
     arrays = models.curve_arrays([key])
     assert arrays.a[0] == clock.a and arrays.mem_share is None
+
+
+def test_memory_bounds_lists_every_gpu_with_an_estimate_and_its_value():
+    """Models.memory_bounds (read on arrays) equals memory_bound GPU by GPU: the GPUs with an
+    estimate and their values, none of the others."""
+    from coordinator.registry import GpuObs
+
+    models = M.Models(clock=lambda: 0.0, budget_clock=lambda: 0.0)
+    reg = _Reg()
+    node = reg.nodes["n1"]
+    for i in range(1, 6):
+        node.gpus[i] = GpuObs(node="n1", index=i, name=H100, min_cap_w=200.0, max_cap_w=700.0,
+                              max_sm_clock_mhz=int(MAX_CLK))
+    caps = [(400.0, 0.80), (450.0, 0.86), (500.0, 0.91)]
+    for t, (c, r) in enumerate(caps * 4):
+        for i, g in node.gpus.items():
+            share = 0.1 * i if i % 2 else 0.0  # odd GPUs report a memory utilization
+            g.new_samples = [_capped(float(t), c, r, round(100 * _busy_share(share, r)) if share else math.nan)]
+        models.update(reg, 1.0)
+    want = {k: models.memory_bound(k) for k in models.gpus if models.memory_bound(k) is not None}
+    assert set(want) == {("n1", 1), ("n1", 3), ("n1", 5)}
+    assert want[("n1", 5)] > want[("n1", 1)] > 0
+    assert models.memory_bounds() == want

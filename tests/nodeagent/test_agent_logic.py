@@ -146,6 +146,43 @@ def test_packed_plans_and_bad_safe_caps(tmp_path):
     assert agent.lease.safe_caps_w[1] == 260.0  # a hold: not acknowledged, its bad safe cap refused all the same
 
 
+def test_plans_with_too_many_caps_an_endless_lease_or_safe_caps_of_no_gpu_are_refused(tmp_path):
+    """Found by a review: 65 per-GPU caps were taken (65 packed ones refused), 200,000 per-GPU safe
+    caps were all kept and saved, a plan with ``lease_s`` inf renewed the lease forever (the
+    failsafe never fired), and a refused plan's report advice was still followed. Now: more than
+    64 caps in either form and a lease that is no finite time up to a day make the plan unreadable
+    (not taken at all, answered not ok); a safe cap for a GPU the node does not have is refused
+    (not kept), the plan's other parts are taken."""
+    import math
+
+    dev = PureDevice(4, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    assert agent.on_plan(plan(1, {0: 300.0}, safe={0: 250.0})).ok
+    expiry, writes, advised = agent.lease.expiry_mono_s, len(dev.writes), agent.report_clock.advised
+    many = {i: 300.0 for i in range(65)}
+    for bad, why in ((plan(2, many), "CapPlan.caps: 65 caps, at most 64"),
+                     (plan(3, {}, safe=many), "CapPlan.safe_caps: 65 caps, at most 64"),
+                     (plan(4, {0: 310.0}, lease_s=math.inf), "CapPlan.lease_s inf: need 0 to 86400 s"),
+                     (plan(5, {0: 310.0}, lease_s=1e300), "CapPlan.lease_s 1e+300"),
+                     (plan(6, {0: 310.0}, lease_s=-1.0), "CapPlan.lease_s -1.0"),
+                     (capctl_pb2.CapPlan(seq=7, lease_s=60.0, lease_expiry_s=math.nan, report_in_s=0.3),
+                      "CapPlan.lease_expiry_s nan")):
+        bad.report_in_s = 0.3
+        ack = agent.on_plan(bad)
+        assert ack is not None and not ack.ok and why in ack.error, (why, ack.error)
+        assert len(dev.writes) == writes and agent.lease.expiry_mono_s == expiry and agent.last_plan_seq == 1
+        assert agent.lease.safe_caps_w == {0: 250.0} and agent.report_clock.advised == advised
+    ack = agent.on_plan(plan(8, {1: 320.0}, safe={1: 300.0, 9: 300.0, 4294967295: 300.0}))
+    assert not ack.ok and "GPU 9 does not exist on n1: its safe cap not kept" in ack.error
+    assert agent.lease.safe_caps_w == {0: 250.0, 1: 300.0} and agent.desired_w[1] == 320.0
+    assert agent.last_plan_seq == 8 and agent.lease.expiry_mono_s > expiry
+    # the Welcome's initial safe caps: the same rule (a GPU of this node, finite watts above 0)
+    agent.on_welcome(capctl_pb2.Welcome(protocol_version="capctl.v1", coordinator_id="c2", interval_s=1.0,
+                                        safe_caps=[capctl_pb2.CapAssignment(index=i, cap_w=w)
+                                                   for i, w in ((0, 240.0), (2, math.nan), (9, 300.0))]))
+    assert agent.lease.safe_caps_w == {0: 240.0, 1: 300.0}
+
+
 def test_plan_clamps_to_the_constraints_and_refuses_bad_caps_per_gpu(tmp_path):
     dev = PureDevice(3, limit_w=400.0)
     agent = make_agent(tmp_path, dev)

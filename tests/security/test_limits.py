@@ -77,7 +77,7 @@ def test_bad_telemetry_ack_and_requests():
     reasons = pb.NodeTelemetry(gpus=[pb.GpuTelemetry(index=0, clocks_event_reasons=["X"] * 33)])
     assert "clocks_event_reasons: 33" in limits.validate_telemetry(reasons)
     long_err = pb.CapAck(gpus=[pb.GpuTelemetry(index=1, error="e" * 2000)])
-    assert "CapAck.gpus[1].error: 2000 characters" in limits.validate_ack(long_err)
+    assert "CapAck.gpus GPU 1: error: 2000 characters" in limits.validate_ack(long_err)
     assert "at most 64 allowed" in limits.validate_job_start(pb.JobStartRequest(job_id="1", gpu_ids=["0"] * 65))
     assert "job_id ''" in limits.validate_job_start(pb.JobStartRequest(job_id=" "))
     for bad in (0.0, -5.0, math.inf, math.nan, 2e9):
@@ -167,7 +167,7 @@ def test_bad_packed_readings_name_the_field():
         (_packed_telemetry([], row_bytes=3), "NodeTelemetry.readings.row_bytes 3: need 88 to 1024"),
         (_with_rows(good, data[:-1]), "175 bytes, not a whole number of 88-byte rows"),
         (_with_rows(good, data * 33), "66 GPUs, at most 64 allowed"),
-        (_with_rows(good, _row(70) + data[88:]), "NodeTelemetry.readings.index 70: at most 63"),
+        (_with_rows(good, _row(70) + data[88:]), "NodeTelemetry.readings: GPU index 70, at most 63"),
         (_with_rows(good, data[:88] + _row(1, reasons=5)),
          "readings.rows[1].clocks_event_reasons: string 5, need a position in strings (0 to 1)"),
         (_with_rows(good, data[:88] + _row(1, job=2)), "readings.rows[1].job_id: string 2, need a position"),
@@ -188,7 +188,7 @@ def test_bad_packed_readings_name_the_field():
     ctl = pb.NodeTelemetry()
     ctl.CopyFrom(good)
     ctl.readings.strings[1] = "7\x1b[2J"
-    cases.append((ctl, "NodeTelemetry.readings[0].job_id"))
+    cases.append((ctl, "NodeTelemetry.readings GPU 0: job_id"))
     for msg, expect in cases:
         problem = limits.validate_telemetry(msg, "gpu-a01")
         assert expect in problem, (expect, problem)
@@ -224,5 +224,43 @@ def test_refused_messages_leave_nothing_in_the_decoders_memos():
         assert "clocks_event_reasons: 20001, at most 32" in limits.validate_telemetry(t, "n1")
         plain = pb.NodeTelemetry(node="n1", gpus=[pb.GpuTelemetry(index=0, cap_state_name="S" * 5000 + str(k))])
         assert "cap_state_name" in limits.validate_telemetry(plain, "n1")
+        # within the memo's length bound but thousands of (empty) names: refused, not kept either
+        short = pb.NodeTelemetry(node="n1")
+        short.readings.row_bytes = readings.ROW.size
+        short.readings.rows = _row(0, reasons=1, job=0)
+        short.readings.strings.extend(["", str(k) + "\x1f" * (readings.MAX_CACHED_REASONS_CHARS - 3)])
+        assert "at most 32" in limits.validate_telemetry(short, "n1")
     assert len(readings._REASON_SETS) == before_sets and len(capstates.WIRE_NAMES) == before_names
     assert all(len(j) <= readings.MAX_CACHED_REASONS_CHARS for j in readings._REASON_SETS)
+    assert readings.MAX_CACHED_REASON_NAMES == limits.MAX_CLOCK_REASONS
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_gpu_twice_and_control_characters_in_reasons_are_refused_in_both_forms(packed):
+    """A report naming one GPU twice (its energy counters alternating were charged as deltas,
+    found by a review) and a reason name with control characters are refused, packed or not,
+    with the field and the value named."""
+    def msg(gpus):
+        return _packed_telemetry(gpus) if packed else pb.NodeTelemetry(gpus=gpus)
+
+    twice = msg([pb.GpuTelemetry(index=0, enforced_w=300), pb.GpuTelemetry(index=1, enforced_w=300),
+                 pb.GpuTelemetry(index=0, enforced_w=300)])
+    problem = limits.validate_telemetry(twice, "gpu-a01")
+    assert "GPU index 0 twice" in problem and limits.telemetry_rows(twice, "gpu-a01")[0] == []
+    ctl = msg([pb.GpuTelemetry(index=3, enforced_w=300, clocks_event_reasons=["SW_POWER_CAP", "A\nB"])])
+    assert "GPU 3: clocks_event_reasons 'A\\nB': control characters" in limits.validate_telemetry(ctl, "gpu-a01")
+    ok = msg([pb.GpuTelemetry(index=i, enforced_w=300) for i in range(8)])
+    assert limits.validate_telemetry(ok, "gpu-a01") == ""
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_control_characters_in_a_gpu_error_are_escaped_not_refused(packed):
+    """A GPU's error text is the agent's free text: a control character in it does not refuse
+    the node's report (its other GPUs' readings count), it is written as its escape, so log
+    lines and alerts stay one line."""
+    gpus = [pb.GpuTelemetry(index=0, enforced_w=300, error="e\n\x1b[31mred\tx"), pb.GpuTelemetry(index=1, enforced_w=300)]
+    t = _packed_telemetry(gpus) if packed else pb.NodeTelemetry(gpus=gpus)
+    rows, problem = limits.telemetry_rows(t, "gpu-a01")
+    assert problem == "" and [r[readings.R_ERROR] for r in rows] == ["e\\n\\x1b[31mred\\tx", ""]
+    assert limits.printable("plain text") == "plain text"
+    assert limits.printable("\x00\x7f") == "\\x00\\x7f"
