@@ -30,11 +30,15 @@ def drop_box(socket_path: str) -> str:
 def leave(socket_path: str, job_id: str) -> str:
     """Leave ``job_id``'s end in the drop box of the agent at ``socket_path``; returns the file's
     path, or "" when the id is not a plain job id (nothing written). Raises OSError when the
-    directory or the file cannot be written (the caller logs it)."""
+    directory or the file cannot be written, the agent's directory (the socket's) missing included
+    (the caller logs it)."""
     if not _ID.fullmatch(job_id or "") or job_id in (".", ".."):
         return ""
     box = drop_box(socket_path)
-    os.makedirs(box, mode=0o700, exist_ok=True)
+    try:  # (the box only: the agent's directory must exist, no other is created)
+        os.mkdir(box, 0o700)
+    except FileExistsError:
+        pass
     path = os.path.join(box, job_id)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.close(fd)

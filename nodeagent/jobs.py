@@ -83,14 +83,22 @@ def map_gpu_ids(devices: Iterable[DeviceInfo], gpu_ids, kind: int, node: str) ->
 
 
 def check_job_id(raw: str) -> str:
-    """The stripped job id.
+    """The stripped job id: a Slurm job id as JobStart takes it
+    (:func:`capctl.security.limits.check_job_id`), for JobEnd too (it took any text up to 128
+    characters, ``1; rm -rf /`` included, into its log lines and ``JobEnded``; found by a review).
 
     Raises:
-        UserInputError: empty or longer than :data:`MAX_JOB_ID_CHARS`.
+        UserInputError: empty, longer than :data:`MAX_JOB_ID_CHARS`, or other characters than
+            ``[A-Za-z0-9_.+:-]``.
     """
+    from capctl.security.limits import check_job_id as job_id_problem
+
     job_id = raw.strip()
     if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
-        raise UserInputError(f"job_id {raw!r}: give the Slurm job id (1-128 characters)")
+        raise UserInputError(f"job_id {raw[:64]!r}: give the Slurm job id (1-128 characters)")
+    problem = job_id_problem(job_id)
+    if problem:
+        raise UserInputError(problem)
     return job_id
 
 

@@ -124,6 +124,8 @@ def load_config(env: dict[str, str] | None = None) -> HookConfig:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             cfg.problems.append(f"policy {policy_path} not used: {first}")
 
+    if env.get("CAPCTL_HOOKS_ENV_PROBLEM"):  # the wrapper could not read its KEY=VALUE file
+        cfg.problems.append(env["CAPCTL_HOOKS_ENV_PROBLEM"][:300])
     value = env.get("CAPCTL_ON_UNREACHABLE")
     if value:
         if value in ON_UNREACHABLE:

@@ -9,7 +9,7 @@ as the prolog, :mod:`slurm.config`) within ``--timeout-s``:
 - healthy: the agent answers and reports ``ready`` (after a boot or driver reload it has applied
   its safe cap). Exit 0. With ``--drain``, a drain that this check set earlier (reason starting
   with :data:`REASON_PREFIX`) is lifted with ``scontrol update ... State=RESUME``; a drain set by
-  anyone else is never touched.
+  anyone else is never touched (nor replaced by ours: :func:`drain_action`).
 - unhealthy: no answer, or ``ready`` false. Exit 1, one line on stdout. With ``--drain`` (the
   admin's explicit choice in slurm.conf), the node is drained with reason ``capctl: <why>`` so that
   running jobs finish and no new job starts on GPUs capctl does not control.
@@ -53,21 +53,29 @@ def _scontrol() -> str | None:
     return shutil.which("scontrol", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
 
+UNKNOWN = None
+""":func:`node_reason` when the node's state could not be read (no scontrol, a failure, a timeout)."""
+
+
 def node_reason(node: str, timeout_s: float) -> str | None:
-    """The node's current drain reason from ``scontrol show node`` (None if none or unknown)."""
+    """The node's current reason from ``scontrol -o show node`` ("" when it has none: not drained,
+    down or failing for any reason), or :data:`UNKNOWN` (None) when it could not be read."""
     exe = _scontrol()
     if exe is None:
-        return None
+        return UNKNOWN
     try:
-        out = subprocess.run([exe, "-o", "show", "node", node], capture_output=True, text=True,
-                             timeout=timeout_s, check=False).stdout
+        res = subprocess.run([exe, "-o", "show", "node", node], capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return UNKNOWN
+    out = res.stdout
+    if res.returncode != 0 or f"NodeName={node} " not in out + " ":
+        return UNKNOWN
     for field in out.split():
         if field.startswith("Reason="):
             # Reason=<text> [user@time] may contain spaces: take the rest of the line after it
             return out.split("Reason=", 1)[1].split(" [", 1)[0].strip()
-    return None
+    return ""
 
 
 def set_drain(node: str, reason: str | None, timeout_s: float) -> str:
@@ -86,6 +94,26 @@ def set_drain(node: str, reason: str | None, timeout_s: float) -> str:
     return f"node {node} {'drained' if reason else 'resumed'}"
 
 
+def drain_action(node: str, healthy: bool, text: str, current: str | None, timeout_s: float) -> str:
+    """With ``--drain``: what to do given the node's current reason ``current`` (:func:`node_reason`)
+    and the check's verdict; returns the text appended to the line ("" when nothing is done).
+
+    Only this check's own drain is set or lifted: an unhealthy node is drained only when it has no
+    reason at all, a healthy one resumed only from a reason of ours (:data:`REASON_PREFIX`); a node
+    drained, down or failing for anyone else's reason, or whose state could not be read, is left
+    as it is (a review found an admin's ``maintenance`` drain replaced by ours, then lifted)."""
+    if current is UNKNOWN:
+        return "; node state unknown (scontrol): left as it is"
+    ours = current.startswith(REASON_PREFIX)
+    if not healthy and not current:
+        return f"; {set_drain(node, f'{REASON_PREFIX} {text}', timeout_s)}"
+    if not healthy and not ours:
+        return f"; already has a reason of another ({current[:80]!r}): left as it is"
+    if healthy and ours:
+        return f"; {set_drain(node, None, timeout_s)}"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns :data:`EXIT_HEALTHY` or :data:`EXIT_UNHEALTHY`."""
     from capctl.progdoc import add_standard_arguments
@@ -102,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     healthy, text = agent_health(cfg.socket_path, args.timeout_s)
     line = f"capctl health {cfg.node}: {'ok' if healthy else 'UNHEALTHY'}: {text}"
     if args.drain:
-        current = node_reason(cfg.node, args.timeout_s)
-        if not healthy and not (current or "").startswith(REASON_PREFIX):
-            line += f"; {set_drain(cfg.node, f'{REASON_PREFIX} {text}', args.timeout_s)}"
-        elif healthy and (current or "").startswith(REASON_PREFIX):
-            line += f"; {set_drain(cfg.node, None, args.timeout_s)}"
+        line += drain_action(cfg.node, healthy, text, node_reason(cfg.node, args.timeout_s), args.timeout_s)
     print(line)
     return EXIT_HEALTHY if healthy else EXIT_UNHEALTHY
 

@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -49,6 +50,32 @@ def process_age_s() -> float:
         return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+SYSLOG_SOCKET = "/dev/log"
+"""The local syslog socket (journald, rsyslog: a datagram socket)."""
+SYSLOG_MAX_BYTES = 2048
+"""Longest syslog message sent (RFC 3164 relays keep 1,024; local daemons take more)."""
+
+
+def send_syslog(tag: str, warning: bool, text: str, path: str = SYSLOG_SOCKET) -> bool:
+    """One line to the local syslog (facility daemon; ``warning`` or info), ``<PRI>TAG[PID]: TEXT``
+    (RFC 3164, as ``logger`` writes it), on a non-blocking datagram socket: dropped, never waited
+    for, when syslog does not read. Returns True when sent.
+
+    Why not the ``syslog`` module: its ``send`` blocks while the socket's queue is full; a hung
+    journald held a prolog that had finished its work until slurmd's ``PrologEpilogTimeout`` (it
+    blocked under the log's lock, so the watchdog could not end it either), and slurmd drains a
+    node whose prolog times out (found by a review, 5 Dec 2026)."""
+    pri = 3 * 8 + (4 if warning else 6)  # LOG_DAEMON (3) * 8 + LOG_WARNING (4) / LOG_INFO (6)
+    data = f"<{pri}>{tag}[{os.getpid()}]: {text}".encode("utf-8", "replace")[:SYSLOG_MAX_BYTES]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.sendto(data, path)
+    except OSError:  # no syslog, a full queue (BlockingIOError), a stream socket: the file and stderr have it
+        return False
+    return True
 
 
 class HookLog:
@@ -87,14 +114,8 @@ class HookLog:
                     sys.stderr.flush()
                 except (OSError, ValueError):
                     pass
-                try:
-                    import syslog
-
-                    syslog.openlog(f"capctl-{self.hook}", syslog.LOG_PID, syslog.LOG_DAEMON)
-                    level = syslog.LOG_WARNING if priority == "warning" else syslog.LOG_INFO
-                    syslog.syslog(level, f"job={self.job_id or '-'} node={self.node} {text}")
-                except (OSError, ValueError, ImportError):
-                    pass
+                send_syslog(f"capctl-{self.hook}", priority == "warning",
+                            f"job={self.job_id or '-'} node={self.node} {text}")
 
 
 class Run:
@@ -138,10 +159,12 @@ class Run:
         (:mod:`capctl.endedjobs`), noted in ``fields`` (``left_for_agent``: the file, or the error)."""
         from capctl import endedjobs
 
-        socket_path = self.extra.get("socket")
-        if not socket_path and os.path.exists(self.socket_guess):
-            socket_path = self.socket_guess
-        if not self.job_id or not socket_path:
+        socket_path = self.extra.get("socket") or self.socket_guess
+        if not self.job_id or not socket_path or not os.path.isdir(os.path.dirname(socket_path) or "."):
+            # no agent directory (no agent deployed on this node): nothing is created (a review
+            # found /run/capctl/ made, and a file left per job, on a node without an agent); an
+            # agent that is down (its socket gone) still finds the job's end when it starts
+            fields["left_for_agent"] = f"not written: no directory {os.path.dirname(socket_path) or '.'}"
             return
         try:
             path = endedjobs.leave(socket_path, self.job_id)
@@ -154,17 +177,22 @@ class Run:
     def _expire(self) -> None:
         self.finish("timeout", f"no answer within the {self.timeout_s:g} s bound", failure=True)
 
-    def finish(self, outcome: str, text: str, *, failure: bool, **fields) -> int:
-        """Log the outcome and exit the process (from any thread); returns only in tests."""
+    def finish(self, outcome: str, text: str, *, failure: bool, job_data: bool = False, **fields) -> int:
+        """Log the outcome and exit the process (from any thread); returns only in tests.
+        ``job_data``: a failure of this job's own data (its GPU list, an id or label the agent
+        refuses), which fails open even under fail-closed: draining the node would not fix it, and
+        a requeued job would drain node after node (found by a review)."""
         if not self._done.acquire(blocking=False):
             return EXIT_OK  # another thread already finishing
-        fail_closed = failure and not self.fail_open
+        fail_closed = failure and not self.fail_open and not job_data
         code = EXIT_FAIL_CLOSED if fail_closed else EXIT_OK
         if failure and self.hook == "epilog":
             self._leave_for_agent(fields)
         if failure:
             text += " -> fail-closed: hook fails on purpose" if fail_closed else \
                 " -> fail-open: job runs, its GPUs keep the caps they have" if self.hook == "prolog" else " -> fail-open"
+            if job_data and not self.fail_open:
+                text += " (this job's data: fail-closed does not drain the node for it)"
         self.log.event(text, {"outcome": outcome, "exit": 0 if code == 0 else 1, "failure": failure,
                               "duration_s": round(self.elapsed_s(), 4), "timeout_s": self.timeout_s,
                               "fail_open": self.fail_open, **self.extra, **fields},
@@ -231,7 +259,7 @@ def _job_gpus(run: Run):
     try:
         gpus = parse_job_gpus(run.env.get("SLURM_JOB_GPUS"))
     except UserInputError as err:
-        run.finish("bad-gpus", str(err), failure=True)
+        run.finish("bad-gpus", str(err), failure=True, job_data=True)
     assert gpus is not None
     run.extra.update(gpu_ids=list(gpus.ids), gpu_id_kind=gpus.kind_name)
     if not gpus.ids:
@@ -259,7 +287,7 @@ def _call_agent(run: Run, socket_path: str, gpus, call_timeout_s: float):
     except PermissionDeniedError as err:
         run.finish("agent-refused", str(err), failure=True)
     except UserInputError as err:
-        run.finish("agent-rejected", str(err), failure=True)
+        run.finish("agent-rejected", str(err), failure=True, job_data=True)
     # run.finish returned: another thread (watchdog, signal) is already ending the process; end
     # this path like any other error, in main's handler
     raise RuntimeError("agent call failed while the run is being finished")

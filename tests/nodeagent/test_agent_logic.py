@@ -396,3 +396,17 @@ def test_the_failsafe_also_lowers_an_idle_gpu_whose_restore_is_held(tmp_path):
     agent.on_plan(plan(3, {0: 700.0, 1: 500.0}, safe={0: 350.0, 1: 350.0}))  # the coordinator allows it
     agent.tick()
     assert dev.limit_w(0) == 700.0 and agent.safe_mode == set()  # back at its pre-job limit, planned again
+
+
+def test_job_end_takes_the_job_ids_job_start_takes(tmp_path):
+    """JobEnd checked only the length: ``1; rm -rf /`` went into its log lines and ``JobEnded``
+    while JobStart refused it (found by a review). Both take Slurm job ids only; array and
+    heterogeneous ids pass."""
+    from capctl.errors import UserInputError
+
+    agent = make_agent(tmp_path, PureDevice(2, limit_w=400.0))
+    for bad in ("1; rm -rf /", "../../x", "a b", "7\n8"):
+        with pytest.raises(UserInputError, match="job_id"):
+            agent.job_end(capctl_pb2.JobEndRequest(job_id=bad))
+    for good in ("1234_7", "1234+1", " 99 "):
+        assert agent.job_end(capctl_pb2.JobEndRequest(job_id=good)).ok

@@ -304,3 +304,148 @@ def test_an_epilog_that_times_out_early_or_never_runs_still_leaves_the_jobs_end(
         listener.close()
     assert proc.returncode == 0, proc.stderr
     assert endedjobs.waiting(str(sock_path)) == ["4242"], (proc.stderr, (tmp_path / "hooks.log").read_text())
+
+
+# --- found by a review of the hooks (5 Dec 2026): nothing here may drain a node unasked -------
+
+
+@pytest.mark.parametrize("content", ['CAPCTL_POLICY="/etc/capctl/policy.yaml\n', "if then\n", "X=${UNSET?}\n"])
+def test_a_hooks_env_with_a_shell_error_is_skipped_not_fatal(tmp_path, content):
+    """dash ends a script at a shell error in a file it reads with ``.``: the wrappers exited 2 at
+    once (slurmd drains the node for a failed prolog). The file is tried in a subshell first: the
+    run goes on with the defaults and says which file it could not read."""
+    bad = tmp_path / "bad.env"
+    bad.write_text(content + "CAPCTL_ON_UNREACHABLE=fail-closed\n")
+    for kind in ("prolog", "epilog"):
+        proc, _, events = run_hook(kind, tmp_path, SLURM_JOB_GPUS="0", CAPCTL_HOOKS_ENV=bad,
+                                   CAPCTL_AGENT_SOCKET=tmp_path / "missing.sock")
+        assert proc.returncode == 0, (kind, proc.returncode, proc.stderr)  # fail-open: the file was not read
+        assert f"{bad} not read: a shell error in it" in proc.stderr
+        assert any(f"{bad} not read" in p for p in events[-1]["config_problems"]), events[-1]
+    env = {"CAPCTL_HOOKS_ENV": str(bad), "SLURMD_NODENAME": "nX", "CAPCTL_PYTHON": sys.executable,
+           "CAPCTL_AGENT_SOCKET": str(tmp_path / "missing.sock"), "CAPCTL_POLICY": str(tmp_path / "none.yaml"),
+           "CAPCTL_HOOK_LOG": str(tmp_path / "hooks.log")}
+    health = subprocess.run([str(REPO / "slurm" / "healthcheck")], env=env, capture_output=True, text=True,
+                            timeout=30, cwd="/")
+    assert health.returncode == 1 and "UNHEALTHY: agent not reachable" in health.stdout, health.stderr
+    ctld = subprocess.run([str(REPO / "slurm" / "epilog_slurmctld")], env={**env, "SLURM_JOB_ID": "5"},
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert ctld.returncode == 0 and f"{bad} not read" in ctld.stderr
+
+
+def test_job_data_problems_do_not_fail_closed(tmp_path):
+    """Under fail-closed, a job's own bad data (an unparsable GPU list) fails open with a line that
+    says why: draining the node would not fix it and a requeued job would drain node after node."""
+    proc, _, events = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="N/A", CAPCTL_ON_UNREACHABLE="fail-closed",
+                               CAPCTL_AGENT_SOCKET=tmp_path / "missing.sock")
+    assert proc.returncode == 0, proc.stderr
+    assert events[-1]["outcome"] == "bad-gpus" and events[-1]["exit"] == 0
+    assert "fail-closed does not drain the node for it" in proc.stderr
+
+
+def test_an_epilog_on_a_node_without_an_agent_directory_creates_nothing(tmp_path):
+    """No agent deployed (its socket's directory missing): the epilog's end is not left in a drop
+    box (it made /run/capctl/ and one file per job); an agent that is down, its directory there,
+    still gets it (test above)."""
+    sock = tmp_path / "no-such-dir" / "agent.sock"
+    proc, _, events = run_hook("epilog", tmp_path, CAPCTL_AGENT_SOCKET=sock)
+    assert proc.returncode == 0 and events[-1]["outcome"] == "agent-unreachable"
+    assert not (tmp_path / "no-such-dir").exists()
+    assert events[-1]["left_for_agent"].startswith("not written: no directory")
+    proc, _, _ = run_hook("epilog", tmp_path, CAPCTL_AGENT_SOCKET=sock, CAPCTL_PYTHON="/nonexistent/python")
+    assert proc.returncode == 0 and not (tmp_path / "no-such-dir").exists()  # the shell fallback too
+
+
+def test_a_copy_of_the_prolog_in_a_prolog_d_does_not_run_an_unrelated_interpreter(tmp_path):
+    """A copy in a prolog.d/ directory has no hooks.py beside it: ``../../../../bin/python`` (an
+    installed package's environment) is not taken for it (it ran whatever python was there)."""
+    hook_dir = tmp_path / "a" / "b" / "c" / "d" / "prolog.d"
+    hook_dir.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    fake = tmp_path / "a" / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nexit 3\n")
+    fake.chmod(0o755)
+    copy = hook_dir / "50-capctl"
+    copy.write_text((REPO / "slurm" / "prolog").read_text())
+    copy.chmod(0o755)
+    env = {"SLURM_JOB_ID": "1", "SLURMD_NODENAME": "nX", "CAPCTL_HOOK_LOG": str(tmp_path / "hooks.log"),
+           "CAPCTL_HOOKS_ENV": str(tmp_path / "none.env")}
+    proc = subprocess.run([str(copy)], env=env, capture_output=True, text=True, timeout=30, cwd="/")
+    assert proc.returncode == 0 and not marker.exists(), proc.stderr
+
+
+def test_epilog_slurmctld_is_bounded_by_its_wrapper(tmp_path):
+    """An interpreter that never finishes: the wrapper ends it at CAPCTL_CTLD_TIMEOUT_S + 2 s and
+    exits 0 (it had no outer bound: slurmctld waited)."""
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    env = {"SLURM_JOB_ID": "9", "CAPCTL_PYTHON": str(slow), "CAPCTL_CTLD_TIMEOUT_S": "1",
+           "CAPCTL_HOOK_LOG": str(tmp_path / "hooks.log"), "CAPCTL_HOOKS_ENV": str(tmp_path / "none.env")}
+    t0 = time.monotonic()
+    proc = subprocess.run([str(REPO / "slurm" / "epilog_slurmctld")], env=env, capture_output=True, text=True,
+                          timeout=30, cwd="/")
+    assert proc.returncode == 0 and 2.5 < time.monotonic() - t0 < 8.0, (proc.stderr, time.monotonic() - t0)
+    assert "hook did not run" in proc.stderr
+
+
+def test_syslog_lines_never_block_on_a_syslog_that_does_not_read(tmp_path):
+    """A syslog socket whose queue is full (a hung journald): the hook's line is dropped at once
+    (the syslog module blocked there, holding the log's lock, until slurmd's timeout)."""
+    from slurm import hooks
+
+    path = str(tmp_path / "log.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(path)
+    try:
+        assert hooks.send_syslog("capctl-prolog", False, "first", path)
+        assert srv.recv(4096).startswith(b"<30>capctl-prolog[")  # daemon.info, the tag and pid
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        filler.setblocking(False)
+        try:
+            for _ in range(100_000):  # fill the queue (bounded)
+                filler.sendto(b"x" * 512, path)
+        except BlockingIOError:
+            pass
+        finally:
+            filler.close()
+        t0 = time.monotonic()
+        assert hooks.send_syslog("capctl-prolog", True, "dropped", path) is False
+        assert time.monotonic() - t0 < 0.5
+        assert hooks.send_syslog("capctl-prolog", True, "no socket", str(tmp_path / "none")) is False
+    finally:
+        srv.close()
+
+
+def test_healthcheck_drains_or_resumes_only_its_own_drain(tmp_path, monkeypatch):
+    """``--drain`` sets a drain only on a node with no reason at all and lifts only its own
+    (``capctl:``): an admin's ``maintenance`` drain was replaced by ours, then lifted when the agent
+    came back (found by a review); a node state it cannot read is left alone."""
+    from slurm import health
+
+    calls = []
+    monkeypatch.setattr(health, "set_drain", lambda node, reason, t: calls.append(reason) or "did it")
+    cases = [  # (healthy, current reason, what is done)
+        (False, "", "drain"), (False, "maintenance: PSU swap", None), (False, "capctl: agent down", None),
+        (False, health.UNKNOWN, None), (True, "capctl: agent down", "resume"), (True, "maintenance", None),
+        (True, "", None), (True, health.UNKNOWN, None)]
+    for healthy, current, want in cases:
+        calls.clear()
+        text = health.drain_action("n1", healthy, "agent not reachable", current, 1.0)
+        assert calls == ([] if want is None else ["capctl: agent not reachable" if want == "drain" else None]), (
+            healthy, current, calls)
+        if current and not current.startswith("capctl:") and not healthy:
+            assert "left as it is" in text and current[:20] in text
+        if current is health.UNKNOWN:
+            assert "node state unknown" in text
+    # node_reason: "" without a reason, the reason, UNKNOWN when scontrol fails or names another node
+    fake = tmp_path / "scontrol"
+    for out, rc, want in (("NodeName=n1 State=IDLE Weight=1\n", 0, ""),
+                          ("NodeName=n1 State=IDLE+DRAIN Reason=maintenance: PSU swap [root@2026-12-05T10:00:00]\n", 0,
+                           "maintenance: PSU swap"),
+                          ("", 1, health.UNKNOWN), ("NodeName=n12 State=IDLE\n", 0, health.UNKNOWN)):
+        fake.write_text(f"#!/bin/sh\nprintf '%s' '{out}'\nexit {rc}\n")
+        fake.chmod(0o755)
+        monkeypatch.setattr(health, "_scontrol", lambda: str(fake))
+        assert health.node_reason("n1", 5.0) == want, out
