@@ -106,10 +106,25 @@ def parse_quantity(text: str) -> tuple[float, str | None, float] | None:
     return number, known[0], known[1]
 
 
+def is_finite(value) -> bool:
+    """``math.isfinite`` for any real number, an int beyond any double included (False: it has no
+    float form; ``math.isfinite`` raised OverflowError on it)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def format_number(value: float) -> str:
     """Format a number the way a person would write it in YAML (``20000``, ``0.5``, ``1e-320``):
     at most 6 significant digits, fewer where fewer read back as ``value`` (a denormal written
-    1e-320 is not shown as 9.99989e-321)."""
+    1e-320 is not shown as 9.99989e-321). Total: ``inf``, ``-inf``, ``nan``, and ``about 10^N`` for
+    an int beyond any double (a review found both raising OverflowError from a message's hint:
+    a traceback for ``budget_w: "1e308 kW"``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not is_finite(value):
+        return f"about {'-' if value < 0 else ''}10^{round(math.log10(abs(value)))}"
+    if not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     text = f"{value:.6g}"
@@ -135,4 +150,6 @@ def value_hint(key: str, text: str) -> str:
     number, have, factor = parsed
     if have is not None and have != want:
         return f"{text!r} is not in {UNIT_NAMES[want]}, the unit of {key}"
+    if not is_finite(number * factor):
+        return f"{text!r} is beyond any number of {UNIT_NAMES[want]} capctl takes"
     return f"write the number in {UNIT_NAMES[want]} without a unit: {key}: {format_number(number * factor)}"

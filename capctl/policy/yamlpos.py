@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from capctl.policy.units import UNIT_NAMES, format_number, key_unit
+from capctl.policy.units import UNIT_NAMES, format_number, is_finite, key_unit
 
 MAX_NODES = 500_000
 """Largest number of YAML nodes (after alias expansion) accepted in one document."""
@@ -95,6 +95,20 @@ class _Loader(yaml.SafeLoader):
 
     prefixed_ints = False
     """Read 0x/0o/0b integers (see :func:`load_with_positions`)."""
+    composed = 0
+    """YAML nodes composed so far (:meth:`compose_node`)."""
+
+    def compose_node(self, parent, index):
+        """Count each node as it is composed, and stop past :data:`MAX_NODES`: the count after
+        alias expansion (:func:`_build`) came only once the whole document was composed, so a
+        2 MB flow list of a million items took 38 s and 789 MB before "document too large" (a
+        file at the 16 MiB cap: minutes and gigabytes; found by a review)."""
+        self.composed += 1
+        if self.composed > MAX_NODES:
+            mark = self.peek_event().start_mark
+            raise YamlInputError(f"document too large (more than {MAX_NODES} YAML nodes)", mark.line + 1,
+                                 mark.column + 1)
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -148,9 +162,11 @@ def ambiguous_number_message(path, text: str) -> str:
     unit = key_unit(key)
     allowed = f"a plain decimal number of {UNIT_NAMES[unit]}" if unit else "a plain decimal number"
     why, value = _meant(text)
-    example = f", e.g. {format_number(value)}" if value is not None else ""
-    tail = "" if unit else f" (or quote it, \"{text}\", if it is text)"
-    return f"{dotted(path)}: {text} is not allowed: {why}; allowed: {allowed}{example}{tail}"
+    example = f", e.g. {format_number(value)}" if value is not None and is_finite(value) else ""
+    shown = text if len(text) <= 40 else f"{text[:37]}... ({len(text)} characters)"
+    why = why.replace(text, shown)
+    tail = "" if unit else f" (or quote it, \"{shown}\", if it is text)"
+    return f"{dotted(path)}: {shown} is not allowed: {why}; allowed: {allowed}{example}{tail}"
 
 
 def load_with_positions(text: str, *, prefixed_ints: bool = False) -> tuple[object, Positions]:
