@@ -145,8 +145,12 @@ def run(args: argparse.Namespace) -> int:
     """Write the files of ``args.what`` into ``args.dir``.
 
     Raises:
-        UserInputError: DIR cannot be created or written (the path and the reason).
+        UserInputError: DIR is empty (an unset variable quoted: it wrote into the current directory,
+            found by a review) or cannot be created or written (the path and the reason).
     """
+    if not args.dir.strip():
+        raise UserInputError(f"install {args.what} {args.dir!r}: DIR is empty; give the directory to write "
+                             f"into (\".\" for the current one)")
     dest = Path(args.dir)
     try:
         for rel, data, mode in files(args.what):

@@ -197,6 +197,14 @@ def _show(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _no_nodes(r, p: tuple, i: int, nodes_raw, nodes: list) -> None:
+    """Report rack ``i`` (JSON path ``p``) whose ``nodes`` (``nodes_raw`` as written) name no node
+    (``""``, ``[]``: it became an empty rack without a word, found by a review)."""
+    if not nodes:
+        r.err(p + ("nodes",), f"racks[{i}].nodes: {_show(nodes_raw)} names no node; allowed: a Slurm hostlist "
+                              f"such as \"gpu[001-032]\" or a list of names")
+
+
 def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     """Parse and validate a cluster file's text. Raises :class:`ClusterError` listing every error."""
     try:
@@ -207,7 +215,7 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     if data is None:
         raise ClusterError(f"{source}:1:1: the cluster file is empty; see examples/clusters/shared-64x8.yaml")
     top = r.mapping(data, (), _TOP_KEYS, "the cluster file")
-    if not top:
+    if not top and r.errors:  # not a mapping (an empty one goes on: its missing keys are named)
         raise ClusterError("\n".join(r.errors))
     for req in ("racks", "gpu_model"):
         if req not in top:
@@ -238,6 +246,9 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         rack_list = []
     for i, rd in enumerate(rack_list):
         p = ("racks", i)
+        if rd == {}:  # (it was skipped without a word: found by a review)
+            r.err(p, f"racks[{i}]: an empty rack; allowed: a mapping with nodes (a Slurm hostlist or a list of names)")
+            continue
         rd = r.mapping(rd, p, _RACK_KEYS, f"racks[{i}]")
         if not rd:
             continue
@@ -255,8 +266,11 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
                 nodes = list(hostlist.expand_hostlist(nodes_raw))
             except hostlist.BadHostlist as exc:
                 r.err(p + ("nodes",), f"racks[{i}].nodes: {nodes_raw!r} is not a valid Slurm hostlist ({exc})")
+            else:
+                _no_nodes(r, p, i, nodes_raw, nodes)
         elif isinstance(nodes_raw, list) and all(isinstance(x, str) and x for x in nodes_raw):
             nodes = list(nodes_raw)
+            _no_nodes(r, p, i, nodes_raw, nodes)
         else:
             r.err(p + ("nodes",) if "nodes" in rd else p,
                   f"racks[{i}].nodes: {_show(nodes_raw)} is invalid; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a list of names")

@@ -48,3 +48,13 @@ def test_the_capctl_completion_offers_its_subcommands():
     out = run("capctl.cli.main", "--print-completion", "bash").stdout
     for sub in ("status", "nodes", "jobs", "explain", "budget", "policy", "install", "demo", "sim"):
         assert sub in out, sub
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_install_refuses_an_empty_dir(tmp_path, empty):
+    """``capctl install hooks ""`` (an unset variable quoted) wrote the hooks into the current
+    directory and exited 0 (found by a review): an empty DIR is refused, nothing written."""
+    proc = subprocess.run([sys.executable, "-m", "capctl.cli.main", "install", "hooks", empty], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "DIR is empty" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []

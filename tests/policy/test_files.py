@@ -82,3 +82,24 @@ def test_read_regular_file_bounds_and_kinds(tmp_path, fifo) -> None:
     link = tmp_path / "link.yaml"
     link.symlink_to(path)  # a symlink to a regular file is one
     assert read_regular_file(link, 1000) == b"x" * 100
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("{}\n", ["c.yaml:1:1: missing key 'racks'", "c.yaml:1:1: missing key 'gpu_model'"]),
+    ("gpu_model: H100-SXM\nracks: [{nodes: 'n[1-4]'}, {}]\n",
+     ["c.yaml:2:28: racks[1]: an empty rack; allowed: a mapping with nodes (a Slurm hostlist or a list of names)"]),
+    ("gpu_model: H100-SXM\nracks: [{nodes: 'n[1-4]'}, {name: r2, nodes: ''}]\n",
+     ["c.yaml:2:46: racks[1].nodes: '' names no node; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a list "
+      "of names"]),
+    ("gpu_model: H100-SXM\nracks: [{nodes: []}]\n",
+     ["c.yaml:2:17: racks[0].nodes: [] names no node; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a "
+      "list of names"]),
+], ids=["empty-map", "empty-rack", "empty-hostlist", "empty-list"])
+def test_cluster_files_without_racks_or_nodes_name_what_is_missing(text, expected) -> None:
+    """A cluster file ``{}`` gave an empty error (``capctl: ``), and racks with no nodes were
+    skipped or simulated empty without a word (found by a review)."""
+    from capctl.sim.cluster import parse_cluster
+
+    with pytest.raises(ClusterError) as err:
+        parse_cluster(text, "c.yaml")
+    assert str(err.value).splitlines() == expected
