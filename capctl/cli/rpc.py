@@ -23,8 +23,9 @@ import grpc
 from capctl.errors import UserInputError
 from coordinator.client import AdminClient, coordinator_address
 
-_CONNECTION: dict = {"tls": None, "token_file": None}
-"""TLS config and token file from the command line (:func:`configure`); the environment otherwise."""
+_CONNECTION: dict = {"args": None, "token_file": None}
+"""The parsed command line (its TLS flags are read when a channel is made) and the token file
+(:func:`configure`); the environment otherwise."""
 
 
 def add_connection_arguments(parser, *, suppress: bool = False) -> None:
@@ -49,14 +50,11 @@ def add_connection_arguments(parser, *, suppress: bool = False) -> None:
 
 
 def configure(args) -> None:
-    """Take TLS and token settings from parsed arguments (falling back to the environment).
-
-    Raises:
-        UserInputError: only some of the TLS flags given.
-    """
-    from capctl.security.tls import tls_from_args
-
-    _CONNECTION["tls"] = tls_from_args(args, use_env=True)
+    """Take TLS and token settings from parsed arguments (falling back to the environment). The
+    TLS flags are checked when a command connects (:func:`_channel`), not here: a command that
+    never connects (``policy validate``, ``sim``, ``install``) works whatever they say (a partial
+    ``$CAPCTL_TLS_*`` setting refused them all; found by a review)."""
+    _CONNECTION["args"] = args
     _CONNECTION["token_file"] = getattr(args, "admin_token_file", None) or os.environ.get("CAPCTL_ADMIN_TOKEN_FILE") or None
 
 
@@ -94,7 +92,7 @@ def _channel(target: str, credentials):
     """The channel to ``target``: TLS per :func:`configure` for host:port, the token if configured."""
     from capctl.security import tls as tlsmod
 
-    tls_config = _CONNECTION["tls"]
+    tls_config = tlsmod.tls_from_args(_CONNECTION["args"], use_env=True)  # (UserInputError: a partial setting)
     options: list = []
     if credentials is None and tls_config is not None and not tlsmod.is_unix_target(target):
         credentials = tlsmod.channel_credentials(tls_config)

@@ -83,7 +83,38 @@ class TlsConfig:
         if not any(m in key for m in _KEY_MARKS):
             raise UserInputError(f"--tls-key {self.key_path}: no unencrypted PEM private key in it "
                                  "(expected -----BEGIN PRIVATE KEY-----; encrypted keys are not supported)")
+        _check_pem(self, ca, cert, key)
         return TlsMaterial(ca, cert, key)
+
+
+def _check_pem(config: TlsConfig, ca: bytes, cert: bytes, key: bytes) -> None:
+    """Parse the three PEM files (``cryptography``) and check that the key belongs to the
+    certificate; a file with the right markers around a body that is no certificate or key reached
+    gRPC, which printed C-core log lines and reported the coordinator "unreachable" (exit 3; found
+    by a review).
+
+    Raises:
+        UserInputError: naming the flag, the file and what is wrong.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        x509.load_pem_x509_certificates(ca)
+    except ValueError as err:
+        raise UserInputError(f"--tls-ca {config.ca_path}: not a valid PEM certificate ({err})") from None
+    try:
+        certificate = x509.load_pem_x509_certificate(cert)
+    except ValueError as err:
+        raise UserInputError(f"--tls-cert {config.cert_path}: not a valid PEM certificate ({err})") from None
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError) as err:
+        raise UserInputError(f"--tls-key {config.key_path}: not a valid unencrypted PEM private key ({err})") from None
+    raw = serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(serialization.Encoding.DER, raw) != \
+            certificate.public_key().public_bytes(serialization.Encoding.DER, raw):
+        raise UserInputError(f"--tls-key {config.key_path}: not the private key of --tls-cert {config.cert_path}")
 
 
 def read_pem(flag: str, path: Path, secret: bool = False) -> bytes:

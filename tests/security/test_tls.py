@@ -121,6 +121,53 @@ def test_bad_files_give_clear_errors(pki, tmp_path):
         tls.TlsConfig(tmp_path, pki.admin.cert_path, pki.admin.key_path).read()
 
 
+def test_files_with_pem_markers_but_no_certificate_or_key_or_a_key_of_another_certificate(pki, tmp_path):
+    """Right markers around a body that is no certificate or key, or a key of another certificate:
+    each named with its flag and file before any connection (a bad certificate reached gRPC, which
+    logged C-core lines and reported the coordinator "unreachable", exit 3; found by a review)."""
+    bad = tmp_path / "bad.pem"
+    bad.write_bytes(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    badkey = tmp_path / "bad.key"
+    badkey.write_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    os.chmod(badkey, 0o600)
+    cases = [(tls.TlsConfig(bad, pki.admin.cert_path, pki.admin.key_path), r"--tls-ca .*bad.pem: not a valid PEM certificate"),
+             (tls.TlsConfig(pki.ca_path, bad, pki.admin.key_path), r"--tls-cert .*bad.pem: not a valid PEM certificate"),
+             (tls.TlsConfig(pki.ca_path, pki.admin.cert_path, badkey),
+              r"--tls-key .*bad.key: not a valid unencrypted PEM private key"),
+             (tls.TlsConfig(pki.ca_path, pki.admin.cert_path, pki.wrong_ca_client.key_path),
+              r"--tls-key .*: not the private key of --tls-cert .*"),
+             ]
+    for config, message in cases:
+        with pytest.raises(UserInputError, match=message):
+            config.read()
+
+
+def test_commands_that_never_connect_ignore_a_partial_tls_setting(pki, tmp_path):
+    """A partial ``$CAPCTL_TLS_*`` setting refused every subcommand, ``policy validate`` and ``sim``
+    included (found by a review); it is refused only where a command connects, with a bad file
+    named (exit 1, no gRPC log lines)."""
+    import subprocess
+    import sys
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nbudget_w: 20000\n")
+    env = {**os.environ, "CAPCTL_TLS_CA": str(pki.ca_path)}
+    for var in ("CAPCTL_TLS_CERT", "CAPCTL_TLS_KEY"):
+        env.pop(var, None)
+    run = lambda *argv, **kw: subprocess.run([sys.executable, "-m", "capctl.cli.main", *argv], env={**env, **kw},  # noqa: E731
+                                              capture_output=True, text=True, timeout=60)
+    ok = run("policy", "validate", str(policy))
+    assert ok.returncode == 0 and "p.yaml: ok" in ok.stdout, ok.stderr
+    partial = run("status", "--coordinator", "127.0.0.1:1")
+    assert partial.returncode == 1 and "TLS needs --tls-ca, --tls-cert and --tls-key together" in partial.stderr
+    bad = tmp_path / "bad.pem"
+    bad.write_bytes(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    wrong = run("status", "--coordinator", "127.0.0.1:1", CAPCTL_TLS_CA=str(bad), CAPCTL_TLS_CERT=str(pki.admin.cert_path),
+                CAPCTL_TLS_KEY=str(pki.admin.key_path))
+    assert wrong.returncode == 1 and f"--tls-ca {bad}: not a valid PEM certificate" in wrong.stderr, wrong.stderr
+    assert "ssl_transport_security" not in wrong.stderr and "Traceback" not in wrong.stderr
+
+
 def test_unix_target_detection():
     assert tls.is_unix_target("unix:/run/capctl/coordinator.sock")
     assert tls.is_unix_target("unix:///run/x.sock")
