@@ -49,6 +49,17 @@ def wants_json(argv: list[str]) -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+def need_action(parser: argparse.ArgumentParser, args, what: str) -> int:
+    """A command line that stops before its ``what`` (COMMAND, ACTION): the help on stdout, exit
+    2; with ``--json`` one JSON error object instead (it printed the help: found by a review)."""
+    if getattr(args, "json", False):
+        from capctl.errors import print_json_error
+
+        return print_json_error(f"{parser.prog}: {what} is required (see {parser.prog} --help)", 2)
+    parser.print_help()
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every available subcommand registered."""
     parser = _Parser(
@@ -97,8 +108,7 @@ def _main(argv: list[str] | None) -> int:
             return print_json_error(str(err), 2)
         return 2
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        return need_action(parser, args, "COMMAND")
 
     def dispatch() -> int:
         from capctl.cli.rpc import configure

@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     """Add the ``policy`` command group (``validate``, ``reload``) to ``subparsers``."""
     parser = subparsers.add_parser("policy", help="validate or reload the policy file")
     sub = parser.add_subparsers(dest="policy_command", metavar="ACTION")
-    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output (docs/cli.md)")
+    parser.set_defaults(func=lambda args: _need_action(parser, args))
 
     validate = sub.add_parser("validate", help="check a policy file; exit 0 if valid, else print file:line:col errors and exit 1")
     validate.add_argument("file", metavar="FILE", help="policy YAML file")
@@ -45,6 +46,12 @@ def register(subparsers) -> None:
 
     add_connection_arguments(reload, suppress=True)
     reload.set_defaults(func=run_reload)
+
+
+def _need_action(parser, args) -> int:
+    from capctl.cli.main import need_action
+
+    return need_action(parser, args, "ACTION")
 
 
 def _device_map(items: list[str]) -> dict[str, float]:

@@ -247,6 +247,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("budget", help="change the cluster budget (admin)")
     sub = p.add_subparsers(dest="budget_command", metavar="ACTION")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output (docs/cli.md)")
     s = sub.add_parser("set", help="set the cluster budget in watts (persists across coordinator restarts)")
     s.add_argument("watts", metavar="WATTS", help="budget in watts (suffix kW/MW allowed)")
     # "-5W" is a (refused) budget, not an unknown option: argparse's own test for negative numbers
@@ -254,4 +255,11 @@ def register(subparsers) -> None:
     s._negative_number_matcher = re.compile(r"^-\.?\d")
     _common(s)
     s.set_defaults(func=cmd_budget_set)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: _need_action(p, args))
+
+
+def _need_action(parser, args) -> int:
+    """``capctl budget`` without its ACTION (:func:`capctl.cli.main.need_action`)."""
+    from capctl.cli.main import need_action
+
+    return need_action(parser, args, "ACTION")

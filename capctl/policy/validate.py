@@ -221,6 +221,10 @@ def _type_message(err: jsonschema.ValidationError, name: str, unit: str | None, 
     elif isinstance(instance, bool) and isinstance(err.schema, dict) and err.schema.get("enum"):
         text += (f"; allowed: {', '.join(_show(a) for a in err.schema['enum'])} (YAML reads an unquoted "
                  "yes/no/on/off as a boolean)")
+    elif isinstance(err.schema, dict) and err.schema.get("enum"):  # (a number where a word belongs: a review)
+        text += f"; allowed: {', '.join(_show(a) for a in err.schema['enum'])}"
+    elif isinstance(instance, (int, float)) and "string" in str(err.validator_value):
+        text += f" (a number; quote it, \"{_show(instance)}\", if it is a name)"
     return text
 
 
@@ -855,11 +859,21 @@ def check_text(
     return report
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def display_name(path) -> str:
+    """``path`` as messages name it: its control characters written as escapes (a file name with a
+    newline split error lines and the coordinator's log records in two; found by a review)."""
+    text = str(path)
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text) if _CONTROL.search(text) else text
+
+
 def read_policy_text(path) -> str:
     """Read a policy file as UTF-8 text. Raises :class:`PolicyError` (one line) when it cannot:
     missing, unreadable, not a regular file (a directory, FIFO, socket or device), over
     :data:`MAX_FILE_BYTES` or not UTF-8."""
-    name = str(path)
+    name = display_name(path)
     try:
         raw = read_regular_file(path, MAX_FILE_BYTES)  # a FIFO or device is refused, never waited on
     except OSError as err:
@@ -881,8 +895,8 @@ def check_file(path, **device_limits) -> Report:
     try:
         text = read_policy_text(path)
     except PolicyError as err:
-        return Report(source=str(path), errors=err.errors)
-    return check_text(text, str(path), **device_limits)
+        return Report(source=display_name(path), errors=err.errors)
+    return check_text(text, display_name(path), **device_limits)
 
 
 def parse_policy(
@@ -912,7 +926,7 @@ def load_policy(path, **device_limits) -> model.Policy:
     Raises:
         PolicyError: unreadable file (one line) or invalid policy (one line per error).
     """
-    return parse_policy(read_policy_text(path), str(path), **device_limits)
+    return parse_policy(read_policy_text(path), display_name(path), **device_limits)
 
 
 def validate_file(path, **device_limits) -> list[str]:

@@ -233,6 +233,20 @@ def test_usage_errors_with_json_are_one_json_object_too(capsys):
     assert not wants_json(["explain", "--", "--json"]) and not wants_json(["status", "--jsonx"])
 
 
+def test_a_command_line_without_its_command_or_action_with_json_is_one_json_object(capsys):
+    """``capctl --json`` printed the help (exit 2), ``capctl policy --json`` and ``capctl budget
+    --json`` said ``unrecognized arguments: --json`` (found by a review): one JSON object each, and
+    the help as before without --json."""
+    for argv, error in ((["--json"], "capctl: COMMAND is required"),
+                        (["policy", "--json"], "capctl policy: ACTION is required"),
+                        (["budget", "--json"], "capctl budget: ACTION is required")):
+        code, out, _err = run(capsys, *argv)
+        d = json.loads(out)
+        assert code == 2 and out.count("\n") == 1 and d["ok"] is False and d["error"].startswith(error), (argv, out)
+    code, out, _err = run(capsys, "policy")
+    assert code == 2 and out.startswith("usage: capctl policy")
+
+
 def test_watch_json_retry_lines_are_json(tmp_path, capsys, monkeypatch):
     from capctl.cli import status as status_cli
     from capctl.errors import UnreachableError

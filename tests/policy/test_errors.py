@@ -260,3 +260,18 @@ def test_every_domain_below_its_minimums_is_named_at_its_own_line():
         assert f"name: {name}," in lines[line - 1], (e, lines[line - 1])
         r, k = name[1:].split("x")
         assert e.split(": ", 1)[1].startswith(f"domains.children[{r}].children[{k}].limit_w: {100 + int(k)} W"), e
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("objective: 5", "p.yaml:3:12: objective: expected a string, got 5; allowed: 'proportional', 'throughput'"),
+    ("prolog: {on_unreachable: 1}",
+     "p.yaml:3:26: prolog.on_unreachable: expected a string, got 1; allowed: 'fail-open', 'fail-closed'"),
+    ("models: {memory_bound_share: 0}",
+     "p.yaml:3:30: models.memory_bound_share: expected a string, got 0; allowed: 'estimate', 'zero'"),
+    ("domains: {name: 5}", "p.yaml:3:17: domains.name: expected a string, got 5 (a number; quote it, \"5\", if it "
+                           "is a name)"),
+], ids=["objective", "on-unreachable", "memory-bound-share", "domain-name"])
+def test_a_number_where_a_word_belongs_says_what_is_allowed(body, expected):
+    """``objective: 5`` said only "expected a string, got 5" (found by a review)."""
+    report = check_text(f"version: 1\nbudget_w: 20000\n{body}\n", "p.yaml")
+    assert expected in report.errors, report.errors

@@ -103,3 +103,17 @@ def test_cluster_files_without_racks_or_nodes_name_what_is_missing(text, expecte
     with pytest.raises(ClusterError) as err:
         parse_cluster(text, "c.yaml")
     assert str(err.value).splitlines() == expected
+
+
+def test_a_file_name_with_control_characters_stays_on_one_line(tmp_path) -> None:
+    """A policy file named with a newline split its error lines (and the coordinator's log record
+    of a refused reload) in two (found by a review): the name is written with escapes."""
+    from capctl.policy import PolicyError, load_policy, validate_file
+
+    path = tmp_path / "a\nb.yaml"
+    path.write_text("version: 1\nbudget_w: 20000\nfoo: 1\n")
+    (err,) = validate_file(path)
+    assert err.startswith(f"{tmp_path}/a\\nb.yaml:3:1: unknown key 'foo'") and "\n" not in err
+    with pytest.raises(PolicyError) as exc:
+        load_policy(tmp_path / "x\x1by.yaml")
+    assert str(exc.value) == f"{tmp_path}/x\\x1by.yaml: cannot read the policy file: No such file or directory"
