@@ -84,10 +84,12 @@ def run_validate(args: argparse.Namespace) -> int:
     from capctl.errors import UserInputError
     from capctl.policy import check_file
 
-    report = check_file(args.file, device_min_cap_w=_device_map(args.device_min_cap))
+    device_min = _device_map(args.device_min_cap)
+    report = check_file(args.file, device_min_cap_w=device_min)
     if not args.json and not report.ok and not os.path.isfile(args.file):
         raise UserInputError(report.errors[0] if report.errors else f"{args.file}: cannot read the policy file")
-    warnings = list(report.warnings) + _host_warnings(args.file, report.policy)
+    warnings = (list(report.warnings) + _host_warnings(args.file, report.policy)
+                + _device_min_warnings(args.file, report.policy, device_min))
     if args.json:
         out = {"file": args.file, "errors": report.errors, "warnings": warnings}
         if not report.ok:  # the error contract of every --json command (capctl.errors.run_for_person)
@@ -119,6 +121,26 @@ def _first_error(errors: list[str], fallback: str) -> str:
         return fallback
     more = len(errors) - 1
     return errors[0] + (f" (and {more} more error{'s' if more > 1 else ''}; see \"errors\")" if more else "")
+
+
+def _device_min_warnings(path: str, policy, device_min: dict[str, float]) -> list[str]:
+    """Warnings on ``--device-min-cap`` values (W): a model no domain of ``policy`` uses (it was
+    taken without a word: a typo checks nothing), a minimum above the model's known maximum cap
+    (:data:`capctl.policy.devices.KNOWN_DEVICE_LIMITS_W`; found by a review)."""
+    from capctl.policy.devices import device_limits_w
+
+    out = []
+    used = {d.gpu_model for d in policy.domains.walk() if d.gpu_model} if policy is not None else None
+    norm = lambda m: "".join(ch for ch in m.upper() if ch.isalnum())  # noqa: E731 (devices' matching)
+    for model, watts in device_min.items():
+        if used is not None and norm(model) not in {norm(u) for u in used}:
+            out.append(f"{path}: warning: --device-min-cap {model}={watts:g}: no domain of the policy uses GPU model "
+                       f"{model!r} (it uses {', '.join(sorted(used)) or 'none'})")
+        high = device_limits_w(model)[1]
+        if high is not None and watts > high:
+            out.append(f"{path}: warning: --device-min-cap {model}={watts:g}: above the maximum cap {high:g} W of "
+                       f"{model}: every GPU of it would be held at its maximum")
+    return out
 
 
 def _host_warnings(path: str, policy) -> list[str]:

@@ -386,7 +386,8 @@ class _DomainBuilder:
         try:
             names_ = hostlist.expand_hostlist(text, allow_duplicates=True)
         except hostlist.BadHostlist as err:
-            diag.error(expr_path, f"{dotted(expr_path)}: invalid hostlist expression {_show(expr)}: {err}")
+            limit = f" (at most {hostlist.MAX_SIZE} names per range)" if "too large" in str(err) else ""
+            diag.error(expr_path, f"{dotted(expr_path)}: invalid hostlist expression {_show(expr)}: {err}{limit}")
             return []
         except (ValueError, OverflowError, MemoryError, RecursionError) as err:
             diag.error(expr_path, f"{dotted(expr_path)}: invalid hostlist expression {_show(expr)}: {err}")
@@ -437,7 +438,7 @@ class _DomainBuilder:
             self.visit(child, path + ("children", i), gpu_model, gpus, depth + 1)
             for i, child in enumerate(raw_domain.get("children") or [])
         ]
-        if depth > 0 and raw_nodes is None and not children and kind != "node":
+        if depth > 0 and not raw_nodes and not children and kind != "node":  # (``nodes: []`` too: a review)
             self.diag.warn(path, f"{dotted(path)}: domain {name!r} holds no nodes")
         return _DomainDraft(path, name, kind, raw_domain.get("limit_w"), gpu_model, gpus, nodes, children)
 

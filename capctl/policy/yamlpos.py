@@ -237,7 +237,9 @@ def _build(loader, node, path, positions, counter, active, depth):
         raise YamlInputError(f"document nested deeper than {MAX_DEPTH} levels", *_mark(node))
     positions.values.setdefault(path, _mark(node))
     if isinstance(node, yaml.ScalarNode):
-        if node.tag == AMBIGUOUS_NUMBER_TAG:
+        if node.tag == AMBIGUOUS_NUMBER_TAG or (node.tag in (INT_TAG, FLOAT_TAG)
+                                                and _AMBIGUOUS_NUMBER.match(node.value.strip())):
+            # (an explicit ``!!int 0x10`` too: it was read as 16, found by a review)
             return _ambiguous(loader, node, path)
         try:
             value = loader.construct_object(node, deep=True)

@@ -212,3 +212,20 @@ def test_reload_ok_and_refused(admin_server, tmp_path) -> None:
     result = capctl("policy", "reload", "--json", "--coordinator", address, str(good))
     out = json.loads(result.stdout)
     assert result.returncode == 0 and out["ok"] is True and "error" not in out and "exit_code" not in out
+
+
+def test_device_min_cap_of_a_model_no_domain_uses_or_above_its_maximum_is_warned(tmp_path, capsys):
+    """``--device-min-cap FOO=5`` (a model no domain uses) and ``H100-SXM=1000`` (above its 700 W
+    maximum) were taken without a word (found by a review)."""
+    from capctl.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nbudget_w: 20000\ndomains: {name: c, gpu_model: H100-SXM, gpus_per_node: 8, "
+                    "nodes: 'a[1-2]'}\n")
+    assert main(["policy", "validate", str(path), "--device-min-cap", "FOO=5"]) == 0
+    err = capsys.readouterr().err
+    assert "--device-min-cap FOO=5: no domain of the policy uses GPU model 'FOO' (it uses H100-SXM)" in err
+    assert main(["policy", "validate", str(path), "--device-min-cap", "h100_sxm=1000"]) == 1
+    err = capsys.readouterr().err
+    assert "--device-min-cap h100_sxm=1000: above the maximum cap 700 W of h100_sxm" in err
+    assert "no domain of the policy uses" not in err

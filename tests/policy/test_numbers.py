@@ -171,3 +171,20 @@ def test_a_document_over_the_node_bound_is_refused_while_it_is_composed(monkeypa
            "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
     with pytest.raises(YamlInputError, match="after expanding aliases"):
         load_with_positions(bomb)
+
+
+def test_an_explicit_int_tag_does_not_bypass_the_notation_rules() -> None:
+    """``budget_w: !!int 0x10`` was read as 16 W (found by a review)."""
+    assert only_error("version: 1\nbudget_w: !!int 0x10\n") == (
+        "p.yaml:2:11: budget_w: 0x10 is not allowed: a hexadecimal number (0x prefix); allowed: a plain decimal "
+        "number of watts, e.g. 16")
+    assert check_text("version: 1\nbudget_w: !!int 20000\n", "p.yaml").policy.budget_w == 20000
+
+
+def test_an_empty_node_list_is_warned_and_a_too_large_range_names_the_bound() -> None:
+    text = ("version: 1\nbudget_w: 20000\ndomains:\n  name: c\n  gpu_model: H100-SXM\n  gpus_per_node: 8\n"
+            "  children:\n    - {name: r1, kind: rack, nodes: 'a[1-2]'}\n    - {name: r2, kind: rack, nodes: []}\n")
+    report = check_text(text, "p.yaml")
+    assert "p.yaml:9:7: warning: domains.children[1]: domain 'r2' holds no nodes" in report.warnings, report.warnings
+    big = check_text(text.replace("nodes: []", "nodes: 'b[1-150000]'"), "p.yaml")
+    assert any("'b[1-150000]': range too large (at most 100000 names per range)" in e for e in big.errors), big.errors
