@@ -11,7 +11,8 @@ import tomllib
 from capctl.extras import EXTRAS_OF_MODULE, extra_for, extras_of
 from tests.test_layering import ROOT, external_imports, import_graph, source_modules
 
-CORE_MODULES = {"grpc", "google", "yaml", "jsonschema", "hostlist", "shtab", "build_manpages", "argparse_manpage"}
+CORE_MODULES = {"grpc", "google", "yaml", "jsonschema", "hostlist", "shtab", "build_manpages", "argparse_manpage",
+                "cryptography"}
 """Top-level modules of the core dependencies (``[project] dependencies``)."""
 
 AGENT_ROOTS = ("nodeagent.daemon", "slurm.hooks", "slurm.health", "capctl.cli.install", "capctl.agentclient")
