@@ -20,8 +20,9 @@ GPU_LABELS = ["node", "gpu", "uuid"]
 
 CAP_STATES = (capstates.OK, capstates.SAFE_CAP, capstates.OOB_LIMITED, capstates.FOREIGN_WRITER,
               capstates.RESTORE_FAILED, capstates.LOST, capstates.SET_FAILED, capstates.ERROR,
-              capstates.UNCONFIRMED, capstates.NO_READING, capstates.STALLED)
-"""Every cap state exported as a ``state`` label value."""
+              capstates.UNCONFIRMED, capstates.NO_READING, capstates.STALLED, capstates.UNSUPPORTED_CONSTRAINTS)
+"""Every cap state exported as a ``state`` label value (UNSUPPORTED_CONSTRAINTS was missing: a series
+only for the GPU in it, and none in ``capctl_gpus_by_cap_state`` until one was; found by a review)."""
 
 
 def register_process_metrics(registry) -> None:

@@ -90,7 +90,7 @@ def domain_dict(d) -> dict:
     return {
         "name": d.name,
         "kind": d.kind,
-        "limit_w": _num(d.limit_w),
+        "limit_w": _num(d.limit_w) if d.limit_w > 0 else None,  # (no limit of its own: null, not 0 W)
         "allocated_w": _num(d.allocated_w),
         "enforced_w": _num(d.enforced_w),
         "draw_w": _num(d.draw_w),
@@ -184,12 +184,14 @@ def render_jobs(d: dict) -> str:
     rows = []
     for j in d["jobs"]:
         rows.append([j["job_id"], _hostlist(j["nodes"]), str(j["gpus"]), _f(j["weight"], "{:g}"),
-                     _f(j["predicted_step_rate"], "{:.3f}"), j["binding"] or "-", _f(j["allocated_w"]),
+                     _f(j["predicted_step_rate"], "{:.3f}"), _f(j.get("measured_step_rate") or None, "{:.3f}"),
+                     j["binding"] or "-", _f(j["allocated_w"]),
                      _f(None if j["energy_j"] is None else j["energy_j"] / 3.6e6, "{:.3f}"), j["user"] or "-"])
     if not rows:
         return "no jobs"
-    return table(["JOB", "NODES", "GPUS", "WEIGHT", "RATE", "BINDING", "ALLOC W", "ENERGY kWh", "USER"], rows,
-                 right={2, 3, 4, 6, 7})
+    # (the predicted and the measured step rate side by side; "RATE" was the predicted one only)
+    return table(["JOB", "NODES", "GPUS", "WEIGHT", "PRED RATE", "MEAS RATE", "BINDING", "ALLOC W", "ENERGY kWh",
+                  "USER"], rows, right={2, 3, 4, 5, 7, 8})
 
 
 def render_nodes_summary(d: dict) -> str:
@@ -198,18 +200,19 @@ def render_nodes_summary(d: dict) -> str:
         gpus = n["gpus"]
         cap = sum(g["cap_w"] or 0 for g in gpus)
         enf = sum(g["enforced_w"] or 0 for g in gpus)
-        pwr = sum(g["power_w"] or 0 for g in gpus)
+        live = [g["power_w"] for g in gpus if g["power_w"] is not None]
+        pwr = sum(live) if live else None  # (a stale node's draw is unknown, not 0 W)
         temps = [g["temp_c"] for g in gpus if g["temp_c"] is not None]
         therm = sum(1 for g in gpus if any(r in THROTTLE_THERMAL for r in g["clocks_event_reasons"]))
         power = sum(1 for g in gpus if any(r in THROTTLE_POWER for r in g["clocks_event_reasons"]))
         jobs = sorted({j for g in gpus for j in g["job_id"].split(",") if j})
         rows.append([n["name"], "STALE" if n["stale"] else "ok", _f(n["last_report_age_s"], "{:.1f}"), str(len(gpus)),
-                     f"{cap:.0f}", f"{enf:.0f}", f"{pwr:.0f}", _f(max(temps) if temps else None, "{:.1f}"),
+                     f"{cap:.0f}", f"{enf:.0f}", _f(pwr), _f(max(temps) if temps else None, "{:.1f}"),
                      str(therm), str(power), ",".join(jobs) or "-"])
     if not rows:
         return "no nodes"
-    return table(["NODE", "STATE", "AGE S", "GPUS", "CAP W", "ENFORCED W", "POWER W", "MAX TEMP C", "THERMAL", "PWR CAP",
-                  "JOBS"], rows, right={2, 3, 4, 5, 6, 7, 8, 9})
+    return table(["NODE", "STATE", "AGE S", "GPUS", "CAP W", "ENFORCED W", "POWER W", "MAX TEMP C", "THERM GPUS",
+                  "PWRCAP GPUS", "JOBS"], rows, right={2, 3, 4, 5, 6, 7, 8, 9})
 
 
 def render_gpus(d: dict, limit: int | None = None, with_node: bool = True) -> str:
@@ -226,7 +229,7 @@ def render_gpus(d: dict, limit: int | None = None, with_node: bool = True) -> st
                 n["name"], str(g["index"]), g["job_id"] or "-", _f(g["cap_w"]), _f(g["enforced_w"]), _f(g["power_w"]),
                 _f(g["temp_c"], "{:.1f}"), _f(margin, "{:+.1f}"), _f(g["sm_clock_mhz"], "{:d}"),
                 _short_reasons(g["clocks_event_reasons"]),
-                "+".join([g["cap_state"] or "-"] + list(g.get("flags") or []))]))
+                "+".join([g["cap_state"] or "-"] + list(g.get("flags") or []) + (["NODE_STALE"] if n.get("stale") else []))]))
     if limit is not None:
         rows.sort(key=lambda r: r[0])
         rows = rows[:limit]
@@ -248,8 +251,10 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
             + ("  [DRY RUN: nothing applied]" if d["dry_run"] else ""))
     budget = d["budget_w"] or 0.0
     pct = (lambda v: f" ({100 * v / budget:.0f}%)" if budget and v is not None else "")
+    stale = sum(1 for n in d["nodes"] if n["stale"])
     watts = (f"budget {_f(d['budget_w'])} W   allocated {_f(d['allocated_w'])} W{pct(d['allocated_w'])}   "
-             f"accounted {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}")
+             f"accounted {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}"
+             + (f" (live readings only: {stale} stale node{'s' if stale > 1 else ''} not in it)" if stale else ""))
     parts = [head, watts]
     if d.get("ha"):
         ha = d["ha"]

@@ -68,7 +68,8 @@ def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
             return UnreachableError(f"{address} answers but is no gRPC server (an HTTP/1 endpoint, e.g. the "
                                     "coordinator's metrics port?); give the coordinator's --listen address or "
                                     "its admin socket")
-        return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}")
+        return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}; is capctl-coordinator "
+                                f"running there? Another address: --coordinator ADDR or $CAPCTL_COORDINATOR")
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
         return PermissionDeniedError(f"{details} (coordinator {address})")
     if code == grpc.StatusCode.NOT_FOUND:

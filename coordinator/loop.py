@@ -1107,6 +1107,7 @@ class _Tally:
     clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
     straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
     no_reading: dict = dataclasses.field(default_factory=dict)  # GPU key -> its state, for GPUs without a live reading
+    oob: dict = dataclasses.field(default_factory=dict)  # GPU key -> out-of-band limit the allocation keeps it within (W)
 
 
 def build_view(snap: _Snapshot) -> View:
@@ -1119,7 +1120,8 @@ def build_view(snap: _Snapshot) -> View:
         last_solve_s=out.solve_s if out else 0.0, last_solve_time_s=snap.time_s,
     )
     cols = allocation.columns_of(snap.inputs)
-    tally = _Tally(alerts=list(snap.alerts), straggler={cols.keys[i]: r for i, r in cols.straggler.items() if r})
+    tally = _Tally(alerts=list(snap.alerts), straggler={cols.keys[i]: r for i, r in cols.straggler.items() if r},
+                   oob=_oob_limits(cols))
     ceil_of = dict(zip(cols.keys, cols.thermal_ceiling_w.tolist()))
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
@@ -1138,6 +1140,29 @@ def build_view(snap: _Snapshot) -> View:
         temp_spread_c=(max(means) - min(means)) if len(means) >= 2 else 0.0,
         throughput_lost=lost, stale_age_s=tally.stale_age, tick_s=snap.tick_s, plans_sent=snap.plans_sent,
     )
+
+
+def _oob_limits(cols) -> dict:
+    """GPU key -> the out-of-band limit (W) the allocation keeps the GPU within (``InputColumns.oob_w``):
+    shown as the flag ``OOB_LIMITED`` (once the request came down to it the device can no longer
+    show the limit, and the GPU read ``OK`` in ``nodes`` and Prometheus; found by a review)."""
+    if cols.oob_w is None:
+        return {}
+    where = np.flatnonzero(np.isfinite(np.asarray(cols.oob_w, float)))
+    return {cols.keys[i]: float(cols.oob_w[i]) for i in where.tolist()}
+
+
+def _gpu_flags(tally: _Tally, key, cap_state: str) -> tuple[list, str]:
+    """``(flags, detail)`` of a GPU in the view: ``STRAGGLER`` (its reason), ``OOB_LIMITED`` while the
+    allocation keeps it within an out-of-band limit its cap state does not show."""
+    flags, detail = [], tally.straggler.get(key, "")
+    if key in tally.straggler:
+        flags.append("STRAGGLER")
+    oob = tally.oob.get(key)
+    if oob is not None and cap_state != capstates.OOB_LIMITED:
+        flags.append(capstates.OOB_LIMITED)
+        detail = detail or f"another limiter held it at {oob:.0f} W (out-of-band limit): planned within it"
+    return flags, detail
 
 
 def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) -> None:
@@ -1169,6 +1194,7 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
         on_gpu = jobs_on.get(idx, ())
         job = on_gpu[0] if on_gpu else ""
         tally.sharers[key] = len(on_gpu)
+        flags, flag_detail = _gpu_flags(tally, key, cap_state)
         ns.gpus.add(job_ids=list(on_gpu),
             node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc),
             enforced_w=enforced_w if have_reading else math.nan,
@@ -1176,8 +1202,8 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             **_readings(live, power_w, temp_c, sm_clock, reasons),
             thermal_ceiling_w=_shown_ceiling_w(ceil_of.get(key, math.inf), min_w, max_w),
             max_sm_clock_mhz=max_sm_clock,
-            detail=error if cap_state and cap_state not in capstates.NORMAL else tally.straggler.get(key, ""),
-            flags=["STRAGGLER"] if key in tally.straggler else [],
+            detail=error if cap_state and cap_state not in capstates.NORMAL else flag_detail,
+            flags=flags,
             curve=snap.curve_kind.get(key, "") if snap.curve_kind else "",
             memory_bound_fraction=snap.memory_bound.get(key),
             **capstates.wire_fields(cap_state or ("" if have_reading else capstates.NO_READING)),

@@ -99,7 +99,8 @@ def _gpu_families(view, rows):
     pw = g("capctl_gpu_power_watts", "GPU power draw, NVML power usage (W).", GPU_LABELS)
     tmp = g("capctl_gpu_temperature_celsius", "GPU core temperature (degC).", GPU_LABELS)
     clk = g("capctl_gpu_sm_clock_hertz", "SM clock (Hz).", GPU_LABELS)
-    ceil = g("capctl_gpu_thermal_ceiling_watts", "Largest cap the thermal model allows (W; absent when unbounded).", GPU_LABELS)
+    ceil = g("capctl_gpu_thermal_ceiling_watts", "Largest cap the thermal model allows, at most the GPU's maximum "
+             "limit (W; the maximum limit when the thermal model does not bind).", GPU_LABELS)
     margin = g("capctl_gpu_hotspot_margin_celsius", "Slowdown temperature minus temperature (degC).", GPU_LABELS)
     inten = g("capctl_gpu_throttle_intensity_ratio", "Clock lost vs the maximum SM clock, 1 - sm/max (0..1, busy GPUs).", GPU_LABELS)
     thf = g("capctl_gpu_thermal_throttle_time_ratio",
@@ -217,7 +218,7 @@ def _observed_families(st, rows=None, stragglers: int | None = None):
     """Observed-state figures (issue 12): stragglers and GPUs held for bad limit constraints (1 per
     flagged GPU of ``rows``, as :func:`_gpu_families`, default every GPU of ``st``), the number of
     stragglers over every GPU, measured step rate per job (0..1, SM clock / max SM clock of its
-    slowest GPU)."""
+    slowest GPU, through its memory-bound share: :func:`coordinator.membound.rate_of_clock`)."""
     if rows is None:
         from capctl.policy.model import MetricsPolicy
         from coordinator.opsmetrics import exported_gpus
@@ -228,19 +229,24 @@ def _observed_families(st, rows=None, stragglers: int | None = None):
     bad = _gauge("capctl_gpu_unsupported_constraints",
                  "1 for a GPU held at its limit because its limit constraints are unusable.", GPU_LABELS)
     rate = _gauge("capctl_job_measured_step_rate",
-                  "Measured step rate: SM clock / max SM clock of the job's slowest busy GPU (0..1).", ["job"])
+                  "Measured step rate of the job's slowest busy GPU: its SM clock / max SM clock, through its "
+                  "memory-bound share when it has an estimate (0..1).", ["job"])
     n_strag = _gauge("capctl_stragglers", "GPUs flagged STRAGGLER (every GPU, whatever metrics.per_gpu_series).")
     n_strag.add_metric([], float(stragglers))
+    oob = _gauge("capctl_gpu_oob_limited", "1 for a GPU held below its cap by another limiter (an out-of-band limit: "
+                 "its agent reports OOB_LIMITED, or the coordinator keeps it within one it saw).", GPU_LABELS)
     for node, gs, state in rows:
         lab = [node, str(gs.index), gs.uuid]
         if "STRAGGLER" in gs.flags:
             strag.add_metric(lab, 1.0)
+        if state == capstates.OOB_LIMITED or capstates.OOB_LIMITED in gs.flags:
+            oob.add_metric(lab, 1.0)
         if state == capstates.UNSUPPORTED_CONSTRAINTS:
             bad.add_metric(lab, 1.0)
     for j in st.jobs:
         if j.measured_step_rate > 0:
             rate.add_metric([j.job_id], j.measured_step_rate)
-    return (strag, n_strag, bad, rate)
+    return (strag, n_strag, bad, rate, oob)
 
 
 def _fleet_families(view):

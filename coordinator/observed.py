@@ -61,10 +61,21 @@ def limit_w(gpu) -> float:
     return float(gpu.cap_w)
 
 
+PENDING_TOLERANCE_W = 2.0
+"""An enforced limit this far or less below the GPU's cap is at its cap (the planner's deadband:
+``coordinator.planner.DEADBAND_W``, a change it does not send)."""
+
+
 def limit_text(gpu) -> str:
-    """``"cap 500 W"``, or ``"enforced 500 W (below its cap 592 W: out-of-band limit)"``."""
-    if gpu.enforced_w > 0 and gpu.enforced_w < gpu.cap_w - 1.0:
-        return f"enforced {gpu.enforced_w:.0f} W (below its cap {gpu.cap_w:.0f} W: another limit binds)"
+    """``"cap 500 W"``; ``"enforced 500 W (below its cap 592 W: another limit binds)"`` only for a GPU
+    its agent reports ``OOB_LIMITED`` or the view flags so (the allocation's memory of an
+    out-of-band limit); ``"... (below its cap ...: its increase not applied yet)"`` otherwise. The
+    claim was made of any 1 W gap: a GPU within the planner's 2 W deadband, or waiting for its
+    increase, was said to be held by another limit (found by a review)."""
+    if gpu.enforced_w > 0 and gpu.enforced_w < gpu.cap_w - PENDING_TOLERANCE_W:
+        oob = capstates.of(gpu) == capstates.OOB_LIMITED or capstates.OOB_LIMITED in gpu.flags
+        why = "another limit binds" if oob else "its increase not applied yet"
+        return f"enforced {gpu.enforced_w:.0f} W (below its cap {gpu.cap_w:.0f} W: {why})"
     return f"cap {gpu.cap_w:.0f} W"
 
 

@@ -102,7 +102,7 @@ def exported_gpus(status, metrics_policy) -> ExportedGpus:
             counts[state] = counts.get(state, 0) + 1
             straggler = "STRAGGLER" in g.flags
             stragglers += straggler
-            if mode == "all" or (mode == "flagged" and (straggler or (state != capstates.OK and state != ""))):
+            if mode == "all" or (mode == "flagged" and (len(g.flags) or (state != capstates.OK and state != ""))):
                 rows.append((n.name, g, state))
     out = ExportedGpus(rows, counts, stragglers)
     _last_exported = (status, metrics_policy, out)

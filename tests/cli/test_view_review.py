@@ -1,0 +1,93 @@
+"""What ``capctl status``, ``nodes``, ``jobs`` and ``explain`` say of a stale node, an out-of-band
+limit, a GPU waiting for its increase and a domain without a limit (found by a review of the
+admin outputs, 5 Dec 2026): built from ``StatusReply`` messages as the coordinator sends them."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+
+from capctl import capstates, statusview
+from capctl.v1 import capctl_pb2 as pb
+from coordinator import observed
+
+
+def _reply() -> pb.StatusReply:
+    st = pb.StatusReply(budget_w=6000.0, interval_s=1.0, allocated_w=5000.0, enforced_w=5000.0, draw_w=2000.0)
+    live = st.nodes.add(name="n1", stale=False, last_report_age_s=0.2)
+    for i in range(2):
+        live.gpus.add(index=i, node="n1", cap_w=500.0, enforced_w=500.0, power_w=480.0, temp_c=60.0, job_id="42",
+                      min_cap_w=200.0, max_cap_w=700.0, max_sm_clock_mhz=1980, sm_clock_mhz=1800,
+                      **capstates.wire_fields(capstates.OK))
+    gone = st.nodes.add(name="n3", stale=True, last_report_age_s=8.2)
+    for i in range(2):  # a stale node: its readings are not facts of now (NaN), its caps still count
+        gone.gpus.add(index=i, node="n3", cap_w=540.0, enforced_w=540.0, power_w=math.nan, temp_c=math.nan,
+                      no_live_reading=True, min_cap_w=200.0, max_cap_w=700.0, **capstates.wire_fields(capstates.OK))
+    st.domains.add(name="node:n1", kind="node", limit_w=0.0, allocated_w=1000.0, enforced_w=1000.0, draw_w=960.0)
+    st.domains.add(name="pdu-a", kind="pdu", limit_w=3400.0, allocated_w=1000.0, enforced_w=1000.0, draw_w=960.0)
+    st.jobs.add(job_id="42", nodes=["n1"], gpus=2, weight=1.0, predicted_step_rate=0.907, measured_step_rate=0.705)
+    return st
+
+
+def test_a_stale_nodes_power_is_unknown_and_its_gpus_say_so():
+    d = statusview.status_dict(_reply())
+    summary = statusview.render_nodes_summary(d).splitlines()
+    n3 = next(line for line in summary if line.startswith("n3")).split()
+    assert n3[1] == "STALE" and n3[6] == "-", n3  # POWER W: unknown, not 0 W
+    assert "THERM GPUS" in summary[0] and "PWRCAP GPUS" in summary[0]
+    rows = [line.split() for line in statusview.render_gpus(d).splitlines()[1:]]
+    assert {r[-1] for r in rows if r[0] == "n3"} == {"OK+NODE_STALE"} and {r[-1] for r in rows if r[0] == "n1"} == {"OK"}
+    text = statusview.render_status(d)
+    assert "draw 2000 W (33%) (live readings only: 1 stale node not in it)" in text
+
+
+def test_a_domain_without_a_limit_is_null_and_jobs_show_both_rates():
+    d = statusview.status_dict(_reply())
+    assert [x["limit_w"] for x in d["domains"]] == [None, 3400.0]
+    jobs = statusview.render_jobs(d).splitlines()
+    assert jobs[0].split()[:7] == ["JOB", "NODES", "GPUS", "WEIGHT", "PRED", "RATE", "MEAS"]
+    assert jobs[1].split()[4:6] == ["0.907", "0.705"]
+
+
+def test_another_limit_is_claimed_only_for_an_out_of_band_limit():
+    g = pb.GpuStatus(index=0, cap_w=380.0, enforced_w=378.0, **capstates.wire_fields(capstates.OK))
+    assert observed.limit_text(g) == "cap 380 W"  # within the planner's 2 W deadband
+    g = pb.GpuStatus(index=1, cap_w=480.0, enforced_w=302.0, **capstates.wire_fields(capstates.OK))
+    assert observed.limit_text(g) == "enforced 302 W (below its cap 480 W: its increase not applied yet)"
+    g.flags.append(capstates.OOB_LIMITED)
+    assert observed.limit_text(g) == "enforced 302 W (below its cap 480 W: another limit binds)"
+    g = pb.GpuStatus(index=2, cap_w=592.0, enforced_w=500.0, **capstates.wire_fields(capstates.OOB_LIMITED))
+    assert observed.limit_text(g) == "enforced 500 W (below its cap 592 W: another limit binds)"
+
+
+def test_an_out_of_band_limit_the_allocation_keeps_is_a_flag():
+    """Once its request came down to the out-of-band limit the GPU reads ``OK`` (the device cannot
+    show the limit any more): the view flags it ``OOB_LIMITED`` from the allocation's memory, with
+    the limit in its detail; a GPU whose state already says so is not flagged twice."""
+    from coordinator import loop
+
+    cols = types.SimpleNamespace(keys=(("n2", 0), ("n2", 1)), oob_w=np.array([300.0, math.nan]))
+    oob = loop._oob_limits(cols)
+    assert oob == {("n2", 0): 300.0}
+    tally = loop._Tally(oob=oob, straggler={("n2", 1): "held in HW slowdown"})
+    assert loop._gpu_flags(tally, ("n2", 0), capstates.OK) == (
+        [capstates.OOB_LIMITED], "another limiter held it at 300 W (out-of-band limit): planned within it")
+    assert loop._gpu_flags(tally, ("n2", 0), capstates.OOB_LIMITED)[0] == []
+    assert loop._gpu_flags(tally, ("n2", 1), capstates.OK) == (["STRAGGLER"], "held in HW slowdown")
+    assert loop._oob_limits(types.SimpleNamespace(keys=(), oob_w=None)) == {}
+
+
+def test_prometheus_flags_an_out_of_band_limit_and_exports_every_cap_state():
+    from capctl import capmetrics
+    from coordinator import metrics
+
+    st = _reply()
+    st.nodes[0].gpus[0].flags.append(capstates.OOB_LIMITED)
+    families = {f.name: f for f in metrics._observed_families(st)}
+    assert [(s.labels["node"], s.labels["gpu"], s.value) for s in families["capctl_gpu_oob_limited"].samples] == [
+        ("n1", "0", 1.0)]
+    fam = capmetrics.cap_state_family([("n1", 0, "u", capstates.OK)])
+    states = {s.labels["state"]: s.value for s in fam.samples}
+    assert capstates.UNSUPPORTED_CONSTRAINTS in states and sum(states.values()) == 1.0 and len(states) == 12
