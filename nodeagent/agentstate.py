@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,21 +52,60 @@ def job_meta(data: dict) -> dict:
     return data.get("jobs") if isinstance(data.get("jobs"), dict) else {}
 
 
+MAX_SEQ = 2 ** 63 - 1
+"""Largest plan seq and coordinator term taken from the file (the protocol's 64-bit fields)."""
+DEFAULT_LEASE_S = 30.0
+"""The lease an agent gives itself at start when its file names none (s): the policy's default
+``failsafe.lease_s`` (capctl/policy/model.py)."""
+MAX_LEASE_S = 86400.0
+"""Longest lease taken from the file (s): the policy schema's maximum of ``failsafe.lease_s``."""
+
+
+def _bad(field: str, value, allowed: str, default) -> None:
+    log.error("state file %s: %s %r is not allowed (allowed: %s); using %r", STATE_FILE, field, value, allowed,
+              default)
+
+
 def safe_caps_w(data: dict) -> dict[int, float]:
-    """``{index: safe cap W}`` of a state file's content (``{}`` when malformed)."""
+    """``{index: safe cap W}`` of a state file's content (``{}`` when malformed); a value that is
+    no finite watts above 0, or an index outside 0..63, is left out (logged)."""
     safe = data.get("safe_caps_w") if isinstance(data.get("safe_caps_w"), dict) else {}
-    try:
-        return {int(k): float(v) for k, v in safe.items()}
-    except (TypeError, ValueError):
-        return {}
+    out = {}
+    for k, v in safe.items():
+        try:
+            index, watts = int(k), float(v)
+        except (TypeError, ValueError, OverflowError):
+            index, watts = -1, math.nan
+        if 0 <= index < 64 and math.isfinite(watts) and watts > 0:
+            out[index] = watts
+        else:
+            _bad(f"safe_caps_w[{str(k)[:20]!r}]", v, "GPU index 0-63 with finite watts > 0", "none")
+    return out
+
+
+def _count(data: dict, key: str) -> int:
+    """An integer field 0..:data:`MAX_SEQ` of the file (0 when missing; logged when out of range:
+    a -5 or 1e30 made every hello fail with a traceback, found by a review)."""
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        _bad(key, value, f"an integer 0 to {MAX_SEQ}", 0)
+        return 0
+    return value
 
 
 def last_plan_seq(data: dict) -> int:
     """The last applied plan seq of a state file's content (0 when missing or malformed)."""
-    try:
-        return int(data.get("last_plan_seq", 0))
-    except (TypeError, ValueError):
-        return 0
+    return _count(data, "last_plan_seq")
+
+
+def lease_s(data: dict) -> float:
+    """The last lease a plan gave (s), the one the agent gives itself at start
+    (:data:`DEFAULT_LEASE_S` when missing; logged when not in (0, :data:`MAX_LEASE_S`])."""
+    value = data.get("lease_s", DEFAULT_LEASE_S)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_LEASE_S:
+        _bad("lease_s", value, f"seconds in (0, {MAX_LEASE_S:g}]", DEFAULT_LEASE_S)
+        return DEFAULT_LEASE_S
+    return float(value)
 
 
 def rebind(caps: CapManager, meta: dict, bindings: dict[str, list[int]], devices: Iterable[int],
@@ -76,8 +116,13 @@ def rebind(caps: CapManager, meta: dict, bindings: dict[str, list[int]], devices
     A job that cannot be rebound is logged and skipped; nothing is raised.
     """
     known = set(devices)
+    from capctl.security.limits import check_job_id
+
     for job_id, m in meta.items():
         if job_id in bindings or not isinstance(m, dict):
+            continue
+        if check_job_id(str(job_id)):
+            log.error("state file %s: job %r is no Slurm job id: not rebound", path, str(job_id)[:40])
             continue
         try:
             indices = sorted({int(i) for i in m.get("gpu_indices", [])} & known)
@@ -110,10 +155,7 @@ def job_records(bindings: dict[str, list[int]], meta: dict) -> dict[str, dict]:
 
 def coordinator_term(data: dict) -> int:
     """The newest coordinator term seen (HA fencing, nodeagent/fencing.py); 0 when missing or malformed."""
-    try:
-        return max(0, int(data.get("coordinator_term", 0)))
-    except (TypeError, ValueError):
-        return 0
+    return _count(data, "coordinator_term")
 
 
 def energy(data: dict):
@@ -122,7 +164,8 @@ def energy(data: dict):
 
 
 def write(path: Path, *, node: str, jobs: dict[str, dict], safe_caps: dict[int, float], plan_seq: int,
-          coordinator_id: str, coordinator_term: int = 0, energy: dict | None = None) -> None:
+          coordinator_id: str, coordinator_term: int = 0, energy: dict | None = None,
+          lease_s: float | None = None) -> None:
     """Write the state file atomically (0600); an error is logged, not raised. ``energy``: the
     meter's snapshot (jobs' energy so far and the GPUs' last counter readings)."""
     data = {
@@ -134,6 +177,8 @@ def write(path: Path, *, node: str, jobs: dict[str, dict], safe_caps: dict[int, 
         "coordinator_id": coordinator_id,
         "coordinator_term": coordinator_term,
     }
+    if lease_s is not None:
+        data["lease_s"] = lease_s
     try:
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
     except OSError as err:

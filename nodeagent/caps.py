@@ -279,6 +279,20 @@ class CapManager:
         with self._lock:
             return {i: rt.state for i, rt in self._rt.items()}
 
+    def note_readable(self, indices) -> list[int]:
+        """GPUs just read without an error (``indices``): a ``STALLED`` or ``LOST`` state ends with
+        them, as :meth:`reconcile` ends it for GPUs with a desired cap. A GPU without one (its job
+        ended while it stalled) stayed ``STALLED`` for good, and the coordinator never planned it
+        again (found by a review). Returns the GPUs whose state ended."""
+        ended = []
+        with self._lock:
+            for i in indices:
+                rt = self._rt.get(i)
+                if rt is not None and rt.state in (STALLED, LOST):
+                    rt.state, rt.message = OK, None
+                    ended.append(i)
+        return ended
+
     def message(self, index: int) -> str:
         """Why GPU ``index`` is in its cap state ("" when there is nothing to say)."""
         with self._lock:

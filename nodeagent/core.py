@@ -79,6 +79,8 @@ class AgentCore:
         self.allowed_w: dict[int, float] = {}
         self.gpu_error: dict[int, str] = {}
         self.lease = Lease()
+        self.lease_s = agentstate.DEFAULT_LEASE_S
+        """The last lease a plan gave (s; saved): the one the agent gives itself at start."""
         self.fence = TermFence()  # newest coordinator term seen (HA fencing)
         self.plan_term = 0  # term of the last plan applied
         self.last_plan_seq = 0
@@ -108,6 +110,7 @@ class AgentCore:
         data = agentstate.read(path)
         meta = agentstate.job_meta(data)
         self.lease.set_safe_caps(agentstate.safe_caps_w(data))
+        self.lease_s = agentstate.lease_s(data)
         self.last_plan_seq = agentstate.last_plan_seq(data)
         self.fence.see(agentstate.coordinator_term(data))  # a restart does not forget the newest term
         if getattr(self.caps, "state_file_error", None) is not None:
@@ -127,7 +130,8 @@ class AgentCore:
         """Write ``agent-state.json`` atomically (0600); errors are logged, the agent keeps running."""
         agentstate.write(self._state_path(), node=self.node, jobs=self.jobs, safe_caps=self.lease.safe_caps_w,
                          plan_seq=self.last_plan_seq, coordinator_id=self.coordinator_id,
-                         coordinator_term=self.fence.newest, energy=self.energy.snapshot(self._uuids()))
+                         coordinator_term=self.fence.newest, energy=self.energy.snapshot(self._uuids()),
+                         lease_s=self.lease_s)
 
     def _uuids(self) -> dict[int, str]:
         """Index -> UUID of every GPU the backend listed."""

@@ -101,6 +101,7 @@ class Agent(JobBinding, AgentLoop):
         self.load_state()
         with self.lock:
             self.boot_safe_caps()
+            self.arm_boot_lease()
             self.ready = True
         log.info("agent %s ready: %d GPU(s), %d job(s)", self.node, len(self.devices), len(self.jobs))
         self.local = LocalServer(self.socket_path, _LocalServicer(self), allowed_gid=self.socket_gid)

@@ -111,6 +111,10 @@ class JobBinding(AgentCore):
         Raises:
             UserInputError: an id matches no GPU (the message lists the known ones).
         """
+        if any(getattr(d, "error", None) for d in self.devices.values()):
+            # a GPU whose facts could not be read (lost at start): read again, so that one back
+            # is found by its minor number / UUID (it stayed "-1" until the next hello; a review)
+            self.devices = {d.index: d for d in self.backend.devices()}
         return map_gpu_ids(self.devices.values(), gpu_ids, kind, self.node)
 
     def job_start(self, req):

@@ -80,6 +80,17 @@ class AgentLoop(AgentCore):
             if s.index in bound and s.index not in self.desired_w and getattr(s, "error", None) is None:
                 self.desired_w[s.index] = s.cap_w
 
+    def arm_boot_lease(self, now_mono_s: float | None = None) -> None:
+        """Give the agent, at start, the last lease a plan gave it (``lease_s``, saved; the policy's
+        default 30 s before any): when no plan renews it by then, the failsafe applies
+        min(current, safe cap) as after any lease expiry. An agent restarted while its coordinator
+        was down held no lease at all, so its GPUs stayed at the last caps for good, above what the
+        policy allows without a coordinator (found by a review: 550 W kept, 350 W the safe cap)."""
+        self.lease.renew(self.lease_s, now_mono_s=now_mono_s)
+        if self.lease.safe_caps_w or self.policy_safe_cap_w:
+            log.info("no lease yet: the failsafe applies the safe caps in %.0f s unless a coordinator plans first",
+                     self.lease_s)
+
     def _boot_cap_unbound(self, index: int, cap_w: float, default_w: float) -> None:
         """Unbound GPU at its default limit: the safe cap ``cap_w`` (W) becomes its limit; no pre-job
         limit is saved for it. A failure is logged and kept in ``gpu_error``."""
@@ -151,6 +162,8 @@ class AgentLoop(AgentCore):
                 self.wake.set()  # the loop re-reads when its next report is due
             self.plan_term = plan.term
             self.lease.renew(plan.lease_s, plan.lease_expiry_s)
+            if plan.lease_s > 0:
+                self.lease_s = float(plan.lease_s)
             before = dict(self.lease.safe_caps_w)
             unknown = {i: v for i, v in safe.items() if i not in self.devices}
             refused_safe = self.lease.set_safe_caps({i: v for i, v in safe.items() if i not in unknown})
@@ -261,8 +274,10 @@ class AgentLoop(AgentCore):
                 self.caps.reconcile(dict(self.desired_w))
             except CapctlError as err:
                 log.error("reconcile failed: %s", err)
-            states = self.caps.states()
             samples = self._meter()
+            for i in self.caps.note_readable([s.index for s in samples if getattr(s, "error", None) is None]):
+                self.gpu_error.pop(i, None)  # (its error of then: it read fine now)
+            states = self.caps.states()
             self.telemetry_seq += 1
             bound = self.bound_indices()
             records = self.energy.running()

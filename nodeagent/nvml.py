@@ -534,8 +534,16 @@ class NvmlBackend:
         return list(self._devices)
 
     def device(self, index: int) -> DeviceInfo:
-        """Static facts of GPU ``index`` (re-read when the last read failed)."""
-        self._handle(index)
+        """Static facts of GPU ``index`` (re-read when the last read failed: a GPU that still cannot
+        be read carries ``error``, as in :meth:`devices`; it raised GpuLostError from its handle
+        before, and a GPU lost at start stopped the agent, found by a review).
+
+        Raises:
+            UserInputError: no such GPU index.
+        """
+        self._require_open()
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._devices):
+            raise UserInputError(f"gpu index: {index!r} does not exist on this node; allowed 0..{len(self._devices) - 1}")
         if self._devices[index].error is not None:
             self._devices[index] = self._read_device(index)
         return self._devices[index]

@@ -125,11 +125,16 @@ def parse_state(doc: object) -> NodeCapState:
             written_w=None if written is None else _positive_watts(written, f"{where}.written_w"),
             restore_pending=pending,
         )
+    from capctl.security.limits import check_job_id
+
     for job, indices in bindings_doc.items():
         if not isinstance(indices, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 64 for i in indices
         ):
-            raise ValueError(f"bindings.{job}: {indices!r} is not a list of GPU indices")
+            raise ValueError(f"bindings.{job}: {indices!r} is not a list of GPU indices (0 to 63)")
+        problem = check_job_id(str(job), f"bindings key {str(job)[:40]!r}")
+        if problem:  # (no Slurm job id: the coordinator refused every hello with it; found by a review)
+            raise ValueError(problem)
         state.bindings[str(job)] = sorted(set(indices))
     return state
 

@@ -282,6 +282,60 @@ def test_failsafe_on_lease_expiry_never_raises_a_cap(tmp_path):
     assert agent.safe_mode == set() and dev.limit_w(1) == 450.0
 
 
+def test_an_agent_restarted_without_a_coordinator_applies_the_failsafe_after_its_saved_lease(tmp_path):
+    """An agent restarted while its coordinator is down held no lease: its bound GPUs stayed at the
+    coordinator's last caps for good (550 W, the safe cap 350 W; found by a review). At start it
+    now gives itself the last lease a plan gave (saved: 3 s here), then the failsafe applies
+    min(current, safe cap) as after any expiry; a plan before then renews it as usual."""
+    import json
+
+    dev = PureDevice(4, limit_w=700.0)
+    agent = make_agent(tmp_path, dev)
+    assert job_start(agent, "11", 0, 1).ok
+    agent.on_plan(plan(1, {0: 550.0, 1: 550.0}, safe={0: 350.0, 1: 350.0, 2: 350.0, 3: 350.0}, lease_s=3.0))
+    agent.save_state()
+    assert json.loads((tmp_path / "state" / "agent-state.json").read_text())["lease_s"] == 3.0
+    again = make_agent(tmp_path, dev)  # the restart: same devices, same state directory
+    again.load_state()
+    again.boot_safe_caps()
+    t0 = time.monotonic()
+    again.arm_boot_lease(now_mono_s=t0)
+    assert again.lease.remaining_s(t0) == 3.0 and not again.lease.expired(t0 + 2.9)
+    again.tick()
+    assert dev.limit_w(0) == dev.limit_w(1) == 550.0  # within the lease: untouched
+    again.lease.expiry_mono_s = time.monotonic() - 0.1  # (the lease ran out)
+    again.tick()
+    assert dev.limit_w(0) == dev.limit_w(1) == 350.0 and again.safe_mode >= {0, 1}
+
+
+def test_a_state_file_out_of_range_is_read_with_named_defaults(tmp_path, caplog):
+    """``last_plan_seq`` -5 or 1e30 made every hello fail with a traceback, a term of 2**63 refused
+    every plan, a NaN safe cap or a bad lease were taken (found by a review): each is logged with
+    the file, the field, the value and what is allowed, and its default used."""
+    import json
+    import logging
+
+    from nodeagent import agentstate
+
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "agent-state.json").write_text(json.dumps({
+        "last_plan_seq": -5, "coordinator_term": 2 ** 63, "lease_s": 1e9,
+        "safe_caps_w": {"0": 300.0, "1": "nan", "99": 300.0}}))
+    with caplog.at_level(logging.ERROR, logger="capctl.agent"):
+        agent = make_agent(tmp_path, PureDevice(2))
+        agent.load_state()
+    assert agent.last_plan_seq == 0 and agent.fence.newest == 0 and agent.lease_s == agentstate.DEFAULT_LEASE_S
+    assert agent.lease.safe_caps_w == {0: 300.0}
+    text = caplog.text
+    for needle in ("last_plan_seq -5 is not allowed (allowed: an integer 0 to 9223372036854775807); using 0",
+                   "coordinator_term 9223372036854775808 is not allowed", "lease_s 1000000000.0 is not allowed",
+                   "safe_caps_w['1'] 'nan' is not allowed", "safe_caps_w['99'] 300.0 is not allowed"):
+        assert needle in text, (needle, text)
+    assert "agent-state.json" in text
+    agent.hello()  # a hello is built (it raised ValueError: Value out of range before)
+
+
 def test_a_lost_gpu_is_reported_and_does_not_stop_the_failsafe(tmp_path):
     dev = PureDevice(3)
     agent = make_agent(tmp_path, dev)
@@ -410,3 +464,18 @@ def test_job_end_takes_the_job_ids_job_start_takes(tmp_path):
             agent.job_end(capctl_pb2.JobEndRequest(job_id=bad))
     for good in ("1234_7", "1234+1", " 99 "):
         assert agent.job_end(capctl_pb2.JobEndRequest(job_id=good)).ok
+
+
+def test_a_stalled_or_lost_state_ends_at_the_next_good_reading_without_a_desired_cap(tmp_path):
+    """A GPU whose job ended while it stalled has no desired cap: the reconcile that ends a STALLED
+    state never saw it, and it stayed STALLED for good (the coordinator held it; found by a review).
+    Its next good reading ends it, and its error of then goes too."""
+    dev = PureDevice(2)
+    agent = make_agent(tmp_path, dev)
+    agent.tick()
+    agent.caps._rt[1].state, agent.caps._rt[1].message = capstates.STALLED, "has not returned after 2.0 s"
+    agent.gpu_error[1] = "GPU 1: has not returned after 2.0 s"
+    assert 1 not in agent.desired_w
+    agent.tick()
+    assert cap_states(agent.link.sent[-1].telemetry)[1] == capstates.OK
+    assert agent.caps.message(1) == "" and 1 not in agent.gpu_error

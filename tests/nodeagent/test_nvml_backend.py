@@ -367,6 +367,18 @@ def test_gpu_lost_at_open_is_marked_and_read_again_later(make_node, open_backend
     devices = backend.devices()
     assert devices[0].error is None and devices[2].error is None
     assert "GPU_IS_LOST" in devices[1].error and math.isnan(devices[1].min_cap_w)
+    # per GPU too, as the agent's call guard reads them: the lost GPU carries its error (it raised
+    # GpuLostError from its handle, and the agent exited at start: found by a review)
+    from nodeagent.callguard import GuardedBackend
+
+    assert "GPU_IS_LOST" in backend.device(1).error
+    guarded = GuardedBackend(backend, 2.0)
+    try:
+        listed = guarded.devices()
+        assert [d.index for d in listed] == [0, 1, 2] and "GPU_IS_LOST" in listed[1].error and listed[0].error is None
+    finally:
+        for worker in guarded._workers.values():  # (its workers only: the backend is used below)
+            worker.stop()
     node.clear(1, "gpu_lost")
     again = backend.devices()[1]
     assert again.error is None and again.min_cap_w == 200.0 and again.uuid.startswith("GPU-")
