@@ -293,7 +293,42 @@ def _state_dir(args: argparse.Namespace) -> Path:
         raise UserInputError(f"--state-dir {state_dir}: cannot create it ({err.strerror})") from None
     if not os.access(state_dir, os.W_OK):
         raise UserInputError(f"--state-dir {state_dir}: not writable")
+    st = state_dir.stat()
+    if st.st_mode & 0o022 or st.st_uid != os.geteuid():
+        log.warning("--state-dir %s: mode %04o, owner uid %d: others can replace its bindings and pre-job limits; "
+                    "make it this user's only (chmod 700, chown)", state_dir, st.st_mode & 0o7777, st.st_uid)
     return state_dir
+
+
+LOCK_FILE = "agent.lock"
+"""The state directory's lock (one agent per state directory, hence per node)."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Take the state directory's lock (``flock`` on :data:`LOCK_FILE`, our pid written in it) and
+    return its descriptor, held until the process ends. Two agents on one state directory called
+    each other FOREIGN_WRITER and undid each other's restores (found by a review).
+
+    Raises:
+        UserInputError: another agent holds it (its pid named), or the file cannot be opened.
+    """
+    import fcntl
+
+    path = Path(state_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise UserInputError(f"--state-dir {state_dir}: cannot open its lock {path} ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise UserInputError(f"--state-dir {state_dir}: another capctl-agent holds it (pid {holder}); one agent "
+                             f"per node and state directory") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _settings(args: argparse.Namespace) -> _Settings:
@@ -385,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     metrics_address = _metrics_address(args.metrics_listen)
+    lock_fd = lock_state_dir(s.state_dir)  # (before any GPU is touched)  # noqa: F841 (held until exit)
     nvml = NvmlBackend(args.nvml_library, allow_simulated=bool(args.allow_simulated))
     nvml.open()
     backend = GuardedBackend(nvml, args.nvml_timeout_s or DEFAULT_TIMEOUT_S)  # per-GPU NVML timeouts

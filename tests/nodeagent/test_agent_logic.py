@@ -479,3 +479,23 @@ def test_a_stalled_or_lost_state_ends_at_the_next_good_reading_without_a_desired
     agent.tick()
     assert cap_states(agent.link.sent[-1].telemetry)[1] == capstates.OK
     assert agent.caps.message(1) == "" and 1 not in agent.gpu_error
+
+
+def test_one_agent_per_state_directory(tmp_path):
+    """Two agents on one state directory called each other FOREIGN_WRITER and undid each other's
+    restores (found by a review): the second is refused, its message naming the holder's pid; the
+    lock goes with the holder."""
+    import os
+
+    from capctl.errors import UserInputError
+    from nodeagent.daemon import lock_state_dir
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    fd = lock_state_dir(state)
+    try:
+        with pytest.raises(UserInputError, match=rf"another capctl-agent holds it \(pid {os.getpid()}\)"):
+            lock_state_dir(state)
+    finally:
+        os.close(fd)
+    os.close(lock_state_dir(state))  # free again
