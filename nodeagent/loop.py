@@ -98,6 +98,9 @@ class AgentLoop(AgentCore):
             self.backend.set_cap_w(index, cap_w)
             log.warning("boot: GPU %d was at its default limit %.0f W; safe cap %.0f W applied",
                         index, default_w, cap_w)
+            # kept by the reconcile (a driver reload resets limits to the default: it left idle
+            # GPUs at 700 W while no coordinator had been reached; found by a review)
+            self.desired_w[index] = cap_w
         except CapctlError as err:
             self.gpu_error[index] = str(err)
             log.error("boot: GPU %d: cannot apply the safe cap: %s", index, err)

@@ -499,3 +499,22 @@ def test_one_agent_per_state_directory(tmp_path):
     finally:
         os.close(fd)
     os.close(lock_state_dir(state))  # free again
+
+
+def test_gpus_lowered_at_boot_stay_lowered_after_a_driver_reload(tmp_path):
+    """Boot lowered idle GPUs at their default to the saved safe cap; a driver reload (limits back
+    to the default) then left them at 700 W while no coordinator had been reached (found by a
+    review): the reconcile keeps them at the safe cap."""
+    dev = PureDevice(3)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "agent-state.json").write_text(json.dumps({"safe_caps_w": {"0": 350.0, "1": 350.0}}))
+    agent = make_agent(tmp_path, dev, connected=False)
+    agent.load_state()
+    agent.boot_safe_caps()
+    agent.tick()
+    assert dev.limits_w() == [350.0, 350.0, 700.0]
+    for i in range(3):
+        dev.set_limit_w(i, 700.0)  # the reload
+    agent.tick()
+    assert dev.limits_w() == [350.0, 350.0, 700.0]  # GPU 2: no safe cap known, never lowered
