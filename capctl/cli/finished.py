@@ -68,10 +68,13 @@ def render_finished(rows: list[dict]) -> str:
         end = datetime.datetime.fromtimestamp(r["end_time_s"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         wall = r["end_time_s"] - r["start_time_s"] if r["end_time_s"] > r["start_time_s"] > 0 else 0.0
         out.append([r["job_id"] + ("" if r["complete"] else "*"), r["user"] or "-", end, f"{wall:.1f}",
-                    str(r["gpus"]), f"{r['energy_j']:.1f}", f"{r['gpu_s']:.1f}", f"{r['mean_power_w']:.0f}",
+                    str(r["gpus"]), f"{r['energy_j'] / 3.6e6:.3f}", f"{r['gpu_s']:.1f}", f"{r['mean_power_w']:.0f}",
                     f"{r['peak_power_w']:.0f}", f"{r['capped_s']:.1f}", f"{r['thermal_s']:.1f}"])
-    text = table(["JOB", "USER", "ENDED (UTC)", "WALL_S", "GPUS", "ENERGY_J", "GPU_S", "MEAN_W", "PEAK_W",
-                  "CAPPED_S", "THERMAL_S"], out, right={3, 4, 5, 6, 7, 8, 9, 10})
+    # units as `capctl jobs` writes them (energy in kWh; the JSON keeps J); the job's power summed
+    # over its GPUs; capped and thermal time in GPU-seconds (CAPPED_S read as the job's wall time,
+    # four times longer than it ran on 4 GPUs: found by a review)
+    text = table(["JOB", "USER", "ENDED (UTC)", "WALL S", "GPUS", "ENERGY kWh", "GPU S", "JOB MEAN W", "JOB PEAK W",
+                  "CAPPED GPU S", "THERMAL GPU S"], out, right={3, 4, 5, 6, 7, 8, 9, 10})
     if any(not r["complete"] for r in rows):
         text += "\n* incomplete: a node did not send its final energy"
     return text

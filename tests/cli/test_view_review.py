@@ -91,3 +91,18 @@ def test_prometheus_flags_an_out_of_band_limit_and_exports_every_cap_state():
     fam = capmetrics.cap_state_family([("n1", 0, "u", capstates.OK)])
     states = {s.labels["state"]: s.value for s in fam.samples}
     assert capstates.UNSUPPORTED_CONSTRAINTS in states and sum(states.values()) == 1.0 and len(states) == 12
+
+
+def test_the_finished_jobs_table_names_its_units():
+    """``CAPPED_S`` / ``THERMAL_S`` are GPU-seconds (read as wall time they said a job was capped
+    four times longer than it ran on 4 GPUs), mean and peak power are the job's over its GPUs, and
+    the energy is in kWh as in ``capctl jobs`` (found by a review)."""
+    from capctl.cli.finished import render_finished
+
+    row = {"job_id": "7", "complete": True, "user": "ann", "start_time_s": 1000.0, "end_time_s": 1404.1, "gpus": 4,
+           "energy_j": 720572.8, "gpu_s": 1616.4, "mean_power_w": 1783.0, "peak_power_w": 2582.0, "capped_s": 1616.4,
+           "thermal_s": 0.0}
+    head, line = render_finished([row]).splitlines()
+    for name in ("WALL S", "ENERGY kWh", "JOB MEAN W", "JOB PEAK W", "CAPPED GPU S", "THERMAL GPU S"):
+        assert name in head, head
+    assert "0.200" in line.split() and "404.1" in line.split()
