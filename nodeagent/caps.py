@@ -181,6 +181,8 @@ class CapManager:
         self.backend = backend
         self.failed_writes: dict[str, int] = {}  # action -> failed cap writes (capctl_agent_cap_write_failures_total)
         self.state_path = Path(state_dir) / STATE_FILE_NAME
+        self.store_problem = ""
+        """Why the last write of the state file failed ("" when it worked): retried each interval."""
         self.clock = clock
         self.rewrite_interval_s = float(rewrite_interval_s)
         self.foreign_window_s = float(
@@ -251,6 +253,8 @@ class CapManager:
         return state
 
     def _try_store(self, state: NodeCapState | None = None) -> str | None:
+        """Write the state file; on failure log it and keep the problem in :attr:`store_problem`
+        (written again by :meth:`retry_store`, each interval, until it works)."""
         try:
             store_state(self.state_path, state if state is not None else self._state)
         except OSError as err:
@@ -258,9 +262,22 @@ class CapManager:
                 f"cannot write the cap state file {self.state_path}: {err}; the agent needs a "
                 "writable root-only state directory"
             )
-            LOG.error("%s", message)
+            if message != self.store_problem:
+                LOG.error("%s", message)
+            self.store_problem = message
             return message
+        if self.store_problem:
+            LOG.info("cap state file %s written again", self.state_path)
+        self.store_problem = ""
         return None
+
+    def retry_store(self) -> None:
+        """Write the state file again if the last write failed: a binding change made while the
+        state directory was read-only came back wrong after a restart (an ended job rebound, a
+        running one forgotten; found by a review)."""
+        with self._lock:
+            if self.store_problem:
+                self._try_store()
 
     # -- queries -------------------------------------------------------------------------------
 

@@ -151,12 +151,21 @@ class JobBinding(AgentCore):
             binding = self._binding(job_id)
             reply = capctl_pb2.JobStartReply(
                 ok=ok, message=(f"job {job_id} bound to GPUs {indices} on {self.node}; start cap applied to "
-                                f"{sorted(start)}" + ("" if ok else "; some caps failed (see gpus)")),
+                                f"{sorted(start)}" + ("" if ok else "; some caps failed (see gpus)")
+                                + self._not_saved()),
                 gpus=self._cap_results(indices, results), coordinator_connected=connected)
         log.info("JobStart %s: GPUs %s (user %s)", job_id, indices, req.user or "?")
         if self.link is not None:
             self.link.send(messages.job_started(binding))
         return reply
+
+    def _not_saved(self) -> str:
+        """The reply's note when the state file could not be written (the change is applied but
+        not saved: written again each interval; a restart before that forgets it). The replies
+        said only "ok" (found by a review: an ended job came back bound after a restart)."""
+        problem = getattr(self.caps, "store_problem", "")
+        return (f"; NOT SAVED ({problem}): retried each interval, a restart before then forgets this change"
+                if problem else "")
 
     def _nothing_to_start(self, job_id: str, indices: list[int], connected: bool):
         """The ``JobStartReply`` when the request binds no new GPU (none named, or all already
@@ -288,6 +297,7 @@ class JobBinding(AgentCore):
             msg += f"; GPUs {failed} could not be restored and will be retried"
         elif not ok:
             msg += "; some GPUs could not be restored and will be retried"
+        msg += self._not_saved()
         log.info("JobEnd %s: %s", job_id, msg)
         if self.link is not None:
             self.link.send(messages.job_ended(job_id, self.node, energy))

@@ -271,6 +271,7 @@ class AgentLoop(AgentCore):
                 self.caps.retry_pending()
             except CapctlError as err:
                 log.error("retrying pending restores failed: %s", err)
+            self.caps.retry_store()
             if self.lease.expired() and not self.lease.expired_applied:
                 self._apply_failsafe()
             try:

@@ -518,3 +518,36 @@ def test_gpus_lowered_at_boot_stay_lowered_after_a_driver_reload(tmp_path):
         dev.set_limit_w(i, 700.0)  # the reload
     agent.tick()
     assert dev.limits_w() == [350.0, 350.0, 700.0]  # GPU 2: no safe cap known, never lowered
+
+
+def test_a_binding_change_that_could_not_be_saved_says_so_and_is_written_later(tmp_path, monkeypatch):
+    """A read-only state directory: JobStart and JobEnd answered only "ok", and after a restart the
+    ended job came back bound (found by a review). The replies now say the change is not saved,
+    and the state file is written again at the next interval once it can be."""
+    import json
+
+    from nodeagent import caps as caps_mod
+
+    dev = PureDevice(2)
+    agent = make_agent(tmp_path, dev)
+    real = caps_mod.store_state
+    broken = [True]
+
+    def store(path, state):
+        if broken[0]:
+            raise OSError(30, "Read-only file system")
+        real(path, state)
+
+    monkeypatch.setattr(caps_mod, "store_state", store)
+    broken[0] = False
+    assert job_start(agent, "11", 0).ok
+    broken[0] = True  # the state directory turns read-only (a remount)
+    reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="11"))
+    assert reply.ok and "NOT SAVED" in reply.message and "Read-only file system" in reply.message
+    saved = json.loads((tmp_path / "state" / "caps-state.json").read_text())
+    assert saved["bindings"] == {"11": [0]}  # (what a restart now would read)
+    broken[0] = False
+    agent.tick()
+    saved = json.loads((tmp_path / "state" / "caps-state.json").read_text())
+    assert saved["bindings"] == {} and agent.caps.store_problem == ""
+    assert "NOT SAVED" not in job_start(agent, "12", 1).message
