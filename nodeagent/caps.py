@@ -149,6 +149,10 @@ class _Runtime:
     held_w: float | None = None  # value written by a restore held below the saved limit
 
 
+REPEAT_LOG_S = 60.0
+"""The same error of one GPU is logged at most once per this many seconds (s)."""
+
+
 class CapManager:
     """Applies, tracks and restores power limits on the GPUs of one node.
 
@@ -183,6 +187,7 @@ class CapManager:
         self.state_path = Path(state_dir) / STATE_FILE_NAME
         self.store_problem = ""
         """Why the last write of the state file failed ("" when it worked): retried each interval."""
+        self._logged: dict[tuple, tuple[float, int]] = {}  # (GPU, error text) -> (when logged, repeats since)
         self.clock = clock
         self.rewrite_interval_s = float(rewrite_interval_s)
         self.foreign_window_s = float(
@@ -378,16 +383,32 @@ class CapManager:
         if rt is not None:
             rt.state = state
             rt.message = str(err)
-        LOG.error("GPU %s: %s to %.3f W failed: %s", index, action, requested_w, err)
+        self._log_error(index, f"GPU {index}: {action} to {requested_w:.3f} W failed: {err}")
         self.failed_writes[action] = self.failed_writes.get(action, 0) + 1
         return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
                          state=state, error=str(err), error_type=type(err).__name__)
 
+    def _log_error(self, index: int, text: str) -> None:
+        """Log ``text`` for GPU ``index`` unless the same text was logged for it within
+        :data:`REPEAT_LOG_S` (a failing write retried each interval, or a GPU whose state flips
+        between RESTORE_FAILED and UNSUPPORTED_CONSTRAINTS, logged 2-6 lines a second; found by a
+        review); the suppressed count goes with the next line."""
+        now = time.monotonic()
+        key = (index, text)
+        last = self._logged.get(key)
+        if last is not None and now - last[0] < REPEAT_LOG_S:
+            self._logged[key] = (last[0], last[1] + 1)
+            return
+        more = f" (and {last[1]} times more in {now - last[0]:.0f} s)" if last is not None and last[1] else ""
+        LOG.error("%s%s", text, more)
+        if len(self._logged) >= 4096:  # (bounded: texts with changing values)
+            self._logged.clear()
+        self._logged[key] = (now, 0)
+
     def _unsupported(self, index: int, action: str, requested_w: float, err: Exception) -> CapResult:
         """GPU ``index`` reports unusable limit constraints: nothing written; logged on the change."""
         rt = self._rt[index]
-        if rt.state != UNSUPPORTED_CONSTRAINTS:
-            LOG.error("%s", err)
+        self._log_error(index, str(err))
         rt.state, rt.message = UNSUPPORTED_CONSTRAINTS, str(err)
         try:  # the limit it is held at: what the result reports (never the 0 W of bad constraints)
             rt.cap_w, rt.enforced_w = self.backend.get_cap_w(index), self.backend.get_enforced_w(index)

@@ -551,3 +551,26 @@ def test_a_binding_change_that_could_not_be_saved_says_so_and_is_written_later(t
     saved = json.loads((tmp_path / "state" / "caps-state.json").read_text())
     assert saved["bindings"] == {} and agent.caps.store_problem == ""
     assert "NOT SAVED" not in job_start(agent, "12", 1).message
+
+
+def test_a_gpu_error_repeated_each_interval_is_logged_once_a_minute(tmp_path, caplog, monkeypatch):
+    """A write that fails each interval logged an ERROR line each time (2 a second per GPU at a
+    0.5 s interval; found by a review): the same text of one GPU is logged once per REPEAT_LOG_S,
+    with the count of those not logged."""
+    import logging
+
+    from nodeagent import caps as caps_mod
+
+    agent = make_agent(tmp_path, PureDevice(2))
+    clock = [1000.0]
+    monkeypatch.setattr(caps_mod.time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.ERROR, logger="capctl.nodeagent.caps"):
+        for _ in range(10):
+            agent.caps._log_error(1, "GPU 1: set to 300.000 W failed: NO_PERMISSION")
+            agent.caps._log_error(1, "GPU 1: limit constraints unusable")
+            clock[0] += 0.5
+        clock[0] += caps_mod.REPEAT_LOG_S
+        agent.caps._log_error(1, "GPU 1: set to 300.000 W failed: NO_PERMISSION")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["GPU 1: set to 300.000 W failed: NO_PERMISSION", "GPU 1: limit constraints unusable",
+                     "GPU 1: set to 300.000 W failed: NO_PERMISSION (and 9 times more in 65 s)"], lines
