@@ -471,6 +471,12 @@ class CapManager:
         except NvmlStalledError as err:  # the write may still land: the next read shows (a drift)
             return self._fail(index, action, cap_w, err, STALLED)
         except CapctlError as err:
+            if action == "restore":
+                done = self._already_at(index, cap_w)
+                if done is not None:  # nothing to write: restored (a write that can never succeed
+                    # was retried forever for a GPU already at its pre-job limit; found by a review)
+                    rt.cap_w, rt.enforced_w, rt.message, rt.state, rt.desired_w = done[0], done[1], None, OK, None
+                    return CapResult(index, True, action, cap_w, done[0], done[1], OK)
             return self._fail(index, action, cap_w, err, RESTORE_FAILED if action == "restore" else SET_FAILED)
         rt.cap_w, rt.enforced_w, rt.message = res.cap_w, res.enforced_w, None
         if action == "restore":
@@ -491,6 +497,17 @@ class CapManager:
         rt.desired_w = res.written_w
         rt.state = self._observed_state(index, res.cap_w, res.enforced_w)
         return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, rt.state)
+
+    def _already_at(self, index: int, cap_w: float) -> tuple[float, float] | None:
+        """``(limit, enforced limit)`` (W) of GPU ``index`` when its limit already is what writing
+        ``cap_w`` would set (whole mW, clamped as a write is), else None (also when unreadable)."""
+        try:
+            target_mw = self.backend.clamp_cap_mw(index, cap_w)
+            now_w = self.backend.get_cap_w(index)
+            enforced_w = self.backend.get_enforced_w(index)
+        except CapctlError:
+            return None
+        return (now_w, enforced_w) if _mw(now_w) == target_mw else None
 
     def _observed_state(self, index: int, cap_w: float, enforced_w: float) -> str:
         if self._is_foreign(index, self.clock()):

@@ -574,3 +574,19 @@ def test_a_gpu_error_repeated_each_interval_is_logged_once_a_minute(tmp_path, ca
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["GPU 1: set to 300.000 W failed: NO_PERMISSION", "GPU 1: limit constraints unusable",
                      "GPU 1: set to 300.000 W failed: NO_PERMISSION (and 9 times more in 65 s)"], lines
+
+
+def test_a_restore_to_the_limit_the_gpu_already_has_completes_without_a_write(tmp_path):
+    """Writes that always fail (NO_PERMISSION) on a GPU already at its pre-job limit: the restore
+    was RESTORE_FAILED and retried forever (found by a review). Nothing is to be written: restored.
+    A GPU not at it stays RESTORE_FAILED (retried)."""
+    dev = PureDevice(2, limit_w=250.0)
+    agent = make_agent(tmp_path, dev)
+    assert job_start(agent, "11", 0, 1).ok
+    agent.on_plan(plan(1, {0: 250.0, 1: 280.0}))  # GPU 0 at its pre-job limit, GPU 1 away from it
+    for i in (0, 1):
+        dev.fail("set", i, NvmlPermissionError(f"GPU {i}: setting the power limit failed: NO_PERMISSION", gpu_index=i))
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="11"))
+    states = agent.caps.states()
+    assert states[0] == capstates.OK and 0 not in agent.caps.saved_limits_w()
+    assert states[1] == capstates.RESTORE_FAILED and 1 in agent.caps.saved_limits_w()
