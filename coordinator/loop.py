@@ -1400,15 +1400,16 @@ def explain_text(job, reply, gpus, status) -> str:
     if reply.slowest_node:
         g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
         if g is not None and g.no_live_reading:
-            lines.append(f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {observed.limit_text(g)}, no live "
-                         f"reading ({observed.reading_state(g)}).")
+            lines.append(f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — "
+                         f"{observed.limit_text(g)}, no live reading ({observed.reading_state(g)}).")
         elif g is not None:
             limit = observed.limit_text(g)
             lines.append(
-                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
                 f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
                 f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if _binding_ceiling_w(g.thermal_ceiling_w, g.max_cap_w) else
-                f"Slowest GPU: {reply.slowest_node} GPU {g.index} — {limit}, {g.temp_c:.1f} °C."
+                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"{g.temp_c:.1f} °C."
             )
     lines.extend(observed.explain_lines(job, reply, gpus))
     if reply.prices:

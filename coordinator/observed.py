@@ -97,9 +97,9 @@ def explain_lines(job, reply, gpus) -> list[str]:
         lines.append(f"Measured step rate: no reading — {names}{more} without a live reading (its last clock is "
                      f"no measurement of the job's pace); predicted {job.predicted_step_rate:.3f}.")
     elif job.measured_step_rate > 0:
-        how = ("slowest GPU's SM clock / max SM clock, through its memory-bound share" if any(
+        how = ("the slowest busy GPU by its clock: SM clock / max SM clock, through its memory-bound share" if any(
             g.job_id == job.job_id and g.HasField("memory_bound_fraction") for _, g in gpus)
-            else "slowest GPU's SM clock / max SM clock")
+            else "the slowest busy GPU by its clock: SM clock / max SM clock")
         lines.append(f"Measured step rate {job.measured_step_rate:.3f} ({how}), "
                      f"predicted {job.predicted_step_rate:.3f}.")
     shares = [g.memory_bound_fraction for _, g in gpus

@@ -28,7 +28,7 @@ def test_the_table_marks_incomplete_jobs():
            "gpu_s": 120.0, "mean_power_w": 250.0, "peak_power_w": 400.0, "capped_s": 10.0, "thermal_s": 0.0,
            "complete": False}
     text = render_finished([row])
-    assert "7*" in text and "15000.0" in text and "60.0" in text and "incomplete" in text
+    assert "7*" in text and "0.004" in text and "60.0" in text and "incomplete" in text  # 15,000 J = 0.004 kWh
     assert render_finished([]) == "no finished jobs kept in that time"
 
 

@@ -75,7 +75,7 @@ def test_a_lost_gpu_shows_no_live_reading_and_keeps_counting_at_its_last_caps(tm
             # the job's pace-setting GPU (the solver picks among equal caps): where it is the lost one,
             # it is named as held, without a temperature
             if (e.slowest_node, e.slowest_gpu_index) == ("n1", 3):
-                assert "Slowest GPU: n1 GPU 3 — cap" in e.text and "no live reading (LOST)" in e.text
+                assert "Slowest GPU (the allocation's curves): n1 GPU 3 — cap" in e.text and "no live reading (LOST)" in e.text
                 assert e.job.binding == "held" and "GPU n1/3 LOST" in e.text and "°C" not in e.text
             assert next(x for x in explain_dict(e)["gpus"] if x["index"] == 3)["temp_c"] is None
             # metrics: no power / temperature / clock sample from a stale reading
