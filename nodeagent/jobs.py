@@ -219,6 +219,14 @@ class JobBinding(AgentCore):
             cap = min(cap, safe)
         if index in self.allowed_w:  # never above what the coordinator budgeted for this GPU
             cap = min(cap, self.allowed_w[index])
+        else:  # no allowance known (an agent restarted: it keeps none): never above the GPU's limit
+            # now, which the coordinator counts; a restarted agent raised idle GPUs held at 200 W to
+            # the 300 W start cap and the cluster went 200 W over its budget for 30-70 ms (found by
+            # a review with the enforced-limit journal)
+            try:
+                cap = min(cap, self.backend.get_cap_w(index))
+            except CapctlError:
+                cap = min(cap, safe) if safe is not None else cap
         return self._clamp(index, cap)
 
     def end_left_jobs(self) -> list[str]:

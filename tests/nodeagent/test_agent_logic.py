@@ -250,8 +250,12 @@ def test_job_end_restores_only_within_the_allowance(tmp_path):
 def test_job_end_without_an_allowance_restores_the_site_limit(tmp_path):
     dev = PureDevice(2, limit_w=250.0)  # site limit 250 W, default 700 W
     agent = make_agent(tmp_path, dev, start_cap_w=300.0, connected=False)
+    job_start(agent, "42", 0)
+    assert dev.limit_w(0) == 250.0  # no allowance known: the start cap never raises a GPU (review)
+    agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
+    agent = make_agent(tmp_path, dev, start_cap_w=220.0, connected=False)
     job_start(agent, "42", 1)
-    assert dev.limit_w(1) == 300.0
+    assert dev.limit_w(1) == 220.0
     reply = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))
     assert reply.ok and dev.limits_w() == [250.0, 250.0] and agent.caps.saved_limits_w() == {}
     again = agent.job_end(capctl_pb2.JobEndRequest(job_id="42"))  # idempotent
@@ -590,3 +594,16 @@ def test_a_restore_to_the_limit_the_gpu_already_has_completes_without_a_write(tm
     states = agent.caps.states()
     assert states[0] == capstates.OK and 0 not in agent.caps.saved_limits_w()
     assert states[1] == capstates.RESTORE_FAILED and 1 in agent.caps.saved_limits_w()
+
+
+def test_the_start_cap_never_raises_a_gpu_without_a_known_allowance(tmp_path):
+    """An agent restarted keeps no allowance: JobStart raised idle GPUs the coordinator held at
+    200 W to the 300 W start cap, and the cluster went 170-200 W over its budget for 30-70 ms
+    (found by a review with the journal). Without an allowance the start cap only lowers; with
+    one, as before, at most the allowance."""
+    dev = PureDevice(3, limit_w=200.0)
+    agent = make_agent(tmp_path, dev, start_cap_w=300.0)
+    agent.on_plan(plan(1, {2: 250.0}))  # an allowance for GPU 2 only
+    assert job_start(agent, "7", 0, 2).ok
+    assert dev.limit_w(0) == 200.0 and dev.limit_w(2) == 250.0
+    assert all(w <= 250.0 for _, w in dev.writes)
