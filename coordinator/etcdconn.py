@@ -48,15 +48,20 @@ def parse_endpoints(text: str, flag: str = "--etcd-endpoints") -> list[tuple[str
         if "://" not in raw:  # as the policy's coordinator.etcd.endpoints: clear text is never implied
             raise UserInputError(f"{flag}: endpoint {raw!r} has no scheme; write http://{raw} (clear text) or "
                                  f"https://{raw} (TLS), as in the policy's coordinator.etcd.endpoints")
-        url = urlsplit(raw)
-        try:
+        try:  # (an unclosed IPv6 bracket raised ValueError from urlsplit: a traceback; a review)
+            url = urlsplit(raw)
             port = url.port
+            host = url.hostname
         except ValueError:
-            port = None
-        if url.scheme not in ("http", "https") or not url.hostname or port is None or not 0 < port < 65536:
+            url, port, host = None, None, None
+        shown = f"[{host}]:{port}" if host and ":" in host else f"{host}:{port}"
+        extra = url is not None and (url.path.strip("/") or url.query or url.fragment
+                                     or url.netloc.lower() != shown.lower())
+        if url is None or url.scheme not in ("http", "https") or not host or port is None or not 0 < port < 65536 \
+                or extra:  # (a path, a query, user:pw@ or text after the port were dropped silently)
             raise UserInputError(f"{flag}: endpoint {raw!r}: expected http://HOST:PORT or https://HOST:PORT "
                                  "(port 1..65535), e.g. http://127.0.0.1:2379")
-        out.append((url.scheme, url.hostname, port))
+        out.append((url.scheme, host, port))
     if not out:
         raise UserInputError(f"{flag} {text!r}: no endpoint given; expected a comma-separated list of http://HOST:PORT")
     return out
@@ -200,11 +205,14 @@ class EtcdConn:
         self._first = 0
         self._lock = threading.Lock()
 
-    def post(self, path: str, payload: dict) -> dict:
+    def post(self, path: str, payload: dict, need: tuple = ()) -> dict:
         """POST ``payload`` to ``/v3/<path>`` of the first member that answers; its JSON reply.
+        A reply that is no JSON object, or lacks a key of ``need``, counts as that member failing
+        (the next one is asked): a member answering ``{}`` or ``[]`` raised KeyError or
+        AttributeError in the election thread, which then never campaigned again (a review).
 
         Raises:
-            EtcdError: every member failed (timeout, refused, error status).
+            EtcdError: every member failed (timeout, refused, error status, no etcd reply).
         """
         from etcd3gw import exceptions as ex
 
@@ -220,6 +228,10 @@ class EtcdConn:
             except (ex.Etcd3Exception, OSError, ValueError) as exc:
                 failed.append(f"{self.endpoints[i]}: {type(exc).__name__}: {why(exc)}")
                 continue
+            if not isinstance(reply, dict) or any(k not in reply for k in need):
+                failed.append(f"{self.endpoints[i]}: no etcd reply ({str(reply)[:60]!r}: a JSON object with "
+                              f"{', '.join(need) or 'fields'} expected)")
+                continue
             with self._lock:
                 self._first = i
             return reply
@@ -228,13 +240,20 @@ class EtcdConn:
     # -- the few calls the coordinator makes --------------------------------------------------
     def grant(self, ttl_s: int) -> tuple[int, int]:
         """A new lease of ``ttl_s`` seconds; returns (lease id, granted TTL in s)."""
-        r = self.post("lease/grant", {"TTL": int(ttl_s), "ID": 0})
-        return int(r["ID"]), int(r.get("TTL", ttl_s))
+        r = self.post("lease/grant", {"TTL": int(ttl_s), "ID": 0}, need=("ID",))
+        try:
+            return int(r["ID"]), int(r.get("TTL", ttl_s))
+        except (TypeError, ValueError):
+            raise EtcdError(f"etcd: lease/grant answered ID {str(r.get('ID'))[:40]!r}, TTL "
+                            f"{str(r.get('TTL'))[:40]!r}: not numbers") from None
 
     def keepalive(self, lease_id: int) -> int:
         """Refresh the lease; returns its TTL in s, or -1 when etcd says it has expired."""
         r = self.post("lease/keepalive", {"ID": lease_id})
-        return int(r.get("result", {}).get("TTL", -1))
+        try:
+            return int((r.get("result") or {}).get("TTL", -1))
+        except (AttributeError, TypeError, ValueError):
+            raise EtcdError(f"etcd: lease/keepalive answered {str(r)[:60]!r}: no TTL") from None
 
     def revoke(self, lease_id: int) -> None:
         """Revoke the lease (its keys are deleted at once)."""

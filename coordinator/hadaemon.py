@@ -76,6 +76,23 @@ def check_flags(args) -> None:
                   log_=_Quiet())
 
 
+def _check_advertise(args) -> None:
+    """In high availability the address a coordinator advertises is where the others send agents
+    and the CLI: a wildcard ``--listen`` (0.0.0.0, ::) without ``--advertise`` is refused (the
+    standbys named the leader "0.0.0.0:7373"; found by a review).
+
+    Raises:
+        UserInputError: the listen address is a wildcard and ``--advertise`` is not given.
+    """
+    if getattr(args, "advertise", None):
+        return
+    listen = str(getattr(args, "listen", "") or "")
+    host = listen.rpartition(":")[0].strip("[]") if not listen.startswith("unix:") else "unix"
+    if host in ("", "0.0.0.0", "::", "*"):
+        raise UserInputError(f"--listen {listen}: a wildcard address cannot be advertised to agents and the CLI in "
+                             f"high availability; give --advertise HOST:PORT (this coordinator's reachable address)")
+
+
 class HaSetup:
     """The etcd connection, store and election of one coordinator daemon."""
 
@@ -108,7 +125,13 @@ class HaSetup:
             UserInputError: a malformed endpoint, prefix or TTL.
         """
         etcd_policy = policy.coordinator.etcd
+        if args.etcd_endpoints is not None and not args.etcd_endpoints.strip():
+            # (an unset variable in a unit file: high availability silently off, a second leader of
+            # term 0 beside the others; found by a review)
+            raise UserInputError("--etcd-endpoints '': empty; give the etcd members (http(s)://HOST:PORT,...) or "
+                                 "leave the flag out for a single coordinator")
         if args.etcd_endpoints or etcd_policy is not None:
+            _check_advertise(args)
             return cls(args, etcd_policy)
         tls = _tls_of(args)
         given = [f for f, v in (("--etcd-ca", tls.ca_file), ("--etcd-cert", tls.cert_file), ("--etcd-key", tls.key_file)) if v]

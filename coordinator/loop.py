@@ -37,6 +37,7 @@ import functools
 import gc
 import logging
 import operator
+import os
 import math
 import statistics
 import time
@@ -982,6 +983,13 @@ class Coordinator:
         if not target:
             return pb.ReloadPolicyReply(ok=False, errors=["no policy file: the coordinator runs the embedded default"],
                                         message="nothing to reload")
+        if self.ha is not None and path and self.policy_path and os.path.abspath(path) != os.path.abspath(self.policy_path):
+            # each coordinator reads its own start file at a takeover: another file, loaded here, was
+            # lost on failover (a lowered rack limit went back up; found by a review)
+            why = (f"{path}: in high availability every coordinator reads its start file "
+                   f"({self.policy_path}) when it takes over; edit that file on every head node and reload "
+                   f"without a FILE")
+            return pb.ReloadPolicyReply(ok=False, errors=[why], message="policy not reloaded")
         try:
             new = await asyncio.to_thread(load_policy, target)
         except PolicyError as exc:

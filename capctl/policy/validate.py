@@ -744,7 +744,13 @@ def _check_etcd(data: dict, diag: _Diag, interval_s: float, lease_s: float) -> N
     if not etcd:
         return
     for i, raw in enumerate(etcd.get("endpoints") or []):
-        url = urlsplit(str(raw))
+        try:
+            url = urlsplit(str(raw))
+            url.port  # noqa: B018 (an unclosed IPv6 bracket, a bad port: ValueError, a traceback before)
+        except ValueError as err:
+            diag.error(("coordinator", "etcd", "endpoints", i),
+                       f"coordinator.etcd.endpoints[{i}]: {raw!r} is no URL ({err}); expected http(s)://HOST:PORT")
+            continue
         if url.scheme == "http" and not is_local(url.netloc):
             diag.warn(("coordinator", "etcd", "endpoints", i),
                       f"coordinator.etcd.endpoints[{i}]: {raw!r} is clear text to etcd over the network: the "
