@@ -121,3 +121,31 @@ def test_gain_capture_is_against_the_best_baseline():
     assert gain_capture(runs) is None
     assert gain_capture({"capctl": runs["capctl"], "oracle": runs["oracle"]}) is None
     assert np.isfinite(gain_capture({**runs, "oracle": SimpleNamespace(throughput=120.0)})["gain_capture"])
+
+
+@pytest.mark.parametrize("text, want", [
+    ("idle_cap_w: null\n", [200.0, 200.0]),  # running jobs first: idle GPUs at their minimum
+    ("idle_cap_w: null\nreserve_pre_job_limits: true\n", [650.0, 700.0]),  # their limits reserved
+    ("idle_cap_w: 300\n", [300.0, 300.0]),
+])
+def test_the_oracle_sees_idle_gpus_as_the_coordinator_does(text, want):
+    """With ``idle_cap_w: null`` the oracle kept idle GPUs at their pre-job limits ("reserve"), so
+    it ran below capctl itself (capctl/oracle 1.158 on 96 V100, 16 idle GPUs at 0.6 x TDP; found by
+    a review): idle GPUs are at their minimum unless the policy reserves pre-job limits."""
+    from types import SimpleNamespace
+
+    from capctl.policy import parse_policy
+    from capctl.sim.policies import _AllocatorPolicy
+
+    policy = parse_policy(f"version: 1\nbudget_w: 2000\n{text}")
+    G = 4
+    topo = SimpleNamespace(n_gpus=G, min_cap_w=np.full(G, 200.0), max_cap_w=np.full(G, 700.0),
+                           domain_of_gpu=np.zeros(G, np.int64), domain_parent=np.array([-1]),
+                           domain_limit_w=np.array([2000.0]), domains=[{"name": "c", "kind": "cluster"}])
+    p = _AllocatorPolicy()
+    p.reset(SimpleNamespace(topo=topo, policy=policy))
+    obs = SimpleNamespace(tele={"enforced_w": np.array([400.0, 400.0, 650.0, 700.0])},
+                          jobs=[SimpleNamespace(job_id="j")], job_of_gpu=np.array([0, 0, -1, -1]))
+    ones = np.ones(G)
+    problem = p._problem(obs, (ones, ones * 300.0, ones * 700.0, ones * 200.0), ones, np.full(G, np.inf))
+    assert problem.idle_cap_w[2:].tolist() == want
