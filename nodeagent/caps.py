@@ -471,7 +471,10 @@ class CapManager:
         except NvmlStalledError as err:  # the write may still land: the next read shows (a drift)
             return self._fail(index, action, cap_w, err, STALLED)
         except CapctlError as err:
-            if action == "restore":
+            rec = self._state.gpus.get(index)
+            if action == "restore" and rec is not None and _mw(cap_w) >= _mw(rec.saved_limit_w):
+                # (a full restore only: one held at the allowance must still show that the GPU
+                # cannot be written, before the allowance asks for the raise)
                 done = self._already_at(index, cap_w)
                 if done is not None:  # nothing to write: restored (a write that can never succeed
                     # was retried forever for a GPU already at its pre-job limit; found by a review)
