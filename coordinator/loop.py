@@ -1072,8 +1072,8 @@ _GPU_FIELDS = operator.attrgetter(
 def _throttle_of(lanes: tuple[int, int, int], index: int) -> tuple[int, int, int]:
     """GPU ``index``'s ``(samples, thermal, power)`` counts of its node's lane-packed window
     counts ``lanes`` (:meth:`coordinator.throttle.NodeThrottle.counts`)."""
-    shift, mask = index * throttle.LANE_BITS, throttle.LANE_MASK
-    return (lanes[0] >> shift) & mask, (lanes[1] >> shift) & mask, (lanes[2] >> shift) & mask
+    count = throttle.count
+    return count(lanes[0], index), count(lanes[1], index), count(lanes[2], index)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ import numpy as np
 from capctl import capstates, devicedata, readings
 from capctl.readings import R_CAP, R_ENFORCED, R_ERROR, R_INDEX, R_PRE_JOB, R_STATE
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
-from coordinator.throttle import WINDOW_S, NodeThrottle
+from coordinator.throttle import LANE_BITS, WINDOW_S, NodeThrottle
 
 log = logging.getLogger("capctl.coordinator.registry")
 
@@ -452,7 +452,7 @@ class Registry:
             g.job_id = job_id
             g.error = error
             thermal, power, stuck = reason_flags(reasons)
-            bit = 1 << (index << 4)  # its lane (coordinator.throttle.lane; LANE_BITS = 16)
+            bit = 1 << (index * LANE_BITS)  # its lane (coordinator.throttle.lane, inlined: the hot loop)
             sampled |= bit
             if thermal:
                 thermal_mask |= bit

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from capctl.errors import CapctlError
 from nodeagent.caps import CapManager
+from nodeagent.lease import MAX_LEASE_S
 from nodeagent.messages import finite
 from nodeagent.savedstate import atomic_write
 
@@ -57,8 +58,6 @@ MAX_SEQ = 2 ** 63 - 1
 DEFAULT_LEASE_S = 30.0
 """The lease an agent gives itself at start when its file names none (s): the policy's default
 ``failsafe.lease_s`` (capctl/policy/model.py)."""
-MAX_LEASE_S = 86400.0
-"""Longest lease taken from the file (s): the policy schema's maximum of ``failsafe.lease_s``."""
 
 
 def _bad(field: str, value, allowed: str, default) -> None:

@@ -89,7 +89,7 @@ def test_ha_refuses_an_empty_endpoint_list_and_a_wildcard_address_to_advertise()
     with pytest.raises(UserInputError, match="--listen 0.0.0.0:7373: a wildcard address cannot be advertised"):
         _check_advertise(argparse.Namespace(listen="0.0.0.0:7373", advertise=None))
     _check_advertise(argparse.Namespace(listen="0.0.0.0:7373", advertise="head1:7373"))
-    _check_advertise(argparse.Namespace(listen="10.0.0.5:7373", advertise=None))
+    _check_advertise(argparse.Namespace(listen="127.0.0.5:7373", advertise=None))
     _check_advertise(argparse.Namespace(listen="unix:/run/capctl/c.sock", advertise=None))
 
 
