@@ -224,6 +224,7 @@ class SolveInputs:
     domain_members: dict[str, set]  # domain name -> GPU keys below it (all levels)
     limited: tuple | None = None  # (limited domains, levels): see domain_levels (None: not computed yet)
     limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
+    spread_spare: bool = False  # the policy's spread_spare_watts (:func:`spread_spare`)
     _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
@@ -420,7 +421,7 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
     return SolveInputs(gpus=GpuRows(cols), jobs=jobs, domains=domains, objective=policy.objective,
                        slew_w=policy.slew_w, node_domain=node_domain, domain_members=members, limited=limited,
-                       limited_pos=positions)
+                       limited_pos=positions, spread_spare=bool(getattr(policy, "spread_spare_watts", False)))
 
 
 def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: float, stale: np.ndarray) -> InputColumns:
@@ -638,6 +639,8 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     aligned = paced_split(inputs, desired)
     step_margin(inputs, desired, aligned)
     idle_from_headroom(inputs, desired)
+    if inputs.spread_spare:
+        spread_spare(inputs, desired)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -893,6 +896,67 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
     for i, r, f in zip(rows.tolist(), room[rows].tolist(), factor.tolist()):
         if r * f > 0.0:
             desired[keys[i]] += r * f
+
+
+SPARE_PASSES = 3
+"""Water-filling passes of :func:`spread_spare` (each within every domain's limit)."""
+
+
+def spread_spare(inputs: SolveInputs, desired: dict) -> None:
+    """Hand the headroom every limited domain still has after the solve, the pace loop,
+    :func:`step_margin` and the idle rule (:func:`idle_from_headroom`: pre-job limits come back
+    first, from headroom no running job's pace can use) to the running jobs' GPUs, up to their
+    ceilings, in place on ``desired`` (GPU key -> W); the policy's ``spread_spare_watts``.
+
+    Why: the solve and the pace loop leave watts unallocated where the models say no job's pace can
+    use them: every job paced by a GPU held at its ceiling (thermal, device maximum), or on the flat
+    part of its curve. Those predictions rest on what NVML shows (SM clock, power); a GPU slower at
+    the same clock (what NVML does not show: ``capctl sim``'s ``gpus.speed``, a curve the model has
+    wrong) is then held below what the budget allows while the watts sit unused (small-4x8, seed 9:
+    capctl 0.968 of uniform, ~1,900 W of a 9,600 W PDU unused). Raising the GPUs that are not at
+    their ceiling costs no job anything (a GPU's rate never falls with its cap) and no domain goes
+    over its limit. Left out: fixed GPUs, stragglers and their job-mates (their pace is measured
+    and does not respond to power: the watts would buy nothing), GPUs at their ceiling (the
+    thermal ceiling is a safety bound). Each pass grants every eligible GPU its room
+    (``ceiling - cap``; none under a domain already full) times the smallest ratio
+    ``headroom / wanted`` of its limited domains (as :func:`step_margin`), so no domain exceeds its
+    limit; the next passes hand out what a domain bounded by a fuller one left (up to
+    :data:`SPARE_PASSES`, fewer when a pass grants less than :data:`IDLE_PASS_MIN_W`). Cost: a few
+    array operations over the running GPUs per pass."""
+    limited, levels = domain_levels(inputs)
+    n = len(limited)
+    if not n or not levels.shape[1]:
+        return
+    c = columns_of(inputs)
+    keys = c.keys
+    strag_jobs = {int(c.job[i]) for i in c.straggler} if c.straggler else set()
+    ok = (c.job >= 0) & ~c.fixed
+    if strag_jobs:
+        ok &= ~np.isin(c.job, np.fromiter(strag_jobs, np.int64, len(strag_jobs)))
+    rows = np.nonzero(ok)[0]
+    if not rows.size:
+        return
+    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, len(keys))
+    hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, np.where(np.isfinite(c.thermal_ceiling_w),
+                                                                 c.thermal_ceiling_w, np.inf)))[rows]
+    lims = np.array([lim for _, lim in limited])
+    lv = levels[rows]
+    before = d[rows].copy()
+    for _ in range(SPARE_PASSES):
+        head = lims - _domain_sums(levels, d, n) - LIMIT_SLACK_W
+        open_ = np.append(head > 0.0, True)[lv].all(axis=1)  # a GPU under a full domain wants nothing
+        room = np.zeros(len(keys))
+        room[rows] = np.where(open_, np.maximum(hi - d[rows], 0.0), 0.0)
+        wanted = _domain_sums(levels, room, n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(wanted > 0, np.clip(head / wanted, 0.0, 1.0), 1.0)
+        grant = room[rows] * np.append(ratio, 1.0)[lv].min(axis=1)
+        if float(grant.sum()) < IDLE_PASS_MIN_W:
+            break
+        d[rows] += grant
+    for i, old, new in zip(rows.tolist(), before.tolist(), d[rows].tolist()):
+        if new > old:
+            desired[keys[i]] = new
 
 
 def build_problem(inputs: SolveInputs):

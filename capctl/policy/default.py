@@ -16,6 +16,7 @@ objective: proportional
 thermal: {margin_c: 5}
 slew_w: null
 idle_cap_w: null           # idle GPUs get their pre-job limit back from headroom no running job uses
+spread_spare_watts: false  # true: watts no job's pace can use go to running GPUs anyway
 start_cap_w: 300
 min_cap_w: null            # device minimum (200 W on H100 SXM)
 failsafe: {lease_s: 10, safe_cap_w: null}

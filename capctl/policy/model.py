@@ -237,6 +237,7 @@ class Policy:
     slew_w: float | None = None
     idle_cap_w: float | None = None
     reserve_pre_job_limits: bool = False
+    spread_spare_watts: bool = False
     start_cap_w: float = 300.0
     min_cap_w: float | None = None
     failsafe: FailsafePolicy = FailsafePolicy()
@@ -313,6 +314,7 @@ class Policy:
             "slew_w": self.slew_w,
             "idle_cap_w": self.idle_cap_w,
             "reserve_pre_job_limits": self.reserve_pre_job_limits,
+            "spread_spare_watts": self.spread_spare_watts,
             "start_cap_w": self.start_cap_w,
             "min_cap_w": self.min_cap_w,
             "failsafe": {"lease_s": self.failsafe.lease_s, "safe_cap_w": self.failsafe.safe_cap_w},

@@ -785,6 +785,7 @@ def _make_policy(data: dict, source: str, budget_w, root: model.Domain, interval
         slew_w=_f(data.get("slew_w"), None),
         idle_cap_w=_f(data.get("idle_cap_w"), None),
         reserve_pre_job_limits=bool(data.get("reserve_pre_job_limits", False)),
+        spread_spare_watts=bool(data.get("spread_spare_watts", False)),
         start_cap_w=_f(data.get("start_cap_w"), 300.0),
         min_cap_w=_f(data.get("min_cap_w"), None),
         failsafe=model.FailsafePolicy(lease_s=lease_s, safe_cap_w=_f(failsafe.get("safe_cap_w"), None)),
