@@ -19,6 +19,17 @@ campaigns for a new one. A standby tries to create the key every
 leader's lease. A coordinator that stops cleanly revokes its lease: the hand-over is then
 immediate.
 
+**Terms after etcd lost its data.** Revisions restart when etcd's data is lost (a cluster
+rebuilt, a restore from an old snapshot), so a new leader's create revision can be lower than a
+term the agents have already seen, and they would refuse its plans for good. The term agents see is
+therefore ``create revision + term base``, the base an integer under ``<prefix>/term_base`` (0
+when absent), read in the same transaction that creates the leader key. Agents report the newest
+term they have seen in their ``AgentHello``; a leader whose term is lower asks
+(:meth:`Leadership.want_term_above`) and the election thread raises the base in a transaction fenced
+by the leader key, so that its term is one above (at most :data:`MAX_TERM`). The base only grows,
+so a later leader still has a higher term than any earlier one: a deposed leader's plans stay
+refused.
+
 The election runs in its own thread (HTTP requests with deadlines, :mod:`coordinator.etcdconn`);
 it tells the coordinator of each change through ``on_change(elected: bool)``, called in that
 thread (the daemon forwards it to its event loop).
@@ -42,6 +53,10 @@ SAFETY_MARGIN_S = 0.25
 """A leader stops acting this long (s) before its lease can expire at etcd."""
 CAMPAIGN_PERIOD_S = 0.1
 """How often (s) a standby tries to take the leader key."""
+MAX_TERM = 2 ** 62
+"""Highest term a leader raises its own to (:meth:`Leadership.want_term_above`): a term reported
+above it is logged and not followed (the protocol's terms are uint64; nothing near this is a real
+count of elections)."""
 ERROR_REPEAT_S = 30.0
 """An etcd failure that lasts is logged again this often (s), with how long it has lasted."""
 
@@ -66,9 +81,12 @@ class Leadership:
         self.address = address
         self.ttl_s = max(1, int(ttl_s))
         self.on_change = on_change
-        self.term = 0  # > 0 while this coordinator leads
+        self.term = 0  # > 0 while this coordinator leads: the create revision of its leader key
+        self.term_base = 0  # added to it in the term agents see (module docstring)
         self.leader = ""  # the leader's address as last read ("" = none known)
-        self.leader_term = 0
+        self.leader_term = 0  # the leader's term as agents see it (create revision + base)
+        self._wanted_term = 0  # the newest term an agent reported (want_term_above)
+        self._bad_base = ""  # the last term base value logged as unreadable
         self.standbys: list[str] = []
         self.error = ""  # the last etcd failure, "" when the last request succeeded
         self._lease_id = 0
@@ -84,6 +102,33 @@ class Leadership:
     @property
     def member_key(self) -> str:
         return f"{self.prefix}/members/{self.member_id}"
+
+    @property
+    def base_key(self) -> str:
+        return f"{self.prefix}/term_base"
+
+    @property
+    def plan_term(self) -> int:
+        """The term this coordinator's plans and ``Welcome`` carry: its leader key's create revision
+        plus the term base (module docstring); 0 while it does not lead."""
+        with self._lock:
+            return self.term + self.term_base if self.term > 0 else 0
+
+    def want_term_above(self, seen: int) -> bool:
+        """An agent has seen coordinator term ``seen``: when this leader's term is not above it, the
+        election thread raises the term base (fenced by the leader key) so that it is. Thread-safe;
+        returns True when a raise is now wanted (False: not leading, already above, or ``seen``
+        beyond :data:`MAX_TERM`, which is logged)."""
+        seen = int(seen)
+        with self._lock:
+            if self.term <= 0 or seen < self.term + self.term_base:
+                return False
+            if seen >= MAX_TERM:
+                log.error("an agent reports coordinator term %d, beyond %d: not followed (its plans stay refused "
+                          "until its agent-state.json is reset)", seen, MAX_TERM)
+                return False
+            self._wanted_term = max(self._wanted_term, seen)
+            return True
 
     # -- what the coordinator asks ----------------------------------------------------------
     def may_send(self, now_mono: float | None = None) -> bool:
@@ -101,7 +146,8 @@ class Leadership:
         with self._lock:
             return {"role": "leader" if leading else "standby",
                     "leader": self.address if leading else self.leader,
-                    "term": self.term if leading else self.leader_term, "standbys": list(self.standbys)}
+                    "term": self.term + self.term_base if leading else self.leader_term,
+                    "standbys": list(self.standbys)}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Leadership:
@@ -118,6 +164,7 @@ class Leadership:
         with self._lock:
             self.term = 0
             self._deadline_mono = 0.0
+            self._wanted_term = 0
         if self._lease_id:
             try:
                 self.conn.revoke(self._lease_id)
@@ -170,6 +217,7 @@ class Leadership:
                 return
             with self._lock:
                 self._deadline_mono = sent + min(ttl, self.ttl_s) - SAFETY_MARGIN_S
+            self._raise_term()
         else:
             self._campaign(sent, min(ttl, self.ttl_s))
         self._read_members()
@@ -178,15 +226,18 @@ class Leadership:
         """Create the leader key if absent (attached to our lease); else note who leads."""
         key = b64(self.leader_key)
         value = b64(json.dumps({"id": self.member_id, "address": self.address}))
+        base_key = b64(self.base_key)
         r = self.conn.txn(
             compare=[{"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
             success=[{"request_put": {"key": key, "value": value, "lease": self._lease_id}},
-                     {"request_range": {"key": key}}],
-            failure=[{"request_range": {"key": key}}],
+                     {"request_range": {"key": key}}, {"request_range": {"key": base_key}}],
+            failure=[{"request_range": {"key": key}}, {"request_range": {"key": base_key}}],
         )
-        kv = _range_kv(r, 1 if r.get("succeeded") else 0)
+        at = 1 if r.get("succeeded") else 0
+        kv = _range_kv(r, at)
         if kv is None:
             return
+        base = self._base_of(_range_kv(r, at + 1))
         info = _json(kv.get("value", ""))
         term = int(kv.get("create_revision", 0))
         if not r.get("succeeded") and info.get("id") == self.member_id and int(kv.get("lease", 0)) == self._lease_id:
@@ -194,14 +245,59 @@ class Leadership:
             return
         if r.get("succeeded"):
             with self._lock:
-                self.term = term
+                self.term, self.term_base, self._wanted_term = term, base, 0
                 self._deadline_mono = sent + ttl_s - SAFETY_MARGIN_S
-                self.leader, self.leader_term = self.address, term
-            log.warning("elected leader: term %d (etcd lease %x, TTL %g s)", term, self._lease_id, ttl_s)
+                self.leader, self.leader_term = self.address, term + base
+            log.warning("elected leader: term %d (etcd lease %x, TTL %g s)", term + base, self._lease_id, ttl_s)
             self._notify(True)
         else:
             with self._lock:
-                self.leader, self.leader_term = str(info.get("address", "")), term
+                self.leader, self.leader_term = str(info.get("address", "")), term + base
+
+    def _base_of(self, kv: dict | None) -> int:
+        """The term base stored in ``kv`` (the ``term_base`` key as read; None: absent, 0). A value
+        that is no integer in 0..MAX_TERM is logged and read as 0 (the term is then the create
+        revision alone, as before bases existed)."""
+        if kv is None:
+            return 0
+        raw = kv.get("value", b"")
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        try:
+            base = int(text)
+        except ValueError:
+            base = -1
+        if not 0 <= base <= MAX_TERM:
+            if text != self._bad_base:  # once per value (standbys read it every campaign round)
+                self._bad_base = text
+                log.error("etcd key %s holds %.40r, not a term base (an integer 0 to %d): read as 0", self.base_key,
+                          text, MAX_TERM)
+            return 0
+        return base
+
+    def _raise_term(self) -> None:
+        """Raise the term base so that this leader's term is one above the newest an agent reported
+        (:meth:`want_term_above`): one transaction fenced by the leader key (a deposed leader writes
+        nothing). Raises EtcdError (the election's loop logs it and retries next round)."""
+        with self._lock:
+            wanted, term, old = self._wanted_term, self.term, self.term_base
+        if term <= 0 or wanted < term + old:
+            return
+        base = wanted + 1 - term
+        leader = b64(self.leader_key)
+        r = self.conn.txn(
+            compare=[{"key": leader, "result": "EQUAL", "target": "CREATE", "create_revision": term}],
+            success=[{"request_put": {"key": b64(self.base_key), "value": b64(str(base))}}],
+            failure=[],
+        )
+        if not r.get("succeeded"):
+            return  # the leader key is no longer ours: the next round steps down
+        with self._lock:
+            if self.term == term:
+                self.term_base = max(self.term_base, base)
+                self.leader_term = term + self.term_base
+        log.warning("term raised %d -> %d: an agent had seen term %d, above this leader's (etcd lost its data? "
+                    "its revisions restarted); term base %d in %s", term + old, term + base, wanted, base,
+                    self.base_key)
 
     def _drop_own_key(self, term: int) -> None:
         """The leader key is still ours (our lease outlived a step-down, e.g. etcd lost its quorum
@@ -244,9 +340,9 @@ class Leadership:
             self.term = 0
             self._deadline_mono = 0.0
             if was:
-                self.leader, self.leader_term = "", was
+                self.leader, self.leader_term = "", was + self.term_base
         if was:
-            log.warning("stepping down as leader of term %d: %s", was, why)
+            log.warning("stepping down as leader of term %d: %s", was + self.term_base, why)
             self._notify(False)
 
     def _notify(self, elected: bool) -> None:

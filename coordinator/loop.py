@@ -172,7 +172,7 @@ class Coordinator:
     @property
     def term(self) -> int:
         """The leader's term carried in plans (0 without etcd; see coordinator/election.py)."""
-        return self.ha.term if self.ha is not None else 0
+        return self.ha.plan_term if self.ha is not None else 0
 
     def may_send(self) -> bool:
         """True unless this coordinator is an HA standby (or a leader whose etcd lease may be gone)."""
@@ -287,6 +287,10 @@ class Coordinator:
         self.registry.on_hello(hello, session)
         if self.ha is not None:  # after a failover its caps are known from the ledger only: plan at its first report
             self._fresh_streams.add(hello.node)
+            if hello.coordinator_term >= self.term > 0 and self.ha.want_term_above(hello.coordinator_term):
+                log.warning("agent %s has seen coordinator term %d, this leader's is %d: it refuses our plans; "
+                            "raising the term (docs/ha.md, \"etcd data loss\")", hello.node,
+                            hello.coordinator_term, self.term)
         log.info("agent %s connected from %s (%d GPUs, %d jobs, last plan %d)", hello.node, session.peer,
                  len(hello.gpus), len(hello.jobs), hello.last_plan_seq)
         # no early interval here: the node's GPUs count at their maximum limit until its first

@@ -108,7 +108,8 @@ class AgentLoop(AgentCore):
     # ------------------------------------------------------------------------------------------
     # link callbacks
     def hello(self):
-        """The ``AgentHello`` for a (re)connect: GPUs re-read from the backend, bindings, last plan seq."""
+        """The ``AgentHello`` for a (re)connect: GPUs re-read from the backend, bindings, last plan seq,
+        the newest coordinator term seen."""
         with self.lock:
             self.devices = {d.index: d for d in self.backend.devices()}
             self.resend_ended = True  # the next report repeats the ended jobs' energy (nodeagent.energy)
@@ -117,6 +118,7 @@ class AgentLoop(AgentCore):
                 simulated=bool(self.backend.simulated),
                 gpus=[self._gpu_info(d) for d in sorted(self.devices.values(), key=lambda d: d.index)],
                 jobs=[self._binding(j) for j in sorted(self.jobs)], last_plan_seq=self.last_plan_seq,
+                coordinator_term=self.fence.newest,  # a leader below it raises its term (docs/ha.md)
             )
 
     def on_welcome(self, welcome) -> None:

@@ -144,14 +144,16 @@ def gpu_telemetry(s: GpuSample, *, state: str, job_ids: Sequence[str], error: st
 
 
 def hello(*, node: str, agent_version: str, driver_version: str | None, simulated: bool, gpus: list,
-          jobs: list, last_plan_seq: int):
-    """``AgentHello`` of a (re)connect (``gpus``: ``GpuInfo``; ``jobs``: ``JobBinding``)."""
+          jobs: list, last_plan_seq: int, coordinator_term: int = 0):
+    """``AgentHello`` of a (re)connect (``gpus``: ``GpuInfo``; ``jobs``: ``JobBinding``;
+    ``coordinator_term``: the newest coordinator term the agent has seen, :mod:`nodeagent.fencing`)."""
     from capctl.v1 import capctl_pb2
 
     return capctl_pb2.AgentHello(
         protocol_version=PROTOCOL_VERSION, node=node, agent_version=agent_version,
         driver_version=driver_version or "", simulated=bool(simulated),
         gpus=gpus, jobs=jobs, last_plan_seq=last_plan_seq, packed_plans=True,  # reads capctl.plancaps rows
+        coordinator_term=coordinator_term,
     )
 
 

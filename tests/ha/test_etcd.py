@@ -181,3 +181,45 @@ def test_a_deposed_leader_leads_again_only_under_a_newer_term(etcd, how):
         assert changes == [True, False, True]
     finally:
         a.stop()
+
+
+def test_a_leader_below_a_term_agents_have_seen_raises_its_term_and_later_leaders_stay_above(etcd):
+    """etcd lost its data (revisions restart): agents had seen term 5,000, far above any create
+    revision of a fresh store, and refused every plan of the new leader for good. The leader raises
+    the term base (fenced) so its term is one above what an agent reports; the next leader's term is
+    above that one's (the base only grows), so a deposed leader's plans stay refused (docs/ha.md)."""
+    prefix = "/t4"
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a, b = _leader_and_standby(conn, prefix)
+    try:
+        low = a.plan_term
+        assert low == a.term and a.term_base == 0 and 0 < low < 5000  # no base yet: the create revision
+        assert not a.want_term_above(low - 1)  # below ours: nothing to do
+        assert not b.want_term_above(5000)  # a standby raises nothing
+        assert a.want_term_above(5000)
+        wait_until(lambda: a.plan_term == 5001, 10.0, 0.02, "A's term raised above the agents'")
+        assert int(conn.get(f"{prefix}/term_base")["value"]) == 5001 - a.term
+        assert a.describe()["term"] == 5001
+        wait_until(lambda: b.describe()["term"] == 5001, 10.0, 0.02, "the standby shows the leader's raised term")
+        assert not a.want_term_above(2 ** 62)  # beyond MAX_TERM: logged, not followed
+        raised = a.plan_term
+        conn.post("kv/deleterange", {"key": b64(f"{prefix}/leader")})  # A deposed: B or A leads anew
+        wait_until(lambda: (a.may_send() or b.may_send()) and max(a.plan_term, b.plan_term) > raised, 10.0, 0.02,
+                   "a new leader, under a term above the raised one")
+        assert max(a.plan_term, b.plan_term) < raised + 50  # create revision + the same base: no jump
+    finally:
+        b.stop()
+        a.stop()
+
+
+def test_a_term_base_that_is_no_integer_reads_as_zero(etcd, caplog):
+    prefix = "/t5"
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    conn.put(f"{prefix}/term_base", "-3 watts")
+    a = Leadership(conn, prefix, "A", "unix:/a").start()
+    try:
+        wait_until(a.may_send, 10.0, 0.02, "A elected")
+        assert a.term_base == 0 and a.plan_term == a.term
+        assert "/t5/term_base holds '-3 watts', not a term base" in caplog.text
+    finally:
+        a.stop()

@@ -177,3 +177,41 @@ def test_rolling_restart_of_every_coordinator(rig):
     assert rig.bindings_complete()
     _set_budget(rig, 2800.0)
     rig.wait_settled()
+
+
+def test_etcd_data_lost_the_new_leader_raises_its_term_and_the_agents_follow_it(rig):
+    """etcd lost its data (rebuilt empty: revisions, so create revisions, so terms restart). Before,
+    the agents refused every plan of the new leader for good ("term N seen") and fell back to their
+    safe caps; now the leader learns their term from their hellos and raises its own above it
+    (docs/ha.md, "etcd data loss"). The sampler's invariants hold throughout (conftest)."""
+    from coordinator.etcdconn import EtcdConn, b64, parse_endpoints
+
+    conn = EtcdConn(parse_endpoints(rig.etcd.endpoints))
+    for i in range(60):  # revisions well above what a fresh store reaches before its first election
+        conn.put("/scratch/revisions", str(i))
+    leader = rig.leader_name()
+    before = rig.status().term
+    conn.post("kv/deleterange", {"key": b64("/capctl/leader")})  # a new election: a term above 60
+    terms = []
+
+    def on_a_term_above(floor: int):
+        def ok():
+            try:
+                st = rig.status(1.0)
+            except grpc.RpcError:
+                return False
+            terms[:] = [st.term]
+            return st.term > floor and rig.agents_on_term(st.term)
+        return ok
+    wait_until(on_a_term_above(max(before, 60)), 20.0, 0.05, "re-elected above revision 60, every agent on it")
+    old_term = terms[0]
+    rig.etcd.lose_data()
+    t = time.monotonic()
+    wait_until(on_a_term_above(old_term), LEASE_S + 15.0, 0.05, "a leader above the agents' term, every agent on it")
+    took_s = time.monotonic() - t
+    print(f"\netcd rebuilt empty -> every agent on the new leader's term: {took_s:.2f} s (term {old_term} -> "
+          f"{rig.status().term}; leader before {leader}, now {rig.leader_name()})")
+    fresh = EtcdConn(parse_endpoints(rig.etcd.endpoints)).get("/capctl/leader")["create_revision"]
+    assert fresh < old_term  # the case: the fresh store's revision alone was below the agents' term
+    rig.wait_no_safe_caps(15.0)
+    rig.wait_settled()
