@@ -63,6 +63,7 @@ def node_dict(n) -> dict:
         "stale": bool(n.stale),
         "last_report_age_s": _num(n.last_report_age_s),
         "simulated": bool(n.simulated),
+        "never_reported": bool(n.never_reported),
         "gpus": [gpu_dict(g) for g in n.gpus],
     }
 
@@ -206,6 +207,9 @@ def render_nodes_summary(d: dict) -> str:
         therm = sum(1 for g in gpus if any(r in THROTTLE_THERMAL for r in g["clocks_event_reasons"]))
         power = sum(1 for g in gpus if any(r in THROTTLE_POWER for r in g["clocks_event_reasons"]))
         jobs = sorted({j for g in gpus for j in g["job_id"].split(",") if j})
+        if n.get("never_reported"):  # no agent has said hello: nothing of it is known
+            rows.append([n["name"], "NO AGENT", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
         rows.append([n["name"], "STALE" if n["stale"] else "ok", _f(n["last_report_age_s"], "{:.1f}"), str(len(gpus)),
                      f"{cap:.0f}", f"{enf:.0f}", _f(pwr), _f(max(temps) if temps else None, "{:.1f}"),
                      str(therm), str(power), ",".join(jobs) or "-"])

@@ -1137,6 +1137,7 @@ def build_view(snap: _Snapshot) -> View:
     ceil_of = dict(zip(cols.keys, cols.thermal_ceiling_w.tolist()))
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
+    _add_unreported(st, snap)
     desired = snap.desired
     st.allocated_w = sum(desired.get(k, v) for k, v in tally.accounted.items())
     st.enforced_w = sum(tally.accounted.values())
@@ -1175,6 +1176,16 @@ def _gpu_flags(tally: _Tally, key, cap_state: str) -> tuple[list, str]:
         flags.append(capstates.OOB_LIMITED)
         detail = detail or f"another limiter held it at {oob:.0f} W (out-of-band limit): planned within it"
     return flags, detail
+
+
+def _add_unreported(st, snap: _Snapshot) -> None:
+    """The nodes the policy lists whose agent never said hello to this coordinator, after the
+    others (``never_reported``: stale, no GPUs, age NaN): before, ``capctl nodes`` left them out,
+    so a node whose agent never started looked like a node that does not exist (found by a
+    review), and nothing said its GPUs count against no limit."""
+    known = {node[0] for node in snap.nodes}
+    for name in sorted(set(snap.policy.domains.all_nodes()) - known):
+        st.nodes.add(name=name, stale=True, last_report_age_s=math.nan, never_reported=True)
 
 
 def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) -> None:

@@ -25,8 +25,9 @@ def run(capsys, *argv):
 
 
 def test_cli_against_running_coordinator(tmp_path, capsys):
-    # node2's GPUs stay idle at their pre-job (default) limit, 700 W each, counted as spent
-    with Cluster(tmp_path, {"node1": 2, "node2": 2}, budget_w=2600.0, interval_s=0.3) as cl:
+    # node2's GPUs stay idle at their pre-job (default) limit, 700 W each, counted as spent; node3 is
+    # in the policy, but no agent ever says hello for it
+    with Cluster(tmp_path, {"node1": 2, "node2": 2}, budget_w=2600.0, interval_s=0.3, policy_only=("node3",)) as cl:
         addr = cl.coordinator.address
         with cl.agent("node1").client() as c:
             assert c.job_start("77", ["0", "1"], user="dave", partition="gpu").ok
@@ -41,12 +42,15 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         # (before JobStart every GPU sat at its 700 W default: wait for telemetry after the start cap)
         # (every GPU read: a GPU without a reading has no enforced limit to sum, and node2's first
         # report may come after node1's capped one)
-        d = wait_until(lambda: (x := status())["jobs"] and len(x["nodes"]) == 2 and x["enforced_w"] <= 2600 and all(
+        d = wait_until(lambda: (x := status())["jobs"] and len(x["nodes"]) == 3 and x["enforced_w"] <= 2600 and all(
             g["enforced_w"] is not None for n in x["nodes"] for g in n["gpus"]) and x, 15,
                        what="job 77, both nodes read and the budget held in capctl status")
         jsonschema.validate(d, SCHEMA)
         assert d["budget_w"] == 2600.0 and d["interval_s"] == 0.3
-        assert sorted(n["name"] for n in d["nodes"]) == ["node1", "node2"]
+        assert [n["name"] for n in d["nodes"]] == ["node1", "node2", "node3"]  # (the never-reported last)
+        assert [n["never_reported"] for n in d["nodes"]] == [False, False, True]
+        n3 = d["nodes"][2]  # before: absent, as if the policy did not list it
+        assert n3["stale"] and n3["gpus"] == [] and n3["last_report_age_s"] is None
         assert [j["job_id"] for j in d["jobs"]] == ["77"] and d["jobs"][0]["nodes"] == ["node1"]
         assert d["jobs"][0]["gpus"] == 2 and d["jobs"][0]["user"] == "dave"
         n1 = next(n for n in d["nodes"] if n["name"] == "node1")
@@ -57,6 +61,8 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         assert code == 0 and "budget 2600 W" in out and "77" in out and "node2" in out
         code, out, _ = run(capsys, "nodes", "--coordinator", addr)
         assert code == 0 and out.count("node1") >= 3
+        row = next(ln for ln in out.splitlines() if ln.startswith("node3"))
+        assert row.split()[:3] == ["node3", "NO", "AGENT"] and set(row.split()[3:]) == {"-"}, row
         code, out, _ = run(capsys, "jobs", "--json", "--coordinator", addr)
         assert code == 0 and [j["job_id"] for j in json.loads(out)["jobs"]] == ["77"]
         code, out, _ = run(capsys, "explain", "77", "--coordinator", addr)

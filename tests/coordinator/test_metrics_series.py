@@ -124,3 +124,15 @@ def test_memory_bound_share_gauge_follows_the_per_gpu_rule_and_only_where_estima
     fams = _scrape(st, per_gpu_series=mode)
     got = {s.labels["uuid"]: s.value for s in fams.get("capctl_gpu_memory_bound_ratio", [])}
     assert got == expected  # GPUs without an estimate have no series (not a 0)
+
+
+def test_a_node_that_never_reported_is_down_with_no_staleness_series():
+    from capctl.v1 import capctl_pb2 as pb
+
+    st = _status()
+    st.nodes.add(name="n3", stale=True, last_report_age_s=float("nan"), never_reported=True)
+    fams = _scrape(status=st)
+    up = {s.labels["node"]: s.value for s in fams["capctl_agent_up"]}
+    assert up == {"n1": 1.0, "n2": 1.0, "n3": 0.0}
+    assert sorted(s.labels["node"] for s in fams["capctl_agent_staleness_seconds"]) == ["n1", "n2"]
+    assert isinstance(st.nodes[2], pb.NodeStatus)

@@ -118,12 +118,14 @@ class Cluster:
         sim_kwargs: extra ``SimNode.create`` arguments per node name.
         before_agents: called with ``{node: SimNode}`` once the simulated nodes exist, before any
             agent opens them (e.g. to inject a fault the agent must find at start).
+        policy_only: node names the policy lists too, with no simulated node and no agent.
     """
 
     def __init__(self, workdir: Path, nodes: dict[str, int], *, budget_w: float | None = None,
                  interval_s: float = 0.5, lease_s: float = 3.0, coordinator: bool = True,
                  coordinator_address: str | None = None, sim_kwargs: dict[str, dict] | None = None,
-                 start_cap_w: float = 300.0, safe_cap_w: float | None = None, before_agents=None) -> None:
+                 start_cap_w: float = 300.0, safe_cap_w: float | None = None, before_agents=None,
+                 policy_only: tuple = ()) -> None:
         require_simulated_gpus()
         if coordinator:
             require_coordinator()
@@ -139,6 +141,7 @@ class Cluster:
         self.start_cap_w = start_cap_w
         self.safe_cap_w = safe_cap_w
         self.before_agents = before_agents
+        self.policy_only = tuple(policy_only)
         self.group = ProcessGroup()
         self.sims: dict = {}
         self.agents: dict[str, AgentProc] = {}
@@ -158,7 +161,7 @@ class Cluster:
 
     def start(self) -> None:
         per_node = max(self.node_gpus.values())
-        self.policy_path = write_policy(self.workdir / "policy.yaml", nodes=list(self.node_gpus),
+        self.policy_path = write_policy(self.workdir / "policy.yaml", nodes=list(self.node_gpus) + list(self.policy_only),
                                         budget_w=self.budget_w, interval_s=self.interval_s, lease_s=self.lease_s,
                                         start_cap_w=self.start_cap_w, safe_cap_w=self.safe_cap_w,
                                         gpus_per_node=per_node)
