@@ -87,6 +87,11 @@ def inlet_at(scn: Scenario, t_s: float) -> np.ndarray:
     return scn.base_inlet_c + swing
 
 
+GPU_STREAM = 7
+"""Second word of the seed of the GPUs' random stream (hot set, speed; :func:`build_scenario`),
+apart from the job timeline's (the seed alone)."""
+
+
 def build_scenario(spec, policy) -> Scenario:
     """Topology, job timeline and per-GPU physical setup (deterministic for ``spec.seed``)."""
     from capctl.simgpu.profiles import get as get_profile
@@ -105,6 +110,10 @@ def build_scenario(spec, policy) -> Scenario:
             frac = i / (n - 1) if n > 1 else 0.0
             base[g:g + gpn] = r.inlet_bottom_c + (r.inlet_top_c - r.inlet_bottom_c) * frac
             g += gpn
+    # the GPUs' own draws (hot set, speed) from a stream of their own: drawn after the job timeline
+    # from ``rng``, they depended on how many jobs the duration made, so ``--duration`` simulated
+    # another cluster (found by a review)
+    rng = np.random.default_rng([int(spec.seed), GPU_STREAM])
     n_hot = int(round(spec.hot_gpu_fraction * topo.n_gpus))
     hot = np.sort(rng.choice(topo.n_gpus, size=n_hot, replace=False)) if n_hot else np.zeros(0, np.int64)
     speed = None

@@ -149,3 +149,22 @@ def test_the_oracle_sees_idle_gpus_as_the_coordinator_does(text, want):
     ones = np.ones(G)
     problem = p._problem(obs, (ones, ones * 300.0, ones * 700.0, ones * 200.0), ones, np.full(G, np.inf))
     assert problem.idle_cap_w[2:].tolist() == want
+
+
+@pytest.mark.parametrize("stem", ["small-4x8", "shared-64x8"])
+def test_the_duration_does_not_change_which_gpus_are_hot_or_slow(stem):
+    """The hot set and the per-GPU speed were drawn after the job timeline from one random stream,
+    so ``capctl sim --duration`` simulated another cluster (small-4x8: GPUs 13, 14, 16, 28 hot over
+    600 s, 8, 9, 22, 31 over 120 s; found by a review). Jobs may differ with the duration; the GPUs do not."""
+    from capctl.policy import load_policy
+    from capctl.sim import cluster, engine
+
+    spec = cluster.load_cluster(ROOT / f"examples/clusters/{stem}.yaml")
+    policy = load_policy(str(ROOT / f"examples/policies/{stem}.yaml"))
+    runs = [engine.build_scenario(replace(spec, duration_s=d), policy) for d in (60.0, 120.0, spec.duration_s)]
+    assert len({len(r.jobs) for r in runs}) > 1  # the case: the timelines differ
+    for r in runs[:-1]:
+        assert np.array_equal(r.hot_gpus, runs[-1].hot_gpus)
+        assert (r.speed is None) == (runs[-1].speed is None)
+        if r.speed is not None:
+            assert np.array_equal(r.speed, runs[-1].speed)
