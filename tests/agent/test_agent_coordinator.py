@@ -12,8 +12,10 @@ pytestmark = pytest.mark.integration
 
 def test_agents_register_bind_and_apply_plans(tmp_path):
     with Cluster(tmp_path, {"n1": 2, "n2": 2}, budget_w=1400.0, interval_s=0.3, lease_s=3.0) as cl:
-        st = wait_until(lambda: (s := cl.coordinator.status()) and len(s.nodes) == 2 and s, 10,
-                        what="both nodes in the coordinator's status")
+        # (the policy's nodes are listed from the start, never_reported until their agent says hello)
+        st = wait_until(lambda: (s := cl.coordinator.status()) and len(s.nodes) == 2
+                        and not any(n.never_reported for n in s.nodes) and s, 10,
+                        what="both nodes' agents in the coordinator's status")
         assert sorted(n.name for n in st.nodes) == ["n1", "n2"]
         assert all(len(n.gpus) == 2 and not n.stale for n in st.nodes)
         for name in ("n1", "n2"):
