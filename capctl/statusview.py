@@ -255,11 +255,15 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
             + ("  [DRY RUN: nothing applied]" if d["dry_run"] else ""))
     budget = d["budget_w"] or 0.0
     pct = (lambda v: f" ({100 * v / budget:.0f}%)" if budget and v is not None else "")
-    stale = sum(1 for n in d["nodes"] if n["stale"])
+    stale = sum(1 for n in d["nodes"] if n["stale"] and not n.get("never_reported"))
+    absent = [n["name"] for n in d["nodes"] if n.get("never_reported")]
     watts = (f"budget {_f(d['budget_w'])} W   allocated {_f(d['allocated_w'])} W{pct(d['allocated_w'])}   "
              f"accounted {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}"
              + (f" (live readings only: {stale} stale node{'s' if stale > 1 else ''} not in it)" if stale else ""))
     parts = [head, watts]
+    if absent:  # none of their GPUs is known: counted against no limit
+        parts.append(f"no agent: {_hostlist(absent)} ({len(absent)} node{'s' if len(absent) > 1 else ''} of the "
+                     "policy never reported; their GPUs are not counted)")
     if d.get("ha"):
         ha = d["ha"]
         parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none known)'}, "

@@ -913,12 +913,13 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     part of its curve. Those predictions rest on what NVML shows (SM clock, power); a GPU slower at
     the same clock (what NVML does not show: ``capctl sim``'s ``gpus.speed``, a curve the model has
     wrong) is then held below what the budget allows while the watts sit unused (small-4x8, seed 9:
-    capctl 0.968 of uniform, ~1,900 W of a 9,600 W PDU unused). Raising the GPUs that are not at
+    capctl 0.985 of uniform, 1.042 with the watts spread; docs/policy.md "Spare watts"). Raising the GPUs that are not at
     their ceiling costs no job anything (a GPU's rate never falls with its cap) and no domain goes
     over its limit. Left out: fixed GPUs, stragglers and their job-mates (their pace is measured
     and does not respond to power: the watts would buy nothing), GPUs at their ceiling (the
     thermal ceiling is a safety bound). Each pass grants every eligible GPU its room
-    (``ceiling - cap``; none under a domain already full) times the smallest ratio
+    (``ceiling - cap``, the ceiling also bounded by the policy's ``slew_w`` above the GPU's cap now;
+    none under a domain already full) times the smallest ratio
     ``headroom / wanted`` of its limited domains (as :func:`step_margin`), so no domain exceeds its
     limit; the next passes hand out what a domain bounded by a fuller one left (up to
     :data:`SPARE_PASSES`, fewer when a pass grants less than :data:`IDLE_PASS_MIN_W`). Cost: a few
@@ -937,8 +938,10 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     if not rows.size:
         return
     d = np.fromiter((desired.get(k, 0.0) for k in keys), float, len(keys))
-    hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, np.where(np.isfinite(c.thermal_ceiling_w),
-                                                                 c.thermal_ceiling_w, np.inf)))[rows]
+    ceiling = np.where(np.isnan(c.thermal_ceiling_w), np.inf, c.thermal_ceiling_w)  # (-inf: too hot, none)
+    hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, ceiling))[rows]
+    if inputs.slew_w is not None:  # the policy's largest change per interval, from the cap now
+        hi = np.minimum(hi, np.asarray(c.observed_w, float)[rows] + float(inputs.slew_w))
     lims = np.array([lim for _, lim in limited])
     lv = levels[rows]
     before = d[rows].copy()

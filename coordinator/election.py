@@ -53,10 +53,11 @@ SAFETY_MARGIN_S = 0.25
 """A leader stops acting this long (s) before its lease can expire at etcd."""
 CAMPAIGN_PERIOD_S = 0.1
 """How often (s) a standby tries to take the leader key."""
-MAX_TERM = 2 ** 62
-"""Highest term a leader raises its own to (:meth:`Leadership.want_term_above`): a term reported
-above it is logged and not followed (the protocol's terms are uint64; nothing near this is a real
-count of elections)."""
+MAX_TERM = 2 ** 48
+"""Highest term a leader raises its own above (:meth:`Leadership.want_term_above`): a term reported
+at or above it is logged and not followed. etcd's revisions (the terms without a base) grow by one
+per write: 2^48 is ~900 years of 10,000 writes a second, so no real term comes near it, and one bad
+hello cannot use up the protocol's uint64 terms (a raise still leaves ~2^63 above it)."""
 ERROR_REPEAT_S = 30.0
 """An etcd failure that lasts is logged again this often (s), with how long it has lasted."""
 
@@ -115,17 +116,18 @@ class Leadership:
             return self.term + self.term_base if self.term > 0 else 0
 
     def want_term_above(self, seen: int) -> bool:
-        """An agent has seen coordinator term ``seen``: when this leader's term is not above it, the
-        election thread raises the term base (fenced by the leader key) so that it is. Thread-safe;
-        returns True when a raise is now wanted (False: not leading, already above, or ``seen``
-        beyond :data:`MAX_TERM`, which is logged)."""
+        """An agent has seen coordinator term ``seen``: when it is above this leader's term (the
+        agent refuses its plans), the election thread raises the term base (fenced by the leader
+        key) so that the term is one above. Thread-safe; returns True when a raise is now wanted
+        (False: not leading, ``seen`` at or below the term, or at or beyond :data:`MAX_TERM`, which
+        is logged)."""
         seen = int(seen)
         with self._lock:
-            if self.term <= 0 or seen < self.term + self.term_base:
-                return False
+            if self.term <= 0 or seen <= self.term + self.term_base:
+                return False  # (its own term, as every agent that reconnects reports: nothing to do)
             if seen >= MAX_TERM:
-                log.error("an agent reports coordinator term %d, beyond %d: not followed (its plans stay refused "
-                          "until its agent-state.json is reset)", seen, MAX_TERM)
+                log.error("an agent reports coordinator term %d, at or beyond %d: not followed (it refuses this "
+                          "leader's plans until its agent-state.json's coordinator_term is reset)", seen, MAX_TERM)
                 return False
             self._wanted_term = max(self._wanted_term, seen)
             return True

@@ -287,7 +287,7 @@ class Coordinator:
         self.registry.on_hello(hello, session)
         if self.ha is not None:  # after a failover its caps are known from the ledger only: plan at its first report
             self._fresh_streams.add(hello.node)
-            if hello.coordinator_term >= self.term > 0 and self.ha.want_term_above(hello.coordinator_term):
+            if hello.coordinator_term > self.term > 0 and self.ha.want_term_above(hello.coordinator_term):
                 log.warning("agent %s has seen coordinator term %d, this leader's is %d: it refuses our plans; "
                             "raising the term (docs/ha.md, \"etcd data loss\")", hello.node,
                             hello.coordinator_term, self.term)

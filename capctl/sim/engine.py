@@ -121,7 +121,8 @@ def build_scenario(spec, policy) -> Scenario:
         mean_loss, max_loss = spec.speed
         # exponential losses with the requested mean, truncated at max_loss (Sinha et al. SC'22
         # report a long tail: ~8 % mean, up to 22 %)
-        loss = np.minimum(rng.exponential(mean_loss, topo.n_gpus) if mean_loss > 0 else np.zeros(topo.n_gpus), max_loss)
+        srng = np.random.default_rng([int(spec.seed), GPU_STREAM, 1])  # (apart from the hot set's draws too)
+        loss = np.minimum(srng.exponential(mean_loss, topo.n_gpus) if mean_loss > 0 else np.zeros(topo.n_gpus), max_loss)
         speed = 1.0 - loss
     elif not spec.driver_speed:
         speed = np.ones(topo.n_gpus)

@@ -59,6 +59,8 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
 
         code, out, _ = run(capsys, "status", "--coordinator", addr)
         assert code == 0 and "budget 2600 W" in out and "77" in out and "node2" in out
+        assert "no agent: node3 (1 node of the policy never reported; their GPUs are not counted)" in out
+        assert "stale node" not in out  # (node3 has no readings, but it is no stale node)
         code, out, _ = run(capsys, "nodes", "--coordinator", addr)
         assert code == 0 and out.count("node1") >= 3
         row = next(ln for ln in out.splitlines() if ln.startswith("node3"))

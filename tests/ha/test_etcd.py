@@ -194,14 +194,19 @@ def test_a_leader_below_a_term_agents_have_seen_raises_its_term_and_later_leader
     try:
         low = a.plan_term
         assert low == a.term and a.term_base == 0 and 0 < low < 5000  # no base yet: the create revision
-        assert not a.want_term_above(low - 1)  # below ours: nothing to do
+        assert not a.want_term_above(low - 1) and not a.want_term_above(low)  # at or below ours (every agent
+        # that reconnects reports the leader's own term): nothing to do
         assert not b.want_term_above(5000)  # a standby raises nothing
         assert a.want_term_above(5000)
         wait_until(lambda: a.plan_term == 5001, 10.0, 0.02, "A's term raised above the agents'")
         assert int(conn.get(f"{prefix}/term_base")["value"]) == 5001 - a.term
         assert a.describe()["term"] == 5001
         wait_until(lambda: b.describe()["term"] == 5001, 10.0, 0.02, "the standby shows the leader's raised term")
-        assert not a.want_term_above(2 ** 62)  # beyond MAX_TERM: logged, not followed
+        assert not a.want_term_above(2 ** 48) and not a.want_term_above(2 ** 64 - 1)  # MAX_TERM and beyond:
+        # logged, not followed
+        assert not a.want_term_above(5001)  # a reconnect at the raised term: no second raise
+        time.sleep(1.0)  # (two election rounds)
+        assert a.plan_term == 5001
         raised = a.plan_term
         conn.post("kv/deleterange", {"key": b64(f"{prefix}/leader")})  # A deposed: B or A leads anew
         wait_until(lambda: (a.may_send() or b.may_send()) and max(a.plan_term, b.plan_term) > raised, 10.0, 0.02,
