@@ -205,6 +205,12 @@ def test_etcd_data_lost_the_new_leader_raises_its_term_and_the_agents_follow_it(
         return ok
     wait_until(on_a_term_above(max(before, 60)), 20.0, 0.05, "re-elected above revision 60, every agent on it")
     old_term = terms[0]
+    # the fault itself breaks the invariants for a moment: the node ledger (the caps the last leader
+    # left each node at) is lost with etcd, so until every agent has reported the new leader counts a
+    # node at the caps it last knew itself (seen: 1.8 W over the 2,800 W budget for 345 ms, in one
+    # run of eight), and a plan the deposed leader sent just before may never have shown in a status
+    # (the sampler's "allocated" caps); excused until recovery, asserted after it (docs/ha.md)
+    rig.sampler.excuse(LEASE_S + 20.0)
     rig.etcd.lose_data()
     t = time.monotonic()
     wait_until(on_a_term_above(old_term), LEASE_S + 15.0, 0.05, "a leader above the agents' term, every agent on it")
@@ -215,3 +221,5 @@ def test_etcd_data_lost_the_new_leader_raises_its_term_and_the_agents_follow_it(
     assert fresh < old_term  # the case: the fresh store's revision alone was below the agents' term
     rig.wait_no_safe_caps(15.0)
     rig.wait_settled()
+    rig.sampler.excuse(0)  # recovered: from here on the invariants hold again (checked after the test)
+    time.sleep(4 * INTERVAL_S)
