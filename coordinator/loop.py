@@ -714,15 +714,17 @@ class Coordinator:
         now = reg.clock()
         ack_mem = self.ack_memory_s()
         lease = self.lease_s
+        table = reg.gpu_table()  # nodes by name, GPUs by index
+        c = gpucolumns.gather(table.keys, table.gpus, gpucolumns.ACCOUNTING, table.static)
+        acc = gpucolumns.accounted_w(c, now, ack_mem, gpucolumns.constraints_unusable(c["min_cap_w"], c["max_cap_w"]))
+        rows = list(zip(map(_GPU_FIELDS, table.gpus), acc.tolist()))
         nodes = []
-        for name in sorted(reg.nodes):
-            node = reg.nodes[name]
-            gpus = node.gpus
-            lanes = node.throttle.counts(now)  # lane-packed (coordinator.throttle)
-            rows = [(_GPU_FIELDS(g), g.accounted_w(now, ack_mem), _throttle_of(lanes, g.index))
-                    for g in map(gpus.__getitem__, sorted(gpus))]
+        start = 0
+        for (name, indices), node in zip(table.topology, table.nodes):
+            end = start + len(indices)
             nodes.append((name, node.stale(now, lease), node.last_report_mono, node.simulated,
-                          tuple(node.bindings.values()), rows))
+                          tuple(node.bindings.values()), rows[start:end], node.throttle.counts(now)))
+            start = end
         snap = _Snapshot(
             policy=self.policy, dry_run=self.dry_run, policy_path=self.policy_path, coordinator_id=self.coordinator_id,
             now=now, time_s=time.time(), nodes=nodes, job_energy_j={**reg.job_energy_j, **self.energy_book.energy_j()},
@@ -1090,7 +1092,7 @@ class _Snapshot:
     coordinator_id: str
     now: float
     time_s: float
-    nodes: list  # (name, stale, last_report_mono, simulated, bindings, [(GPU fields, accounted W, throttle counts)])
+    nodes: list  # (name, stale, last_report_mono, simulated, bindings, [(GPU fields, accounted W)], throttle lanes)
     job_energy_j: dict
     persistent_alerts: list
     alerts: list
@@ -1191,7 +1193,7 @@ def _add_unreported(st, snap: _Snapshot) -> None:
 def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) -> None:
     """One node of the snapshot: its status row and GPUs, its GPU extras, its alerts (cap states
     outside normal, stale). ``ceil_of``: GPU key -> thermal ceiling (W)."""
-    name, stale, last_report_mono, simulated, bindings, rows = node
+    name, stale, last_report_mono, simulated, bindings, rows, lanes = node
     desired = snap.desired
     age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else -1.0
     tally.stale_age[name] = age
@@ -1203,9 +1205,10 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
             jobs_on.setdefault(i, []).append(b.job_id)
     tally.gpu_sets[name] = {r[0][0] for r in rows}
     temps = []
-    for fields, acc, (th_n, th_t, th_p) in rows:
+    for fields, acc in rows:
         (idx, uuid_, have_reading, power_w, enforced_w, temp_c, slowdown_c, sm_clock, reasons, min_w, max_w,
          cap_state, max_sm_clock, util, energy_j, error, reading_live) = fields
+        th_n, th_t, th_p = _throttle_of(lanes, idx)
         key = (name, idx)
         tally.accounted[key] = acc
         live = have_reading and reading_live and not stale  # its readings are facts of now
