@@ -30,8 +30,35 @@ agent's welcome deadline with several coordinators (nodeagent.link.HA_WELCOME_TI
 
 
 def attach(coord) -> None:
-    """Prepare ``coord`` (on its event loop) for parking streams: the event set while it leads."""
+    """Prepare ``coord`` (on its event loop) for parking streams: the event set while it leads;
+    check the failover time against the agents' lease (:func:`check_failover_time`)."""
     coord.ha_elected = asyncio.Event()
+    check_failover_time(coord)
+
+
+def check_failover_time(coord) -> str:
+    """The alert ``failover`` of ``coord`` (returned; "" when none): its etcd lease TTL (s, from
+    ``--etcd-lease-ttl-s`` or the policy) plus two intervals is not shorter than the agents'
+    lease (``failsafe.lease_s``): a failover then outlasts the agents' leases and every agent
+    falls back to its safe cap. ``capctl policy validate`` warns of this for the policy's own
+    ``coordinator.etcd`` block only; a TTL given as a flag was never checked (found by a review).
+    Called when HA is attached and at every policy change (reload, takeover)."""
+    leadership = getattr(coord, "ha", None)
+    ttl_s = getattr(leadership, "ttl_s", None)
+    if ttl_s is None:
+        return ""
+    takeover_s = float(ttl_s) + 2.0 * coord.interval_s
+    if coord.lease_s > takeover_s:
+        if coord.persistent_alerts.pop("failover", None) is not None:
+            log.info("failover time %g s is now shorter than the agents' lease %g s", takeover_s, coord.lease_s)
+        return ""
+    text = (f"etcd lease TTL {ttl_s:g} s + 2 intervals = {takeover_s:g} s is not shorter than failsafe.lease_s "
+            f"{coord.lease_s:g} s: a failover outlasts the agents' lease and every agent falls back to its safe cap; "
+            f"lower --etcd-lease-ttl-s (or coordinator.etcd.lease_ttl_s) or raise failsafe.lease_s (docs/ha.md)")
+    if coord.persistent_alerts.get("failover") != text:
+        log.warning("%s", text)
+    coord.persistent_alerts["failover"] = text
+    return text
 
 
 async def park(coord) -> bool:
@@ -135,7 +162,7 @@ def elected(coord, state=False) -> None:
     else:
         override, ledger = state
         try:
-            coord.policy = coord._apply_override(coord.file_policy, override, read=False)
+            coord.policy = coord._apply_override(coord.file_policy, override, read=False, takeover=True)
             if isinstance(ledger, StoreError):
                 raise ledger
             reg = coord.registry
@@ -148,6 +175,7 @@ def elected(coord, state=False) -> None:
             coord.persistent_alerts["store"] = str(exc)
             log.error("taking over: %s", exc)
     coord._start_clock = coord.registry.clock()
+    check_failover_time(coord)
     if getattr(coord, "ha_elected", None) is not None:
         coord.ha_elected.set()  # parked agent streams go on now
     # no early interval here: nothing is connected yet; each agent's first report wakes the loop
@@ -168,4 +196,5 @@ def deposed(coord) -> None:
     from coordinator.view import empty_view
 
     coord.view = empty_view(coord.coordinator_id, coord.policy, coord.policy_path, coord.dry_run)
+    coord.persistent_alerts.pop("budget", None)  # (the budget in force is the leader's to say)
     log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)

@@ -196,9 +196,13 @@ class Coordinator:
         return self.interval_s
 
     # -- budget override ----------------------------------------------------------------------
-    def _apply_override(self, policy, override=None, read: bool = True):
+    def _apply_override(self, policy, override=None, read: bool = True, takeover: bool = False):
         """``policy`` with the store's budget override applied; ``override``: the store's, read
-        already (``read`` False: off the loop, :meth:`_read_override`), else read here."""
+        already (``read`` False: off the loop, :meth:`_read_override`), else read here.
+
+        An override set under another budget than ``policy``'s file says: at a start or a reload
+        here the file wins (the admin changed it since) and the override is cleared; at a
+        ``takeover`` (high availability) see :meth:`_override_at_takeover`."""
         if self.store is None or not self.store.ok:
             return policy
         if read:
@@ -210,6 +214,8 @@ class Coordinator:
         if override is None:
             return policy
         if abs(float(override.get("policy_budget_w", -1)) - policy.budget_w) > 1e-6:
+            if takeover:
+                return self._override_at_takeover(policy, override)
             log.info("policy %s changed its budget_w to %g W since `budget set %g`: the file wins",
                      policy.source, policy.budget_w, override["budget_w"])
             self.store_write(self.store.clear_budget_override, alert="store")
@@ -221,6 +227,30 @@ class Coordinator:
             return out
         except UserInputError as exc:
             log.error("persisted budget %s W ignored: %s", override.get("budget_w"), exc)
+            return policy
+
+    def _override_at_takeover(self, policy, override: dict):
+        """``policy`` under an override that a leader set while its policy file said another
+        budget than this coordinator's ``policy`` does: the head nodes' files differ, or the file
+        changed without a reload. Before, the new leader took its file for the admin's newer word:
+        it cleared the override from etcd and ran its file's budget, above the admin's (found by a
+        review). Now the lower of the two is in force, the override is kept, and the alert
+        ``budget`` says so until ``capctl budget set`` or ``capctl policy reload`` settles it."""
+        set_w = float(override["budget_w"])
+        under_w = float(override.get("policy_budget_w", math.nan))
+        under = f"{format_watts(under_w)} W" if math.isfinite(under_w) and under_w > 0 else "a budget not recorded"
+        keep_w = min(set_w, policy.budget_w)
+        text = (f"budget override {format_watts(set_w)} W was set while the policy file said "
+                f"{under}, but {policy.source} here says {format_watts(policy.budget_w)} W "
+                f"(the head nodes' policy files differ, or the file changed without a reload): the lower, "
+                f"{format_watts(keep_w)} W, is in force and the override is kept; `capctl budget set W` or "
+                f"`capctl policy reload` settles it")
+        self.persistent_alerts["budget"] = text
+        log.error("taking over: %s", text)
+        try:
+            return policy.with_budget(keep_w)
+        except UserInputError as exc:
+            log.error("persisted budget %s W ignored: %s", set_w, exc)
             return policy
 
     def _read_override(self):
@@ -976,6 +1006,7 @@ class Coordinator:
         else:
             msg += "; WARNING: no state database, not persisted"
         self.policy = new_policy
+        self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: settled)
         msg += self._below_minimum_warning(need)
         log.info("%s", msg)
         self.wake()
@@ -1007,8 +1038,13 @@ class Coordinator:
         self.file_policy = new
         self.policy_path = target
         self.persistent_alerts.pop("policy", None)  # (a file that failed to load at a takeover: it loads now)
+        self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: the file's rule now)
         override = await self.store_read(self._read_override) if self.store is not None and self.store.ok else None
         self.policy = self._apply_override(new, override, read=False)
+        if self.ha is not None:
+            from coordinator import ha
+
+            ha.check_failover_time(self)
         msg = f"policy {target} loaded: budget {format_watts(self.policy.budget_w)} W, interval {self.policy.interval_s:g} s"
         if self.policy.budget_w != new.budget_w:
             msg += f" (budget set by an admin; the file says {format_watts(new.budget_w)} W)"

@@ -228,3 +228,46 @@ def test_a_term_base_that_is_no_integer_reads_as_zero(etcd, caplog):
         assert "/t5/term_base holds '-3 watts', not a term base" in caplog.text
     finally:
         a.stop()
+
+
+def test_a_new_leader_whose_file_says_another_budget_keeps_the_admins_override_and_runs_the_lower(etcd, tmp_path):
+    """An admin's ``budget set`` under leader A's file (2,800 W); B takes over with a file that says
+    another budget. Before, B took its file for the admin's newer word: it cleared the override
+    in etcd and ran its own budget, 3,200 W, above the admin's 2,500 W (found by a review). Now B
+    runs the lower of the two, keeps the override, and says why until a reload settles it."""
+    import asyncio
+
+    from capctl.policy import load_policy
+    from coordinator import ha
+    from coordinator.loop import Coordinator
+
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a, b = _leader_and_standby(conn, "/t12")
+    try:
+        EtcdStore(conn, "/t12", a).set_budget_override(2500.0, 2800.0)
+        a._stop.set()  # A freezes: B takes over once A's lease expires
+        a._thread.join()
+        wait_until(b.may_send, 10.0, 0.02, "B elected after A's lease expired")
+        store_b = EtcdStore(conn, "/t12", b)
+        for file_w, want_w in ((3200.0, 2500.0), (2000.0, 2000.0), (2800.0, 2500.0)):
+            path = tmp_path / f"b{file_w:.0f}.yaml"
+            path.write_text(f"version: 1\nbudget_w: {file_w:.0f}\n")
+            coord = Coordinator(load_policy(str(path)), str(path))
+            coord.store = store_b
+            ha.elected(coord)
+            assert coord.policy.budget_w == want_w, (file_w, coord.policy.budget_w)
+            assert store_b.budget_override()["budget_w"] == 2500.0  # the admin's word is kept in etcd
+            alert = coord.persistent_alerts.get("budget", "")
+            if file_w == 2800.0:  # the file the override was set under: the override, no doubt
+                assert not alert
+                continue
+            assert ("budget override 2500 W was set while the policy file said 2800 W" in alert
+                    and f"says {file_w:.0f} W" in alert and f"the lower, {want_w:.0f} W, is in force" in alert), alert
+        path.write_text("version: 1\nbudget_w: 3000\n")  # the admin edits the file and reloads it: the file wins
+        reply = asyncio.run(coord.reload_policy(""))
+        assert reply.ok and coord.policy.budget_w == 3000.0 and "budget" not in coord.persistent_alerts, reply
+        assert store_b.budget_override() is None
+    finally:
+        b.stop()
+        a.term = 0
+        a._lease_id = 0

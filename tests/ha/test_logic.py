@@ -323,3 +323,29 @@ def test_a_reload_of_another_file_is_refused_in_high_availability(tmp_path):
     assert asyncio.run(coord.reload_policy(str(start))).ok
     coord.ha = None
     assert asyncio.run(coord.reload_policy(str(other))).ok and coord.policy.budget_w == 10000
+
+
+def test_an_etcd_lease_ttl_flag_that_outlasts_the_agents_lease_is_an_alert_until_a_reload_fixes_it(tmp_path):
+    """``policy validate`` checks the etcd TTL against ``failsafe.lease_s`` for the policy's own
+    ``coordinator.etcd`` block only; a TTL given with ``--etcd-lease-ttl-s`` was never checked (found
+    by a review). The daemon checks the TTL in force when HA is attached and at every reload."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from capctl.policy import load_policy
+    from coordinator import ha
+    from coordinator.loop import Coordinator
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\nbudget_w: 20000\ninterval_s: 2\nfailsafe:\n  lease_s: 10\n")
+    coord = Coordinator(load_policy(str(path)), str(path))
+    coord.ha = SimpleNamespace(ttl_s=6)  # the Leadership's TTL (s), as --etcd-lease-ttl-s 6 gives it
+    ha.attach(coord)
+    alert = coord.persistent_alerts.get("failover", "")
+    assert "etcd lease TTL 6 s + 2 intervals = 10 s is not shorter than failsafe.lease_s 10 s" in alert, alert
+    assert "every agent falls back to its safe cap" in alert
+    path.write_text("version: 1\nbudget_w: 20000\ninterval_s: 2\nfailsafe:\n  lease_s: 11\n")
+    assert asyncio.run(coord.reload_policy("")).ok
+    assert "failover" not in coord.persistent_alerts
+    coord.ha = SimpleNamespace(ttl_s=8)
+    assert "8 s + 2 intervals = 12 s" in ha.check_failover_time(coord)
