@@ -130,3 +130,25 @@ def pytest_collection_modifyitems(config, items):
         real = any(item.get_closest_marker(m) is not None for m in ("faults", "ha", "slurm", "integration"))
         if real and item.get_closest_marker("flaky") is None:
             item.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=1))
+
+
+_RERUN_REASONS: list[str] = []
+RERUN_REASON_LINES = 25
+"""Last lines of each rerun test's first failure shown in the terminal summary (bounded)."""
+
+
+def pytest_runtest_logreport(report):
+    """Keep why a test was rerun (:func:`pytest_collection_modifyitems`): pytest-rerunfailures names
+    the rerun tests only, so a flaky test's cause was never seen in CI's output. Under xdist the
+    workers' reports reach the controller, which prints them (:func:`pytest_terminal_summary`)."""
+    if report.outcome == "rerun" and len(_RERUN_REASONS) < 20:
+        text = str(report.longreprtext or "").strip().splitlines()
+        _RERUN_REASONS.append(f"{report.nodeid} ({report.when}):\n    " + "\n    ".join(text[-RERUN_REASON_LINES:]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print why each rerun test failed the first time (:func:`pytest_runtest_logreport`)."""
+    if _RERUN_REASONS:
+        terminalreporter.section("why tests were rerun (first failure, last lines)")
+        for reason in _RERUN_REASONS:
+            terminalreporter.write_line(reason)

@@ -103,8 +103,9 @@ def test_agents_connect_over_mtls_and_caps_are_applied(cluster):
     pki = cluster.pki
     a2 = cluster.agent("n2")
     a2.wait_ready(30.0, connected=True)
-    st = wait_until(lambda: (s := _status(cluster.address, _creds(pki, pki.reader))) and len(s.nodes) == 2 and s,
-                    10.0, 0.1, "both agents registered over mTLS")
+    # (the policy's nodes are listed from the start, stale and never_reported until their hello)
+    st = wait_until(lambda: (s := _status(cluster.address, _creds(pki, pki.reader))) and len(s.nodes) == 2
+                    and not any(n.stale for n in s.nodes) and s, 10.0, 0.1, "both agents registered over mTLS")
     assert sorted(n.name for n in st.nodes) == ["n1", "n2"] and not any(n.stale for n in st.nodes)
     with a2.client() as c:
         assert c.job_start("77", ["0", "1"]).ok
