@@ -1234,11 +1234,7 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
     age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else -1.0
     tally.stale_age[name] = age
     ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
-    jobs_on: dict = {}  # GPU index -> every job bound to it (several on a shared/MIG GPU)
-    for b in bindings:
-        tally.jobs_by_id.setdefault(b.job_id, []).append(b)
-        for i in b.gpu_indices:
-            jobs_on.setdefault(i, []).append(b.job_id)
+    jobs_on = _jobs_on(tally, bindings)
     tally.gpu_sets[name] = {r[0][0] for r in rows}
     temps = []
     for fields, acc in rows:
@@ -1291,6 +1287,17 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
         tally.node_means.append(statistics.fmean(temps))
     if stale and rows:
         tally.alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+
+
+def _jobs_on(tally: _Tally, bindings) -> dict:
+    """GPU index -> every job bound to it (several on a shared/MIG GPU) of one node's
+    ``bindings``; each binding is added to ``tally.jobs_by_id``."""
+    jobs_on: dict = {}
+    for b in bindings:
+        tally.jobs_by_id.setdefault(b.job_id, []).append(b)
+        for i in b.gpu_indices:
+            jobs_on.setdefault(i, []).append(b.job_id)
+    return jobs_on
 
 
 def _readings(live: bool, power_w: float, temp_c: float, sm_clock_mhz: int, reasons) -> dict:

@@ -728,9 +728,7 @@ class Models:
         thermal_work = []
         batch = []  # (model, its one new sample, max SM clock MHz): fed on arrays (_add_batch)
         single = []  # (NodeThermal, position of its first GPU in batch): nodes with one sample per GPU
-        cache = self._node_models
         mem_work = []  # (GpuModel, its latest sample with a memory utilization, max SM clock MHz)
-        models_get = self.gpus.get
         for node_name, node in registry.nodes.items():
             gpus = node.gpus
             indices = tuple(sorted(gpus))
@@ -741,16 +739,9 @@ class Models:
                 nt = NodeThermal(indices, interval_s, self._bank(len(indices)))
                 self.nodes[node_name] = nt
             glist = list(map(gpus.__getitem__, indices))
-            sig = (node, indices, tuple(map(id, glist)),
-                   tuple([(b.job_id, b.gpu_indices) for b in node.bindings.values()]))
-            hit = cache.get(node_name)
-            # (the models still the ones kept: a list compare, element by element identity first)
-            if hit is None or hit[0] != sig or list(map(models_get, hit[2])) != hit[3]:
-                pairs = self._node_gpu_models(node_name, node, indices, glist)
-                hit = cache[node_name] = (sig, pairs, [k for k, _ in pairs], [m for _, m in pairs])
             per_gpu = []
             start = len(batch)
-            for g, m in zip(glist, hit[3]):  # Registry.take_samples, inlined
+            for g, m in zip(glist, self._cached_node_models(node_name, node, indices, glist)):  # Registry.take_samples, inlined
                 mine = g.new_samples
                 if mine:
                     g.new_samples = []
@@ -781,6 +772,19 @@ class Models:
             _update_memory_bound_cols(self.curve_bank, batch, cols)
             if mem_work:
                 _update_memory_bound(mem_work)
+
+    def _cached_node_models(self, node_name: str, node, indices: tuple, glist: list) -> list:
+        """The models of ``node``'s GPUs ``indices`` (records ``glist``), in order: kept per node
+        while its GPUs, records, bindings and models are the ones seen last
+        (:meth:`_node_gpu_models` otherwise)."""
+        sig = (node, indices, tuple(map(id, glist)), tuple([(b.job_id, b.gpu_indices) for b in node.bindings.values()]))
+        cache = self._node_models
+        hit = cache.get(node_name)
+        # (the models still the ones kept: a list compare, element by element identity first)
+        if hit is None or hit[0] != sig or list(map(self.gpus.get, hit[2])) != hit[3]:
+            pairs = self._node_gpu_models(node_name, node, indices, glist)
+            hit = cache[node_name] = (sig, pairs, [k for k, _ in pairs], [m for _, m in pairs])
+        return hit[3]
 
     @staticmethod
     def _batch_columns(batch: list) -> dict:

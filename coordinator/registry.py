@@ -442,15 +442,8 @@ class Registry:
                 g.cap_state = state
             if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
                 g.oob_w, g.oob_mono = enforced_w, now
-            g.pre_job_cap_w = pre_job_w
-            g.power_w = power_w
-            g.temp_c = temp_c
-            g.sm_clock_mhz = sm_clock
-            g.reasons = reasons
-            g.utilization_pct = util
-            g.memory_utilization_pct = mem_pct
-            g.job_id = job_id
-            g.error = error
+            g.pre_job_cap_w, g.power_w, g.temp_c, g.sm_clock_mhz, g.reasons = pre_job_w, power_w, temp_c, sm_clock, reasons
+            g.utilization_pct, g.memory_utilization_pct, g.job_id, g.error = util, mem_pct, job_id, error
             thermal, power, stuck = reason_flags(reasons)
             bit = 1 << (index * LANE_BITS)  # its lane (coordinator.throttle.lane, inlined: the hot loop)
             sampled |= bit
