@@ -26,7 +26,9 @@ Measured over intervals ``skip`` .. ``intervals`` (the devices' side: the caps t
 temperatures and clocks):
 
 * ``moving_50w``: share of GPU-intervals whose cap moved by more than 50 W (``hot_moving_50w``:
-  of the hot GPUs); ``mean_move_w``: mean |cap change| per GPU per interval (W);
+  of the hot GPUs; ``idle_moving_50w`` / ``busy_moving_50w``: of the GPUs of nodes without / with
+  a job); ``mean_move_w``: mean |cap change| per GPU per interval (W; ``idle_mean_move_w``: of the
+  idle GPUs, ``idle_mean_cap_w`` their mean cap, coordinator/idlegrants.py);
 * ``hot_at_target``: share of the hot GPUs' samples at or above the ceiling's target (slowdown
   89 degC - margin 5 degC = 84 degC), ``hot_at_slowdown``: at or above 89 degC, ``hot_max_c``;
 * ``pace_mhz``: mean over intervals and jobs of the job's slowest GPU's SM clock (a synchronous
@@ -109,10 +111,15 @@ def run(gpus: int, intervals: int, skip: int, plant: str, hold_prior: bool, whol
     hot = fleet.hot
     job = fleet.job_of_node
     pace = [[c[job == j].min() for j in range(len(fleet.jobs))] for c in clocks]
+    idle = np.broadcast_to((job < 0)[:, None], hot.shape)  # GPUs of nodes without a job
     return {"gpus": gpus, "plant": plant, "hold_prior": hold_prior, "whole_degrees": whole,
             "intervals": [skip, intervals], "moving_50w": round(float((move > 50).mean()), 4),
             "hot_moving_50w": round(float((move[:, hot] > 50).mean()), 4),
             "mean_move_w": round(float(move.mean()), 2),
+            "idle_moving_50w": round(float((move[:, idle] > 50).mean()), 4) if idle.any() else 0.0,
+            "busy_moving_50w": round(float((move[:, ~idle] > 50).mean()), 4),
+            "idle_mean_move_w": round(float(move[:, idle].mean()), 2) if idle.any() else 0.0,
+            "idle_mean_cap_w": round(float(caps[:, idle].mean()), 1) if idle.any() else 0.0,
             "hot_at_target": round(float((temps[:, hot] >= TARGET_C).mean()), 4),
             "hot_at_slowdown": round(float((temps[:, hot] >= SLOWDOWN_C).mean()), 4),
             "hot_max_c": round(float(temps[:, hot].max()), 1), "pace_mhz": round(float(np.mean(pace)), 1)}

@@ -110,6 +110,7 @@ class InputColumns:
     curves: object
     pace_slope_w: np.ndarray | None = None  # measured slope (W per unit pace, NaN: none); None: none at all
     oob_w: np.ndarray | None = None  # enforced limit (W) an out-of-band limit holds it to, NaN: none; None: unknown
+    idle_recent_w: np.ndarray | None = None  # lowest idle grant of the last intervals (W; coordinator.idlegrants), inf: none
 
     def curve(self, i: int):
         c = self.curves
@@ -293,6 +294,7 @@ class SolveOutput:
     alerts: list[str]
     solve_s: float
     solver: str
+    idle_grant_w: dict = dataclasses.field(default_factory=dict)  # GPU key -> raw idle grant (W), coordinator.idlegrants
 
 
 def ceiling_w(temp_c, thermal, interval_s, slowdown_temp_c, margin_c) -> float:
@@ -488,7 +490,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         idle_cap_w=idle, idle_target_w=target, pace=pace, pace_at_w=pace_at, paced=paced, speed=speed,
         straggler=straggler, draw_w=draw, pace_step=step, curve_a=curves.a, curve_k_w=curves.k_w, curve_sat_w=curves.sat_w,
         curve_min_w=curves.valid_min_w, curves=curves, pace_slope_w=slope,
-        oob_w=np.where(oob & ~fixed, oob_ceiling, np.nan))
+        oob_w=np.where(oob & ~fixed, oob_ceiling, np.nan),
+        idle_recent_w=grants.recent(table.keys) if (grants := getattr(models, "idle_grants", None)) else None)
 
 
 def _idle_rule(policy, pre_job_cap_w: np.ndarray, acc: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple:
@@ -638,7 +641,7 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     desired = dict(zip(keys, caps.tolist()))
     aligned = paced_split(inputs, desired)
     step_margin(inputs, desired, aligned)
-    idle_from_headroom(inputs, desired)
+    grants = idle_from_headroom(inputs, desired)
     if inputs.spread_spare:
         spread_spare(inputs, desired)
     names = list(problem.job_names)
@@ -655,7 +658,7 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     deficit = {n: float(result.domain_deficit_w[d]) for d, n in enumerate(dnames)}
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
-                       [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"))
+                       [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"), grants)
 
 
 OOB_LIMIT = "oob_limit"
@@ -789,9 +792,12 @@ def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:
     return np.nonzero(busy & ok[np.maximum(j, 0)])[0]
 
 
-def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
+def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     """Raise idle GPUs toward their pre-job limit (``GpuInput.idle_target_w``, W) out of the
-    headroom the solve left, in place on ``desired`` (GPU key -> W).
+    headroom the solve left, in place on ``desired`` (GPU key -> W). Returns the raw grants (GPU
+    key -> W) of the idle GPUs it could raise; each GPU's cap is the lower of its raw grant and
+    its grants of the last intervals (``InputColumns.idle_recent_w``, :mod:`coordinator.idlegrants`:
+    a raise waits until the headroom held), never below the solve's cap.
 
     The rule (docs/policy.md, "Idle GPUs"): with ``idle_cap_w: null`` the solve sees an idle GPU at
     its minimum cap, so running jobs under the same domains get every watt they can use; what is
@@ -810,7 +816,7 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
     t = c.idle_target_w
     rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
     if not rows.size:
-        return
+        return {}
     limited, levels = domain_levels(inputs)
     n = len(limited)
     start = d.copy()
@@ -837,9 +843,14 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> None:
                 break
     else:
         d[rows] = t[rows]
+    considered = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > start + 1e-6))[0]
+    grants = dict(zip([keys[i] for i in considered.tolist()], d[considered].tolist()))
+    if c.idle_recent_w is not None:  # a raise only with headroom that held (coordinator.idlegrants)
+        d = np.maximum(start, np.minimum(d, c.idle_recent_w))
     moved = np.nonzero(d != start)[0]
     for i, v in zip(moved.tolist(), d[moved].tolist()):
         desired[keys[i]] = v
+    return grants
 
 
 IDLE_PASSES = 8

@@ -604,6 +604,7 @@ class Coordinator:
         if out is None:
             log.error("solve failed: %s; holding every cap", solution.error)
             return
+        self.models.idle_grants.record(out.idle_grant_w)  # (coordinator.idlegrants: the next solve's input)
         self.solve_s.append(out.solve_s)
         if self.metrics is not None:
             self.metrics.observe_solve(out.solve_s)

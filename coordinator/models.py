@@ -72,6 +72,7 @@ from capctl.allocator.batchfit import fit_curves
 from capctl.allocator.curves import DEFAULT_CURVES, CurveParams, OnlineCurveFit
 from capctl.allocator.thermal import THERMAL_PRIOR
 from coordinator import membound
+from coordinator.idlegrants import IdleGrants
 from coordinator.paceslope import PaceSlopes
 from coordinator.registry import gpu_jobs
 
@@ -715,6 +716,8 @@ class Models:
         every estimate, so both curve paths give the clock curves."""
         self.pace_slopes = PaceSlopes()
         """Each GPU's measured slope of power over pace (the pace loop's; fed by the solver inputs)."""
+        self.idle_grants = IdleGrants()
+        """The idle GPUs' recent raw grants (coordinator.idlegrants; recorded from each solve's output)."""
 
     def update(self, registry, interval_s: float) -> None:
         """Consume the samples the registry gathered since the last call; opens this interval's

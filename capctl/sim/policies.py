@@ -397,6 +397,7 @@ class Capctl(_AllocatorPolicy):
         t0 = time.perf_counter()
         out = allocation.solve(inputs)
         self.solve_s += time.perf_counter() - t0
+        self.models.idle_grants.record(out.idle_grant_w)  # as Coordinator._record_solution
         self.solves += 1
         return self._two_phase(out, obs.tele["enforced_w"].astype(float))
 
