@@ -231,6 +231,25 @@ class Demo:
 
     # ------------------------------------------------------------------------------------------
     def _setup(self) -> None:
+        """Start the show's cluster: prerequisites checked, workdir, policy, simulated nodes, agents,
+        jobs bound, every GPU at full demand. Raises CapctlError on failure (:meth:`run` cleans up)."""
+        SimNode = self._sim_node_class()
+        remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        if not self.keep:  # --keep: never removed by a later run
+            (self.workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
+        self._write_policy()
+        self._create_sims(SimNode)
+        self._start_agents()
+        self._start_jobs()
+        for name, node in self.sims.items():
+            for i in range(GPUS_PER_NODE):
+                node.set_load(i, DEMAND_W, 100.0)
+
+    def _sim_node_class(self):
+        """:class:`capctl.simgpu.node.SimNode`, once the demo's prerequisites are checked: the built
+        simulated NVML driver and every module of the agent and coordinator extras. Raises
+        CapctlError naming what is missing."""
         from capctl.simgpu.build import library_path
 
         lib = Path(library_path())
@@ -252,10 +271,11 @@ class Demo:
         if missing:
             raise CapctlError(missing_extra_message("demo", ModuleNotFoundError(name=missing[0]), "sim")
                               or f"demo: simulated GPUs unavailable ({missing[0]})")
-        remove_stale_workdirs()
-        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-        if not self.keep:  # --keep: never removed by a later run
-            (self.workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
+        return SimNode
+
+    def _write_policy(self) -> None:
+        """Write the demo's policy into the workdir (start cap = the uniform cap, W: budget / GPUs,
+        clamped to 200-700 W) and check it; sets ``uniform_cap_w`` and ``policy_path``."""
         limits = (200.0, 700.0)
         cap = math.floor(self.budget_w / self.n_gpus * 1000.0) / 1000.0
         self.uniform_cap_w = min(max(cap, limits[0]), limits[1])
@@ -266,6 +286,9 @@ class Demo:
         load_policy(str(policy))  # fail early with a clear error
         self.policy_path = policy
 
+    def _create_sims(self, SimNode) -> None:
+        """Create the simulated nodes in the workdir (``sims``; ``hot_nodes``: the first half), with
+        seeded inlets (°C), thermal resistances (°C/W), time constants (s) and warm start temperatures."""
         rng = random.Random(self.seed)
         half = max(1, self.n_nodes // 2)
         # a hot aisle: the first half of the nodes (node1, node2) has hot inlets, the rest cool ones
@@ -290,18 +313,24 @@ class Demo:
                 tau_s=[round(rng.uniform(6.0, 9.0), 2) for _ in range(GPUS_PER_NODE)])
             self.sims[name] = node
 
+    def _start_agents(self) -> None:
+        """Start one agent per simulated node (``agents``) and wait until each is ready (30 s at most)."""
         coord_addr = f"unix:{self.workdir / 'coordinator.sock'}"
         self.coord_addr = coord_addr
         for name in self.node_names:
             self.agents[name] = self.group.add(P.start_agent(
-                self.workdir, name, coord_addr, sim_env=self.sims[name].env(), policy=policy,
+                self.workdir, name, coord_addr, sim_env=self.sims[name].env(), policy=self.policy_path,
                 interval_s=self.interval_s, reconnect_max_s=1.0))
         for a in self.agents.values():
             a.wait_ready(30.0)
-        self.say(f"capctl demo: {self.n_nodes} simulated nodes x {GPUS_PER_NODE} {GPU_MODEL}, budget "
+        self.say(f"capctl demo: {self.n_nodes} simulated node{'s' if self.n_nodes != 1 else ''} x {GPUS_PER_NODE} {GPU_MODEL}, budget "
                  f"{self.budget_w:.0f} W (0.8 x TDP), hot inlets on {', '.join(self.hot_nodes)}; workdir {self.workdir}")
 
-        # jobs: 1001 on GPUs 0-3 of every node; 1002 / 1003 on GPUs 4-7 of each half
+    def _start_jobs(self) -> None:
+        """Bind the demo's jobs (``jobs``) through the agents' JobStart, as the Slurm prolog would:
+        1001 on GPUs 0-3 of every node; 1002 / 1003 on GPUs 4-7 of each half. Raises CapctlError
+        when an agent refuses."""
+        half = max(1, self.n_nodes // 2)
         first, second = self.node_names[:half], self.node_names[half:]
         self.jobs = [Job("1001", [(n, i) for n in self.node_names for i in range(4)])]
         self.jobs.append(Job("1002", [(n, i) for n in first for i in range(4, 8)]))
@@ -316,9 +345,6 @@ class Demo:
                                         user="demo", partition="gpu", account="demo")
                 if not reply.ok:
                     raise CapctlError(f"JobStart {job.job_id} on {node} failed: {reply.message}")
-        for name, node in self.sims.items():
-            for i in range(GPUS_PER_NODE):
-                node.set_load(i, DEMAND_W, 100.0)
 
     # ------------------------------------------------------------------------------------------
     def _read_all(self) -> dict[tuple[str, int], dict]:
@@ -392,7 +418,7 @@ class Demo:
         with self.stats_lock:
             capctl.measure_from_s = t1b + d["capctl_settle_s"]
         self.say(f"phase 2/2: capctl coordinator in charge (agents connected after {t1b - t1:.1f} s; "
-                 f"{d['capctl_settle_s']:.0f} s settling + {d['capctl_measure_s']:.0f} s measured)")
+                 f"{d['capctl_settle_s']:.1f} s settling + {d['capctl_measure_s']:.1f} s measured)")
         self._wait_phase(t1b + d["capctl_settle_s"] + d["capctl_measure_s"], "capctl", t1b)
         try:
             st = self.coordinator.status()
@@ -565,7 +591,7 @@ def render_summary(s: dict) -> str:
     from capctl.statusview import table
 
     lines = ["", "capctl demo — summary", "=" * 21,
-             f"{s['nodes']} nodes x {s['gpus'] // max(1, s['nodes'])} GPUs, budget {s['budget_w']:.0f} W; "
+             f"{s['nodes']} node{'s' if s['nodes'] != 1 else ''} x {s['gpus'] // max(1, s['nodes'])} GPUs, budget {s['budget_w']:.0f} W; "
              f"uniform static cap {s['uniform_cap_w']:.0f} W per GPU; hot inlets on {', '.join(s['hot_nodes'])}", ""]
     rows = [[j["job_id"], str(j["gpus"]), ",".join(j["nodes"]), f"{j['throughput_uniform']:.4f}",
              f"{j['throughput_capctl']:.4f}", "-" if j["ratio"] is None else f"{j['ratio']:.3f}x"] for j in s["jobs"]]
@@ -574,7 +600,7 @@ def render_summary(s: dict) -> str:
     ratio = s["throughput_ratio_vs_uniform"]
     lines += ["",
               f"job throughput vs uniform static caps: {'-' if ratio is None else f'{ratio:.3f}x'} (GPU-weighted; "
-              f"measured {s['measured_s']['uniform']:.0f} s uniform, {s['measured_s']['capctl']:.0f} s capctl)",
+              f"measured {s['measured_s']['uniform']:.1f} s uniform, {s['measured_s']['capctl']:.1f} s capctl)",
               f"largest sum of enforced caps: {s['max_enforced_w']:.0f} W vs budget {s['budget_w']:.0f} W "
               + ("(UNPROVEN: a journal of enforced-limit changes was incomplete)" if s.get("journal_problems") else
                  f"({'within' if not s['over_budget'] else 'OVER'} budget at every instant; "

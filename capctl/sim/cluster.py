@@ -207,6 +207,26 @@ def _no_nodes(r, p: tuple, i: int, nodes_raw, nodes: list) -> None:
 
 def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     """Parse and validate a cluster file's text. Raises :class:`ClusterError` listing every error."""
+    r, top = _read_top(text, source)
+    head = _top_scalars(r, top, source)
+    gpn = head["gpus_per_node"]
+    racks, seen_nodes = _racks(r, top)
+    n_gpus = len(seen_nodes) * (gpn or 1)
+    if n_gpus > MAX_GPUS:
+        r.err(("racks",), f"racks: {n_gpus} GPUs; allowed: at most {MAX_GPUS}")
+    swing = _inlet_swing(r, top)
+    gpus = _gpu_variation(r, top)
+    work = _workload(r, top, gpn, n_gpus, seen_nodes)
+    if r.errors:
+        raise ClusterError("\n".join(r.errors))
+    return ClusterSpec(source=source, racks=tuple(racks), **head, **swing, **gpus, **work)
+
+
+def _read_top(text: str, source: str) -> tuple[_Reader, dict]:
+    """The YAML of a cluster file as a :class:`_Reader` (holding the errors so far) and its top-level
+    mapping (``{}`` when it is none). Raises :class:`ClusterError` at once for malformed YAML, an
+    empty file or a top level that is not a mapping; a missing ``racks`` / ``gpu_model`` is an
+    error of the reader."""
     try:
         data, pos = load_with_positions(text)
     except YamlInputError as exc:
@@ -220,6 +240,13 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     for req in ("racks", "gpu_model"):
         if req not in top:
             r.err((), f"missing key {req!r}")
+    return r, top
+
+
+def _top_scalars(r: _Reader, top: dict, source: str) -> dict:
+    """The top-level scalars as :class:`ClusterSpec` fields: ``name`` (default: the file's stem),
+    ``seed``, ``duration_s`` and ``step_s`` (s), ``gpus_per_node``, ``inlet_update_s`` (s) and
+    ``gpu_model`` (the profile's own name). Errors go to ``r``; a bad value keeps its default."""
     name = top.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         r.err(("name",), f"name: {_show(name)} is invalid; allowed: a non-empty string")
@@ -236,8 +263,14 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         model = get_profile(model).name if isinstance(model, str) else get_profile(str(model)).name
     except UserInputError as exc:
         r.err(("gpu_model",), f"gpu_model: {exc}")
+    return dict(name=name, seed=int(seed), duration_s=duration_s, step_s=step_s, gpu_model=model,
+                gpus_per_node=int(gpn), inlet_update_s=inlet_update_s)
 
-    racks = []
+
+def _racks(r: _Reader, top: dict) -> tuple[list[RackSpec], dict[str, str]]:
+    """``racks``: the valid racks in file order, and the rack of every node (node name -> rack
+    name, in file order). Errors go to ``r``; a bad rack is left out (or kept with defaults)."""
+    racks: list[RackSpec] = []
     seen_nodes: dict[str, str] = {}
     rack_list = top.get("racks", [])
     if not isinstance(rack_list, list) or not rack_list:
@@ -245,81 +278,116 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
             r.err(("racks",), f"racks: {_show(rack_list)} is invalid; allowed: a non-empty list of racks")
         rack_list = []
     for i, rd in enumerate(rack_list):
-        p = ("racks", i)
-        if rd == {}:  # (it was skipped without a word: found by a review)
-            r.err(p, f"racks[{i}]: an empty rack; allowed: a mapping with nodes (a Slurm hostlist or a list of names)")
-            continue
-        rd = r.mapping(rd, p, _RACK_KEYS, f"racks[{i}]")
-        if not rd:
-            continue
-        rname = rd.get("name", f"rack{i + 1}")
-        if not isinstance(rname, str) or not rname:
-            r.err(p + ("name",), f"racks[{i}].name: {_show(rname)} is invalid; allowed: a non-empty string")
-            rname = f"rack{i + 1}"
-        elif any(x.name == rname for x in racks):
-            r.err(p + ("name",), f"racks[{i}].name: {rname!r} is already the name of another rack; allowed: a name "
-                                 f"of its own (plots and tables name racks)")
-        nodes_raw = rd.get("nodes")
-        nodes: list[str] = []
-        if isinstance(nodes_raw, str):
-            try:
-                nodes = list(hostlist.expand_hostlist(nodes_raw))
-            except hostlist.BadHostlist as exc:
-                r.err(p + ("nodes",), f"racks[{i}].nodes: {nodes_raw!r} is not a valid Slurm hostlist ({exc})")
-            else:
-                _no_nodes(r, p, i, nodes_raw, nodes)
-        elif isinstance(nodes_raw, list) and all(isinstance(x, str) and x for x in nodes_raw):
-            nodes = list(nodes_raw)
-            _no_nodes(r, p, i, nodes_raw, nodes)
-        else:
-            r.err(p + ("nodes",) if "nodes" in rd else p,
-                  f"racks[{i}].nodes: {_show(nodes_raw)} is invalid; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a list of names")
-        for n in nodes:
-            if n in seen_nodes:
-                r.err(p + ("nodes",), f"racks[{i}].nodes: node {n!r} is already in rack {seen_nodes[n]!r}; a node belongs to one rack")
-                break
-            seen_nodes[n] = rname
-        inlet = rd.get("inlet_c", [25.0, 25.0])
-        if isinstance(inlet, (int, float)) and not isinstance(inlet, bool):
-            inlet = [inlet, inlet]
-        lo_hi = r.pair({"inlet_c": inlet}, p, "inlet_c", (25.0, 25.0), lo=-10.0, hi=60.0, unit="°C")
-        racks.append(RackSpec(rname, tuple(nodes), lo_hi[0], lo_hi[1]))
-    n_gpus = len(seen_nodes) * (gpn or 1)
-    if n_gpus > MAX_GPUS:
-        r.err(("racks",), f"racks: {n_gpus} GPUs; allowed: at most {MAX_GPUS}")
+        rack = _rack(r, i, rd, racks, seen_nodes)
+        if rack is not None:
+            racks.append(rack)
+    return racks, seen_nodes
 
+
+def _rack(r: _Reader, i: int, rd, racks: list[RackSpec], seen_nodes: dict[str, str]) -> RackSpec | None:
+    """``racks[i]`` (``rd`` as parsed): its :class:`RackSpec` (inlet range in °C), or None when it
+    is no mapping or an empty one. Adds its nodes to ``seen_nodes`` (node -> rack name); ``racks``:
+    the racks before it (their names must differ). Errors go to ``r``."""
+    p = ("racks", i)
+    if rd == {}:  # (it was skipped without a word: found by a review)
+        r.err(p, f"racks[{i}]: an empty rack; allowed: a mapping with nodes (a Slurm hostlist or a list of names)")
+        return None
+    rd = r.mapping(rd, p, _RACK_KEYS, f"racks[{i}]")
+    if not rd:
+        return None
+    rname = rd.get("name", f"rack{i + 1}")
+    if not isinstance(rname, str) or not rname:
+        r.err(p + ("name",), f"racks[{i}].name: {_show(rname)} is invalid; allowed: a non-empty string")
+        rname = f"rack{i + 1}"
+    elif any(x.name == rname for x in racks):
+        r.err(p + ("name",), f"racks[{i}].name: {rname!r} is already the name of another rack; allowed: a name "
+                             f"of its own (plots and tables name racks)")
+    nodes = _rack_nodes(r, p, i, rd)
+    for n in nodes:
+        if n in seen_nodes:
+            r.err(p + ("nodes",), f"racks[{i}].nodes: node {n!r} is already in rack {seen_nodes[n]!r}; a node belongs to one rack")
+            break
+        seen_nodes[n] = rname
+    inlet = rd.get("inlet_c", [25.0, 25.0])
+    if isinstance(inlet, (int, float)) and not isinstance(inlet, bool):
+        inlet = [inlet, inlet]
+    lo_hi = r.pair({"inlet_c": inlet}, p, "inlet_c", (25.0, 25.0), lo=-10.0, hi=60.0, unit="°C")
+    return RackSpec(rname, tuple(nodes), lo_hi[0], lo_hi[1])
+
+
+def _rack_nodes(r: _Reader, p: tuple, i: int, rd: dict) -> list[str]:
+    """The node names of rack ``i`` (mapping ``rd`` at JSON path ``p``): its ``nodes``, a Slurm
+    hostlist or a list of names, expanded in order; ``[]`` (with an error in ``r``) when invalid."""
+    nodes_raw = rd.get("nodes")
+    nodes: list[str] = []
+    if isinstance(nodes_raw, str):
+        try:
+            nodes = list(hostlist.expand_hostlist(nodes_raw))
+        except hostlist.BadHostlist as exc:
+            r.err(p + ("nodes",), f"racks[{i}].nodes: {nodes_raw!r} is not a valid Slurm hostlist ({exc})")
+        else:
+            _no_nodes(r, p, i, nodes_raw, nodes)
+    elif isinstance(nodes_raw, list) and all(isinstance(x, str) and x for x in nodes_raw):
+        nodes = list(nodes_raw)
+        _no_nodes(r, p, i, nodes_raw, nodes)
+    else:
+        r.err(p + ("nodes",) if "nodes" in rd else p,
+              f"racks[{i}].nodes: {_show(nodes_raw)} is invalid; allowed: a Slurm hostlist such as \"gpu[001-032]\" or a list of names")
+    return nodes
+
+
+def _inlet_swing(r: _Reader, top: dict) -> dict:
+    """``inlet_swing`` as :class:`ClusterSpec` fields: the daily swing's amplitude (°C), period and
+    phase (s). Errors go to ``r``; a bad value keeps its default."""
     swing = r.mapping(top.get("inlet_swing", {}), ("inlet_swing",), _SWING_KEYS, "inlet_swing")
     amp = r.number(swing, ("inlet_swing",), "amplitude_c", 2.0, lo=0, hi=30, unit="°C")
     period = r.number(swing, ("inlet_swing",), "period_s", 86400.0, lo=1, lo_open=False, unit="seconds")
     phase = r.number(swing, ("inlet_swing",), "phase_s", 0.0, unit="seconds")
+    return dict(swing_amplitude_c=amp, swing_period_s=period, swing_phase_s=phase)
 
+
+def _gpu_variation(r: _Reader, top: dict) -> dict:
+    """``gpus`` as :class:`ClusterSpec` fields: ``speed`` / ``driver_speed``, ``efficiency``
+    (``(mean_loss, max_loss)`` or None), ``hot_gpu_fraction`` and ``hot_resistance_c_per_w``
+    (``(lo, hi)``, °C/W). Errors go to ``r``."""
     gpus = r.mapping(top.get("gpus", {}), ("gpus",), _GPUS_KEYS, "gpus")
-    def losses(key: str, words: tuple[str, ...]):
-        raw = gpus[key]
-        spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key} (or {' / '.join(words)})")
-        if not spd:
-            return None
-        mean_loss = r.number(spd, ("gpus", key), "mean_loss", 0.08, lo=0, hi=0.5)
-        max_loss = r.number(spd, ("gpus", key), "max_loss", 0.22, lo=0, hi=0.9)
-        if max_loss < mean_loss:
-            r.err(("gpus", key, "max_loss"), f"gpus.{key}.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
-        elif key == "efficiency":
-            _efficiency_in_driver_range(r, mean_loss, max_loss)
-        return (mean_loss, max_loss)
-
     speed = None
     driver_speed = True
     sp = gpus.get("speed", "physics")
     if sp == "none":
         driver_speed = False
     elif sp != "physics":
-        speed = losses("speed", ("physics", "none"))
+        speed = _losses(r, gpus, "speed", ("physics", "none"))
     efficiency = None
     if gpus.get("efficiency", "none") != "none":
-        efficiency = losses("efficiency", ("none",))
+        efficiency = _losses(r, gpus, "efficiency", ("none",))
     hot_fraction = r.number(gpus, ("gpus",), "hot_fraction", 0.0, lo=0, hi=1)
     hot_r = r.pair(gpus, ("gpus",), "hot_resistance_c_per_w", (0.09, 0.12), lo=0.001, hi=1.0, unit="°C/W")
+    return dict(speed=speed, driver_speed=driver_speed, efficiency=efficiency, hot_gpu_fraction=hot_fraction,
+                hot_resistance_c_per_w=hot_r)
 
+
+def _losses(r: _Reader, gpus: dict, key: str, words: tuple[str, ...]) -> tuple[float, float] | None:
+    """``gpus.<key>`` (``speed`` or ``efficiency``; ``words``: its other allowed values) as
+    ``(mean_loss, max_loss)`` (fractions of the clock), or None when it is no mapping. Errors go
+    to ``r`` (``max_loss`` below ``mean_loss``; an efficiency beyond the driver's range)."""
+    raw = gpus[key]
+    spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key} (or {' / '.join(words)})")
+    if not spd:
+        return None
+    mean_loss = r.number(spd, ("gpus", key), "mean_loss", 0.08, lo=0, hi=0.5)
+    max_loss = r.number(spd, ("gpus", key), "max_loss", 0.22, lo=0, hi=0.9)
+    if max_loss < mean_loss:
+        r.err(("gpus", key, "max_loss"), f"gpus.{key}.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
+    elif key == "efficiency":
+        _efficiency_in_driver_range(r, mean_loss, max_loss)
+    return (mean_loss, max_loss)
+
+
+def _workload(r: _Reader, top: dict, gpn: int, n_gpus: int, rack_of_node: dict[str, str]) -> dict:
+    """``workload`` as :class:`ClusterSpec` fields: ``curves``, ``demand_w`` (``(lo, hi)`` W or
+    None), ``jobs`` (a :class:`JobMix` for ``gpn`` GPUs per node, ``n_gpus`` in all) and
+    ``fixed_jobs`` (on nodes of ``rack_of_node``). Errors go to ``r``."""
     work = r.mapping(top.get("workload", {}), ("workload",), _WORK_KEYS, "workload")
     curves = work.get("curves", "zeus")
     if curves not in ("zeus", "default"):
@@ -328,19 +396,19 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     demand = None
     if "demand_w" in work:
         demand = r.pair(work, ("workload",), "demand_w", (650.0, 700.0), lo=1.0, hi=5000.0, unit="W")
-    jd = r.mapping(work.get("jobs", {}), ("workload", "jobs"), _JOBS_KEYS, "workload.jobs")
+    jobs = _job_mix(r, work, gpn, n_gpus)
+    fixed = _fixed_jobs(r, work.get("fixed_jobs", []), rack_of_node)
+    return dict(curves=curves, demand_w=demand, jobs=jobs, fixed_jobs=fixed)
+
+
+def _job_mix(r: _Reader, work: dict, gpn: int, n_gpus: int) -> JobMix:
+    """``workload.jobs`` of ``work`` as a :class:`JobMix` (sizes in GPUs, multiples of ``gpn`` and
+    at most ``n_gpus``; durations in s). Errors go to ``r``; a bad value keeps its default."""
     jp = ("workload", "jobs")
+    jd = r.mapping(work.get("jobs", {}), jp, _JOBS_KEYS, "workload.jobs")
     mix = JobMix()
     default_sizes = [s for s in mix.sizes_gpus if s <= max(n_gpus, 1) and gpn and s % gpn == 0] or [gpn or 1]
-    sizes = jd.get("sizes_gpus", default_sizes)
-    if not (isinstance(sizes, list) and sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                                                          and gpn and s % gpn == 0 for s in sizes)):
-        r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {_show(sizes)} is invalid; allowed: a list of "
-              f"positive multiples of gpus_per_node ({gpn})")
-        # keep the file's count for the weights' check (no knock-on error on a matching size_weights)
-        sizes = [gpn or 1] * len(sizes) if isinstance(sizes, list) and sizes else list(mix.sizes_gpus)
-    elif sizes and max(sizes) > n_gpus > 0:
-        r.err(jp + ("sizes_gpus",), f"workload.jobs.sizes_gpus: {max(sizes)} GPUs is invalid; allowed: at most the cluster's {n_gpus} GPUs")
+    sizes = _job_sizes(r, jd, default_sizes, gpn, n_gpus)
     weights = jd.get("size_weights", [1.0] * len(sizes) if "sizes_gpus" in jd else
                      [w for s, w in zip(mix.sizes_gpus, mix.size_weights) if s in default_sizes] or [1.0])
     if not (isinstance(weights, list) and len(weights) == len(sizes)
@@ -350,17 +418,25 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         weights = [1.0] * len(sizes)
     dur = r.pair(jd, jp, "duration_s", mix.duration_s, lo=1.0, hi=365 * 86400.0, unit="seconds")
     occ = r.number(jd, jp, "occupancy", mix.occupancy, lo=0, hi=1, lo_open=True)
-    fixed = _fixed_jobs(r, work.get("fixed_jobs", []), seen_nodes)
-    if r.errors:
-        raise ClusterError("\n".join(r.errors))
-    return ClusterSpec(
-        source=source, name=name, seed=int(seed), duration_s=duration_s, step_s=step_s, gpu_model=model,
-        gpus_per_node=int(gpn), racks=tuple(racks), swing_amplitude_c=amp, swing_period_s=period,
-        swing_phase_s=phase, inlet_update_s=inlet_update_s, speed=speed, driver_speed=driver_speed, efficiency=efficiency,
-        hot_gpu_fraction=hot_fraction, hot_resistance_c_per_w=hot_r, curves=curves, demand_w=demand,
-        jobs=JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ),
-        fixed_jobs=fixed,
-    )
+    return JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ)
+
+
+def _job_sizes(r: _Reader, jd: dict, default_sizes: list[int], gpn: int, n_gpus: int) -> list[int]:
+    """``workload.jobs.sizes_gpus`` of ``jd`` (default ``default_sizes``): job sizes in GPUs,
+    positive multiples of ``gpn``, at most ``n_gpus``. When invalid (an error in ``r``), as many
+    sizes of one node as the file gave (so a matching ``size_weights`` draws no second error)."""
+    mix = JobMix()
+    sizes = jd.get("sizes_gpus", default_sizes)
+    if not (isinstance(sizes, list) and sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                                          and gpn and s % gpn == 0 for s in sizes)):
+        r.err(("workload", "jobs", "sizes_gpus"), f"workload.jobs.sizes_gpus: {_show(sizes)} is invalid; allowed: "
+              f"a list of positive multiples of gpus_per_node ({gpn})")
+        # keep the file's count for the weights' check (no knock-on error on a matching size_weights)
+        sizes = [gpn or 1] * len(sizes) if isinstance(sizes, list) and sizes else list(mix.sizes_gpus)
+    elif sizes and max(sizes) > n_gpus > 0:
+        r.err(("workload", "jobs", "sizes_gpus"), f"workload.jobs.sizes_gpus: {max(sizes)} GPUs is invalid; "
+              f"allowed: at most the cluster's {n_gpus} GPUs")
+    return sizes
 
 
 def _fixed_jobs(r: _Reader, raw, rack_of_node: dict[str, str]) -> tuple[FixedJob, ...]:

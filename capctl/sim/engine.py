@@ -175,125 +175,178 @@ def _overshoot_w(enforced_w: np.ndarray, limited: list) -> float:
     return max((float(enforced_w[idx].sum()) - lim for lim, idx in limited), default=-math.inf)
 
 
-def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: float = 10.0) -> PolicyRun:
-    """Simulate ``scn`` under policy ``name``; returns its :class:`PolicyRun`."""
-    wall0 = time.perf_counter()
-    spec = scn.spec
-    topo = scn.topo
-    G = topo.n_gpus
-    node = _make_node(scn)
-    pol = make_policy(name)
-    pol.reset(Context(topo, float(scn.policy.budget_w), scn.policy, scn.profile, node))
-    limited = [(limit_w, idx) for _name, limit_w, idx in topo.limited_domains()]  # the budget first
-    step = float(spec.step_s)
-    n_steps = int(round(spec.duration_s / step))
-    jobs = scn.jobs
-    starts = sorted(jobs, key=lambda j: j.start_s)
-    si = 0
-    running: list = []
-    job_of = np.full(G, -1, np.int64)
-    next_inlet = spec.inlet_update_s
-    next_decide = 0.0
-    lo, hi = topo.min_cap_w, topo.max_cap_w
-    state = node.state(sync=True)
-    prev_progress = state["progress"].copy()
-    prev_energy = state["energy_j"].copy()
-    job_work = {}
-    job_time = {}
-    gpu_steps = 0.0
-    energy = 0.0
-    busy_time = 0.0
-    throttled_time = 0.0
-    max_over = -math.inf
-    every = max(1, int(round(series_s / step)))
-    snap_every = max(1, int(round(snapshot_s / step)))
-    ser_t, ser_tp, ser_th = [], [], []
-    acc_tp = acc_th = 0.0
-    acc_n = 0
-    snap_t, snap_cap, snap_temp, snap_thr = [], [], [], []
-    set_refused = 0
-    for i in range(n_steps):
-        t = i * step
+class _Timeline:
+    """The jobs of a run as simulated time passes: those not yet started (by start time), those
+    running, and which running job holds each GPU (``job_of[g]``: index into ``running``, -1 idle)."""
+
+    def __init__(self, jobs: list, n_gpus: int) -> None:
+        self.starts = sorted(jobs, key=lambda j: j.start_s)
+        self.si = 0
+        self.running: list = []
+        self.job_of = np.full(n_gpus, -1, np.int64)
+
+    def advance(self, node, t: float) -> bool:
+        """Bring the jobs to time ``t`` (s): job ends, then starts (same instant: the freed GPUs can
+        be reused), setting their GPUs' loads on ``node``. Returns whether any job ended or started."""
+        ended = self._end(node, t)
+        started = self._start(node, t)
+        event = ended or started
+        if event:
+            self.job_of[:] = -1
+            for k, j in enumerate(self.running):
+                self.job_of[j.gpus] = k
+        return event
+
+    def _end(self, node, t: float) -> bool:
+        """Idle the GPUs of the running jobs that end by ``t`` (s); whether any did."""
+        ended = [j for j in self.running if j.end_s <= t]
+        if not ended:
+            return False
+        for j in ended:
+            self.running.remove(j)
+        idx = np.concatenate([j.gpus for j in ended])
+        node.set_loads(np.zeros(idx.size), utilization_pct=0.0, indices=idx)
+        return True
+
+    def _start(self, node, t: float) -> bool:
+        """Load the GPUs of the jobs that start by ``t`` (s) and have not ended (their demand, W);
+        whether any did."""
         event = False
-        # job ends, then starts (same instant: the freed GPUs can be reused)
-        ended = [j for j in running if j.end_s <= t]
-        if ended:
-            event = True
-            for j in ended:
-                running.remove(j)
-            idx = np.concatenate([j.gpus for j in ended])
-            node.set_loads(np.zeros(idx.size), utilization_pct=0.0, indices=idx)
-        while si < len(starts) and starts[si].start_s <= t:
-            j = starts[si]
-            si += 1
+        while self.si < len(self.starts) and self.starts[self.si].start_s <= t:
+            j = self.starts[self.si]
+            self.si += 1
             if j.end_s <= t:
                 continue
-            running.append(j)
+            self.running.append(j)
             event = True
             node.set_loads(np.full(j.n_gpus, j.profile.demand_w), utilization_pct=100.0,
                            memory_bound_fraction=j.profile.memory_bound_fraction, indices=j.gpus)
-        if event:
-            job_of[:] = -1
-            for k, j in enumerate(running):
-                job_of[j.gpus] = k
-        if t >= next_inlet:
-            next_inlet += spec.inlet_update_s
-            inl = inlet_at(scn, t)
-            for g in range(G):
-                node.set_inlet(g, float(inl[g]))
-        if t >= next_decide or (event and pol.on_events):
-            tele = np.array(node.state(sync=False)[list(_TELE_FIELDS)])
-            caps = pol.decide(Observation(t, list(running), job_of.copy(), tele, event))
-            if t >= next_decide:
-                next_decide = t + pol.period_s if math.isfinite(pol.period_s) else math.inf
-            if caps is not None:
-                caps = np.clip(np.asarray(caps, float), lo, hi)  # never outside the device's constraints
-                try:
-                    node.set_limits_w(caps)
-                except SimDeviceError:
-                    set_refused += 1  # a GPU lost (thermal shutdown): the others were still set
-        st = node.state(sync=False)
+        return event
+
+
+class _Meter:
+    """The measurements of a run, accumulated step by step (units in names; see :class:`PolicyRun`):
+    job work and time (s), GPU-steps, energy (J), busy and throttled GPU-time (s), the largest
+    overshoot (W), the series (one point per ``every`` steps) and the snapshots (one per
+    ``snap_every`` steps, ``[G]`` each)."""
+
+    def __init__(self, node, step: float, series_s: float, snapshot_s: float) -> None:
+        state = node.state(sync=True)
+        self.step = step
+        self.prev_progress = state["progress"].copy()
+        self.prev_energy = state["energy_j"].copy()
+        self.job_work: dict = {}
+        self.job_time: dict = {}
+        self.gpu_steps = 0.0
+        self.energy = 0.0
+        self.busy_time = 0.0
+        self.throttled_time = 0.0
+        self.max_over = -math.inf
+        self.every = max(1, int(round(series_s / step)))
+        self.snap_every = max(1, int(round(snapshot_s / step)))
+        self.ser_t, self.ser_tp, self.ser_th = [], [], []
+        self.acc_tp = self.acc_th = 0.0
+        self.acc_n = 0
+        self.snap_t, self.snap_cap, self.snap_temp, self.snap_thr = [], [], [], []
+
+    def overshoot(self, st, limited: list) -> None:
+        """Keep the largest overshoot (W) of the enforced limits in state ``st`` over ``limited``."""
         over = _overshoot_w(st["enforced_w"], limited)
-        if over > max_over:
-            max_over = over
-        node.advance(step)
-        st = node.state(sync=False)
+        if over > self.max_over:
+            self.max_over = over
+
+    def measure(self, st, running: list, i: int, t: float) -> None:
+        """Measure step ``i`` (from ``t`` s to ``t + step``) from the state ``st`` at its end:
+        per-GPU rate (progress per s) and energy (J) since the last step, for the ``running`` jobs."""
+        step = self.step
         prog = st["progress"].copy()
         en = st["energy_j"].copy()
-        rate = (prog - prev_progress) / step
-        de = en - prev_energy
-        prev_progress, prev_energy = prog, en
+        rate = (prog - self.prev_progress) / step
+        de = en - self.prev_energy
+        self.prev_progress, self.prev_energy = prog, en
         thermal = (st["reasons"] & THERMAL_BITS) != 0
+        tp, n_busy, n_thr = self._jobs(running, rate, de, thermal)
+        self.gpu_steps += tp * step
+        self.busy_time += n_busy * step
+        self.throttled_time += n_thr * step
+        self._series(t, tp, n_busy, n_thr)
+        if i % self.snap_every == 0:
+            self.snap_t.append(t + step)
+            self.snap_cap.append(st["enforced_w"].astype(np.float32))
+            self.snap_temp.append(st["temp_c"].astype(np.float32))
+            self.snap_thr.append(thermal.copy())
+
+    def _jobs(self, running: list, rate: np.ndarray, de: np.ndarray, thermal: np.ndarray) -> tuple[float, int, int]:
+        """Account one step of the ``running`` jobs (a job at the pace of its slowest GPU's
+        ``rate``; ``de``: J per GPU; ``thermal``: bool per GPU). Returns (throughput in GPU-steps
+        per s, busy GPUs, busy GPUs in thermal slowdown)."""
+        step = self.step
         tp = 0.0
         n_busy = 0
         n_thr = 0
         for j in running:
             s = float(rate[j.gpus].min())
-            job_work[j.job_id] = job_work.get(j.job_id, 0.0) + s * step
-            job_time[j.job_id] = job_time.get(j.job_id, 0.0) + step
+            self.job_work[j.job_id] = self.job_work.get(j.job_id, 0.0) + s * step
+            self.job_time[j.job_id] = self.job_time.get(j.job_id, 0.0) + step
             tp += s * j.n_gpus
-            energy += float(de[j.gpus].sum())
+            self.energy += float(de[j.gpus].sum())
             n_busy += j.n_gpus
             n_thr += int(np.count_nonzero(thermal[j.gpus]))
-        gpu_steps += tp * step
-        busy_time += n_busy * step
-        throttled_time += n_thr * step
-        acc_tp += tp
-        acc_th += n_thr / n_busy if n_busy else 0.0
-        acc_n += 1
-        if acc_n == every:
-            ser_t.append(t + step)
-            ser_tp.append(acc_tp / acc_n)
-            ser_th.append(acc_th / acc_n)
-            acc_tp = acc_th = 0.0
-            acc_n = 0
-        if i % snap_every == 0:
-            snap_t.append(t + step)
-            snap_cap.append(st["enforced_w"].astype(np.float32))
-            snap_temp.append(st["temp_c"].astype(np.float32))
-            snap_thr.append(thermal.copy())
-    lost = int(np.count_nonzero(node.state(sync=False)["flags"] & FLAG_LOST))
-    node.close()
+        return tp, n_busy, n_thr
+
+    def _series(self, t: float, tp: float, n_busy: int, n_thr: int) -> None:
+        """Add one step to the series' running means; a point (at ``t + step`` s) every ``every`` steps."""
+        self.acc_tp += tp
+        self.acc_th += n_thr / n_busy if n_busy else 0.0
+        self.acc_n += 1
+        if self.acc_n == self.every:
+            self.ser_t.append(t + self.step)
+            self.ser_tp.append(self.acc_tp / self.acc_n)
+            self.ser_th.append(self.acc_th / self.acc_n)
+            self.acc_tp = self.acc_th = 0.0
+            self.acc_n = 0
+
+    def result(self, name: str, jobs: list, duration: float, wall0: float, extra: dict) -> PolicyRun:
+        """The :class:`PolicyRun` of policy ``name`` over ``duration`` s (``wall0``: its start,
+        ``time.perf_counter``)."""
+        gpu_steps = self.gpu_steps
+        return PolicyRun(
+            name=name, throughput=gpu_steps / duration if duration else 0.0,
+            job_rate={k: self.job_work[k] / self.job_time[k] for k in self.job_work if self.job_time[k] > 0},
+            job_gpus={j.job_id: j.n_gpus for j in jobs if j.job_id in self.job_work},
+            thermal_slowdown_fraction=self.throttled_time / self.busy_time if self.busy_time else 0.0,
+            max_overshoot_w=self.max_over, energy_per_step_j=self.energy / gpu_steps if gpu_steps else math.nan,
+            energy_j=self.energy, gpu_steps=gpu_steps, wall_s=time.perf_counter() - wall0,
+            series_t_s=np.array(self.ser_t), series_throughput=np.array(self.ser_tp),
+            series_throttled_fraction=np.array(self.ser_th), snap_t_s=np.array(self.snap_t),
+            snap_cap_w=np.array(self.snap_cap), snap_temp_c=np.array(self.snap_temp),
+            snap_throttled=np.array(self.snap_thr), extra=extra,
+        )
+
+
+def _set_inlets(scn: Scenario, node, t_s: float) -> None:
+    """Set every GPU's inlet temperature (°C) on ``node`` to its value at ``t_s`` (:func:`inlet_at`)."""
+    inl = inlet_at(scn, t_s)
+    for g in range(scn.topo.n_gpus):
+        node.set_inlet(g, float(inl[g]))
+
+
+def _apply_caps(node, caps, lo, hi) -> int:
+    """Set ``caps`` (W per GPU, or None: no change) on ``node``, clipped into ``[lo, hi]``.
+    Returns 1 when a lost GPU (thermal shutdown) made the node refuse, else 0."""
+    if caps is None:
+        return 0
+    caps = np.clip(np.asarray(caps, float), lo, hi)  # never outside the device's constraints
+    try:
+        node.set_limits_w(caps)
+    except SimDeviceError:
+        return 1  # a GPU lost (thermal shutdown): the others were still set
+    return 0
+
+
+def _extra(pol, lost: int, set_refused: int) -> dict:
+    """The extra results of a run: GPUs lost and cap sets refused (when any), and what the policy
+    ``pol`` reports of itself (solves and their time in s, curve refits and what it learned)."""
     extra = {}
     if lost or set_refused:
         extra["gpus_lost"] = lost
@@ -304,19 +357,43 @@ def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: 
     if hasattr(pol, "refits"):
         extra["curve_refits"] = pol.refits
         extra.update(pol.learned_summary())
-    duration = n_steps * step
-    return PolicyRun(
-        name=name, throughput=gpu_steps / duration if duration else 0.0,
-        job_rate={k: job_work[k] / job_time[k] for k in job_work if job_time[k] > 0},
-        job_gpus={j.job_id: j.n_gpus for j in jobs if j.job_id in job_work},
-        thermal_slowdown_fraction=throttled_time / busy_time if busy_time else 0.0,
-        max_overshoot_w=max_over, energy_per_step_j=energy / gpu_steps if gpu_steps else math.nan,
-        energy_j=energy, gpu_steps=gpu_steps, wall_s=time.perf_counter() - wall0,
-        series_t_s=np.array(ser_t), series_throughput=np.array(ser_tp),
-        series_throttled_fraction=np.array(ser_th), snap_t_s=np.array(snap_t),
-        snap_cap_w=np.array(snap_cap), snap_temp_c=np.array(snap_temp), snap_throttled=np.array(snap_thr),
-        extra=extra,
-    )
+    return extra
+
+
+def run_policy(scn: Scenario, name: str, *, snapshot_s: float = 30.0, series_s: float = 10.0) -> PolicyRun:
+    """Simulate ``scn`` under policy ``name``; returns its :class:`PolicyRun`."""
+    wall0 = time.perf_counter()
+    spec = scn.spec
+    topo = scn.topo
+    node = _make_node(scn)
+    pol = make_policy(name)
+    pol.reset(Context(topo, float(scn.policy.budget_w), scn.policy, scn.profile, node))
+    limited = [(limit_w, idx) for _name, limit_w, idx in topo.limited_domains()]  # the budget first
+    step = float(spec.step_s)
+    n_steps = int(round(spec.duration_s / step))
+    timeline = _Timeline(scn.jobs, topo.n_gpus)
+    next_inlet = spec.inlet_update_s
+    next_decide = 0.0
+    meter = _Meter(node, step, series_s, snapshot_s)
+    set_refused = 0
+    for i in range(n_steps):
+        t = i * step
+        event = timeline.advance(node, t)
+        if t >= next_inlet:
+            next_inlet += spec.inlet_update_s
+            _set_inlets(scn, node, t)
+        if t >= next_decide or (event and pol.on_events):
+            tele = np.array(node.state(sync=False)[list(_TELE_FIELDS)])
+            caps = pol.decide(Observation(t, list(timeline.running), timeline.job_of.copy(), tele, event))
+            if t >= next_decide:
+                next_decide = t + pol.period_s if math.isfinite(pol.period_s) else math.inf
+            set_refused += _apply_caps(node, caps, topo.min_cap_w, topo.max_cap_w)
+        meter.overshoot(node.state(sync=False), limited)
+        node.advance(step)
+        meter.measure(node.state(sync=False), timeline.running, i, t)
+    lost = int(np.count_nonzero(node.state(sync=False)["flags"] & FLAG_LOST))
+    node.close()
+    return meter.result(name, scn.jobs, n_steps * step, wall0, _extra(pol, lost, set_refused))
 
 
 def run_all(spec, policy, names=None, duration_s: float | None = None) -> tuple[Scenario, dict]:

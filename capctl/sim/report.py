@@ -106,8 +106,9 @@ def table(scn, runs: dict, wall_s: float) -> str:
     """Human-readable comparison (one line per policy, then per-job rates and ratios)."""
     spec = scn.spec
     lines = [
-        f"scenario {spec.name}: {scn.topo.n_gpus} GPUs ({len(scn.topo.node_names)} nodes x {spec.gpus_per_node}), "
-        f"{len(scn.jobs)} jobs, {spec.duration_s:g} s simulated, budget {scn.policy.budget_w:,.0f} W, seed {spec.seed}",
+        f"scenario {spec.name}: {scn.topo.n_gpus} GPUs ({len(scn.topo.node_names)} node"
+        f"{'s' if len(scn.topo.node_names) != 1 else ''} x {spec.gpus_per_node}), "
+        f"{len(scn.jobs)} job{'s' if len(scn.jobs) != 1 else ''}, {spec.duration_s:g} s simulated, budget {scn.policy.budget_w:,.0f} W, seed {spec.seed}",
         "",
         f"{'policy':<12} {'throughput':>10} {'capctl/x':>9} {'job mean':>9} {'thermal %':>9} {'overshoot W':>11} "
         f"{'J/step':>8} {'wall s':>7}",
@@ -153,6 +154,20 @@ def plot(scn, runs: dict, out_dir) -> list[str]:
     temperature per GPU over time), throttling.png (fraction of busy GPUs in thermal slowdown over
     time per policy, plus which GPUs throttle under each policy).
     """
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [_plot_throughput(plt, scn, runs, out)]
+    for name, r in runs.items():
+        if r.snap_cap_w.size == 0:
+            continue
+        files.append(_plot_heatmap(plt, scn, name, r, out))
+    files.append(_plot_throttling(plt, scn, runs, out))
+    return files
+
+
+def _pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display). Raises UserInputError without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -162,9 +177,11 @@ def plot(scn, runs: dict, out_dir) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
+    return plt
+
+
+def _plot_throughput(plt, scn, runs: dict, out: Path) -> str:
+    """Write ``out``/throughput.png: each policy's throughput (GPU-steps/s) over time (min); its path."""
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, r in runs.items():
         ax.plot(r.series_t_s / 60.0, r.series_throughput, label=name, lw=1.2)
@@ -177,29 +194,36 @@ def plot(scn, runs: dict, out_dir) -> list[str]:
     p = out / "throughput.png"
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    files.append(str(p))
-    for name, r in runs.items():
-        if r.snap_cap_w.size == 0:
-            continue
-        fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-        ext = [0, r.snap_t_s[-1] / 60.0, scn.topo.n_gpus, 0]
-        im0 = axes[0].imshow(r.snap_cap_w.T, aspect="auto", extent=ext, cmap="viridis",
-                             vmin=float(scn.topo.min_cap_w[0]), vmax=float(scn.topo.max_cap_w[0]),
-                             interpolation="nearest")
-        axes[0].set_title(f"{name}: enforced cap (W)")
-        axes[0].set_xlabel("time (min)")
-        axes[0].set_ylabel("GPU (node-major)")
-        fig.colorbar(im0, ax=axes[0])
-        im1 = axes[1].imshow(r.snap_temp_c.T, aspect="auto", extent=ext, cmap="inferno", vmin=20, vmax=95,
-                             interpolation="nearest")
-        axes[1].set_title(f"{name}: temperature (°C)")
-        axes[1].set_xlabel("time (min)")
-        fig.colorbar(im1, ax=axes[1])
-        fig.tight_layout()
-        p = out / f"heatmap_{name}.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        files.append(str(p))
+    return str(p)
+
+
+def _plot_heatmap(plt, scn, name: str, r, out: Path) -> str:
+    """Write ``out``/heatmap_<name>.png: policy ``name``'s enforced cap (W) and temperature (°C)
+    per GPU over time (min), from the run ``r``'s snapshots (``[T, G]``); its path."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    ext = [0, r.snap_t_s[-1] / 60.0, scn.topo.n_gpus, 0]
+    im0 = axes[0].imshow(r.snap_cap_w.T, aspect="auto", extent=ext, cmap="viridis",
+                         vmin=float(scn.topo.min_cap_w[0]), vmax=float(scn.topo.max_cap_w[0]),
+                         interpolation="nearest")
+    axes[0].set_title(f"{name}: enforced cap (W)")
+    axes[0].set_xlabel("time (min)")
+    axes[0].set_ylabel("GPU (node-major)")
+    fig.colorbar(im0, ax=axes[0])
+    im1 = axes[1].imshow(r.snap_temp_c.T, aspect="auto", extent=ext, cmap="inferno", vmin=20, vmax=95,
+                         interpolation="nearest")
+    axes[1].set_title(f"{name}: temperature (°C)")
+    axes[1].set_xlabel("time (min)")
+    fig.colorbar(im1, ax=axes[1])
+    fig.tight_layout()
+    p = out / f"heatmap_{name}.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    return str(p)
+
+
+def _plot_throttling(plt, scn, runs: dict, out: Path) -> str:
+    """Write ``out``/throttling.png: the fraction of busy GPUs in thermal slowdown (%) over time
+    (min) per policy, and which GPUs were in it at each snapshot; its path."""
     fig, axes = plt.subplots(2, 1, figsize=(10, 7))
     for name, r in runs.items():
         axes[0].plot(r.series_t_s / 60.0, 100 * r.series_throttled_fraction, label=name, lw=1.2)
@@ -220,5 +244,4 @@ def plot(scn, runs: dict, out_dir) -> list[str]:
     p = out / "throttling.png"
     fig.savefig(p, dpi=110)
     plt.close(fig)
-    files.append(str(p))
-    return files
+    return str(p)

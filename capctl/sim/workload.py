@@ -169,89 +169,126 @@ def make_jobs(spec, profiles, rng: np.random.Generator) -> list[Job]:
     ``spec.fixed_jobs`` run first, on their named nodes from t = 0 for their full duration (they
     count toward the occupancy); the mix fills the other nodes.
     """
-    mix = spec.jobs
-    gpn = spec.gpus_per_node
-    node_names = spec.node_names
-    n_nodes = len(node_names)
-    cap_nodes = max(1, int(math.floor(mix.occupancy * n_nodes + 1e-9)))
-    sizes = np.array(mix.sizes_gpus) // gpn
-    p = np.array(mix.size_weights) / np.sum(mix.size_weights)
-    horizon = spec.duration_s
-    queue = []
-    counter = [0]
+    plan = _Planner(spec, profiles, rng)
+    for fx in getattr(spec, "fixed_jobs", ()):  # on their own nodes from t = 0, for their full duration
+        plan.start_fixed(fx)
+    plan.start_jobs(0.0, True)
+    plan.run_until(spec.duration_s)
+    jobs = plan.jobs
+    jobs.sort(key=lambda j: (j.start_s, j.job_id))
+    return jobs
 
-    def draw_profile():
-        prof = profiles[int(rng.integers(len(profiles)))]
-        if spec.demand_w is not None:  # the trace keeps the shape (m); the demand is the file's
-            prof = replace(prof, demand_w=float(rng.uniform(*spec.demand_w)))
+
+def _gpu_indices(where: np.ndarray, gpn: int) -> np.ndarray:
+    """The GPU indices (simulation order) of node indices ``where``, ``gpn`` GPUs per node."""
+    return (where[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
+
+
+class _Planner:
+    """The state of :func:`make_jobs` while it builds the timeline: the queue of drawn jobs
+    (``[job id, nodes, duration s, profile]``), the free nodes and how many are used (of
+    ``cap_nodes`` allowed by the occupancy), the running jobs (``(end s, node indices, job)``)
+    and every job started so far. All draws come from ``rng``, in the order of the calls."""
+
+    def __init__(self, spec, profiles, rng: np.random.Generator) -> None:
+        mix = spec.jobs
+        self.spec = spec
+        self.profiles = profiles
+        self.rng = rng
+        self.mix = mix
+        self.gpn = spec.gpus_per_node
+        self.node_names = spec.node_names
+        self.n_nodes = len(self.node_names)
+        self.cap_nodes = max(1, int(math.floor(mix.occupancy * self.n_nodes + 1e-9)))
+        self.sizes = np.array(mix.sizes_gpus) // self.gpn
+        self.p = np.array(mix.size_weights) / np.sum(mix.size_weights)
+        self.queue: list = []
+        self.counter = 0
+        self.free = np.ones(self.n_nodes, bool)
+        self.used = 0
+        self.running: list = []
+        self.jobs: list[Job] = []
+        self.index_of = {n: k for k, n in enumerate(self.node_names)}
+
+    def draw_profile(self) -> WorkloadProfile:
+        """A job's workload: one of the profiles, with a demand (W) drawn from ``spec.demand_w`` if set."""
+        prof = self.profiles[int(self.rng.integers(len(self.profiles)))]
+        if self.spec.demand_w is not None:  # the trace keeps the shape (m); the demand is the file's
+            prof = replace(prof, demand_w=float(self.rng.uniform(*self.spec.demand_w)))
         return prof
 
-    def new_job():
-        counter[0] += 1
-        k = counter[0] - 1
-        size = int(sizes[rng.choice(sizes.size, p=p)])
-        size = min(size, cap_nodes)
-        dur = float(rng.uniform(*mix.duration_s))
-        queue.append([f"job{k + 1:04d}", size, dur, draw_profile()])
+    def new_job(self) -> None:
+        """Draw the next job of the mix (size in nodes, duration in s, workload) onto the queue."""
+        self.counter += 1
+        k = self.counter - 1
+        size = int(self.sizes[self.rng.choice(self.sizes.size, p=self.p)])
+        size = min(size, self.cap_nodes)
+        dur = float(self.rng.uniform(*self.mix.duration_s))
+        self.queue.append([f"job{k + 1:04d}", size, dur, self.draw_profile()])
 
-    free = np.ones(n_nodes, bool)
-    used = 0
-    running = []  # (end_s, node indices, job)
-    jobs: list[Job] = []
-
-    def place(size):
+    def place(self, size: int) -> np.ndarray | None:
+        """Node indices for a job of ``size`` nodes: the lowest contiguous free ones, else the
+        lowest free ones; None when fewer are free."""
+        n_nodes, free = self.n_nodes, self.free
         for start in range(0, n_nodes - size + 1):
             if free[start:start + size].all():
                 return np.arange(start, start + size)
         idx = np.nonzero(free)[0]
         return idx[:size] if idx.size >= size else None
 
-    def start_jobs(t, first):
-        nonlocal used
+    def run_until(self, horizon: float) -> None:
+        """End the running jobs in order of their end (s), starting queued ones on the freed nodes,
+        until the first end at or after ``horizon`` (s)."""
+        guard = 0
+        while self.running and guard < 100_000:
+            guard += 1
+            self.running.sort(key=lambda x: x[0])
+            end, where, _job = self.running.pop(0)
+            if end >= horizon:
+                break
+            self.free[where] = True
+            self.used -= where.size
+            self.start_jobs(end, False)
+
+    def start_fixed(self, fx) -> None:
+        """Start fixed job ``fx`` on its own nodes at t = 0 for its full duration (s)."""
+        self.counter += 1
+        where = np.array([self.index_of[n] for n in fx.nodes], dtype=np.int64)
+        self.free[where] = False
+        self.used += where.size
+        gidx = _gpu_indices(where, self.gpn)
+        job = Job(f"job{self.counter:04d}", tuple(fx.nodes), gidx, 0.0, fx.duration_s, self.draw_profile())
+        self.jobs.append(job)
+        self.running.append((fx.duration_s, where, job))
+
+    def start_jobs(self, t: float, first: bool) -> None:
+        """Start queued jobs at ``t`` (s) that fit (FIFO with backfill, at most 64 looked at) while
+        the occupancy allows, drawing new jobs when the queue runs out. ``first``: the jobs at
+        t = 0, already running (their remaining time a uniform fraction of their duration)."""
         i = 0
         scanned = 0
         while scanned < 64:
-            if i >= len(queue):
-                new_job()
-            jid, size, dur, prof = queue[i]
+            if i >= len(self.queue):
+                self.new_job()
+            size = self.queue[i][1]
             scanned += 1
-            if used + size <= cap_nodes:
-                where = place(size)
+            if self.used + size <= self.cap_nodes:
+                where = self.place(size)
                 if where is not None:
-                    queue.pop(i)
-                    free[where] = False
-                    used += size
-                    remaining = dur * float(rng.uniform(0.05, 1.0)) if first else dur
-                    end = t + remaining
-                    gidx = (where[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
-                    job = Job(jid, tuple(node_names[k] for k in where), gidx, t, end, prof)
-                    jobs.append(job)
-                    running.append((end, where, job))
+                    self._start(i, where, t, first)
                     continue
             i += 1
-            if used >= cap_nodes:
+            if self.used >= self.cap_nodes:
                 break
 
-    index_of = {n: k for k, n in enumerate(node_names)}
-    for fx in getattr(spec, "fixed_jobs", ()):  # on their own nodes from t = 0, for their full duration
-        counter[0] += 1
-        where = np.array([index_of[n] for n in fx.nodes], dtype=np.int64)
-        free[where] = False
-        used += where.size
-        gidx = (where[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
-        job = Job(f"job{counter[0]:04d}", tuple(fx.nodes), gidx, 0.0, fx.duration_s, draw_profile())
-        jobs.append(job)
-        running.append((fx.duration_s, where, job))
-    start_jobs(0.0, True)
-    guard = 0
-    while running and guard < 100_000:
-        guard += 1
-        running.sort(key=lambda x: x[0])
-        end, where, _job = running.pop(0)
-        if end >= horizon:
-            break
-        free[where] = True
-        used -= where.size
-        start_jobs(end, False)
-    jobs.sort(key=lambda j: (j.start_s, j.job_id))
-    return jobs
+    def _start(self, i: int, where: np.ndarray, t: float, first: bool) -> None:
+        """Start queued job ``i`` at ``t`` (s) on node indices ``where`` (see :meth:`start_jobs`)."""
+        jid, size, dur, prof = self.queue.pop(i)
+        self.free[where] = False
+        self.used += size
+        remaining = dur * float(self.rng.uniform(0.05, 1.0)) if first else dur
+        end = t + remaining
+        gidx = _gpu_indices(where, self.gpn)
+        job = Job(jid, tuple(self.node_names[k] for k in where), gidx, t, end, prof)
+        self.jobs.append(job)
+        self.running.append((end, where, job))

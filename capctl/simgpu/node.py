@@ -131,6 +131,56 @@ def _node_profile(lib: ctypes.CDLL, handle: int):
     return dataclasses.replace(prof, index=profiles.builtin_index(prof))
 
 
+def _create_args(gpus: Any, seed: Any, model: str, profile) -> tuple[int, Any]:
+    """The GPU count and device profile of :meth:`SimNode.create` from its ``gpus``, ``seed``,
+    ``model`` and ``profile`` arguments (``profile`` None: the built-in ``model``).
+
+    Raises:
+        SimInputError: ``gpus`` not an integer >= 1, ``seed`` not an integer >= 0, or ``profile``
+            not a DeviceProfile; UserInputError: an unknown ``model``.
+    """
+    try:
+        n = int(gpus)
+    except (TypeError, ValueError):
+        raise SimInputError(f"gpus {gpus!r} is not an integer") from None
+    if n < 1 or n != gpus:
+        raise SimInputError(f"gpus {gpus!r} is invalid; allowed: an integer >= 1")
+    if not isinstance(seed, int) or seed < 0:
+        raise SimInputError(f"seed {seed!r} is invalid; allowed: an integer >= 0")
+    from capctl.simgpu.profiles import DeviceProfile
+    from capctl.simgpu.profiles import get as get_profile
+
+    if profile is None:
+        profile = get_profile(model)  # clear error with the allowed names
+    elif not isinstance(profile, DeviceProfile):
+        raise SimInputError(f"profile {profile!r} is invalid; allowed: a capctl.simgpu.profiles.DeviceProfile")
+    return n, profile
+
+
+def _overrides_per_gpu(overrides: dict, n: int) -> dict[str, list[float]]:
+    """:meth:`SimNode.create`'s ``overrides`` by canonical name (aliases resolved), one value per GPU
+    for ``n`` GPUs. Raises SimInputError: an unknown name, or a value that is not one number or ``n``."""
+    unknown = set(overrides) - set(_ORDERED_OVERRIDES) - set(_ALIASES)
+    if unknown:
+        allowed = ", ".join(sorted(set(_ORDERED_OVERRIDES) | set(_ALIASES)))
+        raise SimInputError(
+            f"override {sorted(unknown)[0]!r} is unknown; allowed: {allowed}"
+        )
+    norm: dict[str, list[float]] = {}
+    for key, val in overrides.items():
+        norm[_ALIASES.get(key, key)] = _per_gpu(key, val, n)
+    return norm
+
+
+def _new_node_path(path: str | os.PathLike | None) -> Path | None:
+    """The absolute path of a node state file to create (None: in memory). Raises SimInputError
+    when its directory does not exist."""
+    p = Path(path).absolute() if path is not None else None
+    if p is not None and not p.parent.is_dir():
+        raise SimInputError(f"path {str(p)!r} is invalid: directory {str(p.parent)!r} does not exist")
+    return p
+
+
 class SimNode:
     """One simulated node: ``gpu_count`` GPUs in a shared state file (or anonymous memory).
 
@@ -190,34 +240,10 @@ class SimNode:
             SimInputError: unknown model/override, or a value out of range.
         """
         lib = _lib.load()
-        try:
-            n = int(gpus)
-        except (TypeError, ValueError):
-            raise SimInputError(f"gpus {gpus!r} is not an integer") from None
-        if n < 1 or n != gpus:
-            raise SimInputError(f"gpus {gpus!r} is invalid; allowed: an integer >= 1")
-        if not isinstance(seed, int) or seed < 0:
-            raise SimInputError(f"seed {seed!r} is invalid; allowed: an integer >= 0")
-        from capctl.simgpu.profiles import DeviceProfile
-        from capctl.simgpu.profiles import get as get_profile
-
-        if profile is None:
-            profile = get_profile(model)  # clear error with the allowed names
-        elif not isinstance(profile, DeviceProfile):
-            raise SimInputError(f"profile {profile!r} is invalid; allowed: a capctl.simgpu.profiles.DeviceProfile")
+        n, profile = _create_args(gpus, seed, model, profile)
         inlets = _per_gpu("inlet_c", inlet_c, n)
-        unknown = set(overrides) - set(_ORDERED_OVERRIDES) - set(_ALIASES)
-        if unknown:
-            allowed = ", ".join(sorted(set(_ORDERED_OVERRIDES) | set(_ALIASES)))
-            raise SimInputError(
-                f"override {sorted(unknown)[0]!r} is unknown; allowed: {allowed}"
-            )
-        norm: dict[str, list[float]] = {}
-        for key, val in overrides.items():
-            norm[_ALIASES.get(key, key)] = _per_gpu(key, val, n)
-        p = Path(path).absolute() if path is not None else None
-        if p is not None and not p.parent.is_dir():
-            raise SimInputError(f"path {str(p)!r} is invalid: directory {str(p.parent)!r} does not exist")
+        norm = _overrides_per_gpu(overrides, n)
+        p = _new_node_path(path)
         prec = profile.to_record()
         handle = lib.capsim_create_profile(
             str(p).encode() if p else None, n, prec.ctypes.data, int(bool(manual_clock)),
@@ -227,28 +253,36 @@ class SimNode:
             raise SimInputError(f"cannot create node: {_lib.last_error(lib)}")
         node = cls(handle, p, lib)
         try:
-            for i in range(n):
-                if inlets[i] != inlets[0]:
-                    node._set_param(i, "inlet_c", inlets[i])
-            for key in _ORDERED_OVERRIDES:
-                if key in norm:
-                    for i, v in enumerate(norm[key]):
-                        node._set_param(i, key, v)
-            if "temp_c" not in norm and (
-                "thermal_resistance_c_per_w" in norm or any(x != inlets[0] for x in inlets)
-            ):
-                # start each GPU at its own idle steady state: T = inlet + R * P_idle
-                idle_w = node.profile.idle_w
-                for i in range(n):
-                    rec = node._read_record(i)
-                    node._set_param(
-                        i, "temp_c",
-                        float(rec["inlet_c"] + rec["thermal_resistance_c_per_w"] * idle_w),
-                    )
+            node._set_start_values(inlets, norm)
         except Exception:
             node.close()
             raise
         return node
+
+    def _set_start_values(self, inlets: list[float], norm: dict[str, list[float]]) -> None:
+        """Set a new node's per-GPU inlets (degrees C, ``inlets[0]`` is already set) and overrides
+        (``norm``: canonical name -> one value per GPU, set in :data:`_ORDERED_OVERRIDES` order); a
+        GPU with no ``temp_c`` override starts at its idle steady state when its thermal resistance
+        or inlet differs from the defaults. Raises SimInputError for a value out of range."""
+        n = len(inlets)
+        for i in range(n):
+            if inlets[i] != inlets[0]:
+                self._set_param(i, "inlet_c", inlets[i])
+        for key in _ORDERED_OVERRIDES:
+            if key in norm:
+                for i, v in enumerate(norm[key]):
+                    self._set_param(i, key, v)
+        if "temp_c" not in norm and (
+            "thermal_resistance_c_per_w" in norm or any(x != inlets[0] for x in inlets)
+        ):
+            # start each GPU at its own idle steady state: T = inlet + R * P_idle
+            idle_w = self.profile.idle_w
+            for i in range(n):
+                rec = self._read_record(i)
+                self._set_param(
+                    i, "temp_c",
+                    float(rec["inlet_c"] + rec["thermal_resistance_c_per_w"] * idle_w),
+                )
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> SimNode:
