@@ -1398,10 +1398,21 @@ def _add_domains(st, tally: _Tally, snap: _Snapshot) -> None:
         st.domains.add(
             name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
             allocated_w=sum(desired.get(k, accounted.get(k, 0.0)) for k in mem),
-            enforced_w=sum(accounted.get(k, 0.0) for k in mem), draw_w=sum(draw.get(k, 0.0) for k in mem),
+            enforced_w=sum(accounted.get(k, 0.0) for k in mem), draw_w=_domain_draw_w(tally, mem),
             price_rate_per_w=finite(out.domain_price.get(d["name"], 0.0)) if out else 0.0,
             deficit_w=finite(out.domain_deficit_w.get(d["name"], 0.0)) if out else 0.0,
         )
+
+
+def _domain_draw_w(tally: _Tally, members) -> float:
+    """The live power draw of a domain's GPUs ``members`` (W); NaN (shown "-", null in JSON, no
+    Prometheus sample) when it has GPUs and none has a live reading: a stale node's draw is
+    unknown, and its domain read 0 W (found by a try-out)."""
+    draw, dead = tally.draw, tally.no_reading
+    known = [k for k in members if k in draw]
+    if known and all(k in dead for k in known):
+        return math.nan
+    return sum(draw.get(k, 0.0) for k in members)
 
 
 def _deficit_from_message(text: str) -> float:

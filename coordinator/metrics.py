@@ -157,7 +157,8 @@ def _domain_families(st):
     lim = g("capctl_domain_limit_watts", "Power domain limit (W; absent when the domain has none).", ["domain", "kind"])
     dal = g("capctl_domain_allocated_watts", "Sum of allocated caps in the domain (W).", ["domain", "kind"])
     den = g("capctl_domain_enforced_watts", "Sum of accounted (possibly enforced) caps in the domain (W).", ["domain", "kind"])
-    ddr = g("capctl_domain_draw_watts", "Sum of GPU power draw in the domain (W).", ["domain", "kind"])
+    ddr = g("capctl_domain_draw_watts", "Sum of GPU power draw in the domain (W; absent when none of its GPUs has a "
+            "live reading).", ["domain", "kind"])
     dpr = g("capctl_domain_price", "Marginal objective value of one more watt in the domain (per W).", ["domain", "kind"])
     dde = g("capctl_domain_deficit_watts", "Minimum caps minus the domain limit when positive (W).", ["domain", "kind"])
     for d in st.domains:
@@ -166,7 +167,8 @@ def _domain_families(st):
             lim.add_metric(lab, d.limit_w)
         dal.add_metric(lab, d.allocated_w)
         den.add_metric(lab, d.enforced_w)
-        ddr.add_metric(lab, d.draw_w)
+        if math.isfinite(d.draw_w):  # (no live reading in it: unknown, not 0 W)
+            ddr.add_metric(lab, d.draw_w)
         dpr.add_metric(lab, d.price_rate_per_w)
         dde.add_metric(lab, d.deficit_w)
     return (lim, dal, den, ddr, dpr, dde)

@@ -52,6 +52,13 @@ class NvmlLibraryError(NvmlError):
     """The NVML library is missing, unusable, or not the one the agent is configured for."""
 
 
+class SimulatedNodeUnsetError(NvmlLibraryError):
+    """The simulated driver has no node to simulate (``CAPCTL_SIMGPU_NODE`` unset, missing or not a
+    simulated node's state file): a configuration error, exit 1 (was 5, "hardware")."""
+
+    exit_code = 1
+
+
 class UnsupportedConstraintsError(NvmlError):
     """The device reports limit constraints no cap can satisfy ((0, 0), min > max, outside sane
     bounds: :func:`capctl.devicedata.constraints_problem`): bad device data, nothing is written."""

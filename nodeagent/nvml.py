@@ -61,6 +61,7 @@ from nodeagent.backend import (  # the backend contract; re-exported here for ex
     GpuSample,
     NvmlError,
     NvmlLibraryError,
+    SimulatedNodeUnsetError,
     NvmlNotSupportedError,
     NvmlPermissionError,
     NvmlUninitializedError,
@@ -366,11 +367,13 @@ class NvmlBackend:
             )
         simulated = _is_simulated_file(loaded)
         if simulated and not self.allow_simulated:
+            where = ("it is the file --nvml-library names" if os.path.isabs(str(self.library)) and not preloaded
+                     else "remove it from LD_LIBRARY_PATH / LD_PRELOAD")
             raise NvmlLibraryError(
                 f"refusing the simulated NVML driver {loaded}{earlier}: the agent was started with "
-                f"--nvml-library {self.library}; remove it from LD_LIBRARY_PATH / LD_PRELOAD, or use "
+                f"--nvml-library {self.library}; {where}; use "
                 "--nvml-library simulated (or an absolute path with --allow-simulated) when a simulated "
-                "node is intended"
+                "node is intended, else the system's NVML (--nvml-library system)"
             )
         self.simulated = simulated
 
@@ -414,7 +417,7 @@ class NvmlBackend:
                 where = f"CAPCTL_SIMGPU_NODE points at a missing file, {node}"
             else:
                 where = f"CAPCTL_SIMGPU_NODE points at {node}, which is not a usable simulated node"
-            return NvmlLibraryError(
+            return SimulatedNodeUnsetError(
                 f"nvmlInit of the simulated driver {loaded} failed: {where}; create a simulated "
                 "node with 'capctl-simgpu init DIR' and set CAPCTL_SIMGPU_NODE to its state file"
             )

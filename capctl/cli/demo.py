@@ -16,7 +16,9 @@ from capctl.errors import UnreachableError
 def cmd_demo(args) -> int:
     from capctl.demo.run import Demo, render_summary
 
-    live = not args.no_live and not args.json
+    # the live view redraws the screen every second: on a terminal only (piped to a file it wrote a
+    # full status per second, 2,275 lines for one run: found by a try-out); else progress lines
+    live = not args.no_live and not args.json and sys.stdout.isatty()
     demo = Demo(duration_s=args.duration, nodes=args.nodes, live=live, keep=args.keep)
     try:
         summary = demo.run()
@@ -44,6 +46,6 @@ def register(subparsers) -> None:
                    help="length of the show in seconds (default 75; 10..3600)")
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes of 8 H100-class GPUs (default 4)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print only the summary, as one JSON object")
-    p.add_argument("--no-live", action="store_true", help="no live status view (progress lines on stderr)")
+    p.add_argument("--no-live", action="store_true", help="no live status view (progress lines on stderr; the default when stdout is not a terminal)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, state) afterwards")
     p.set_defaults(func=cmd_demo, extra="sim")  # extra: named when a module is missing

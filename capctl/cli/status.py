@@ -236,7 +236,7 @@ def register(subparsers) -> None:
     p.add_argument("--finished", action="store_true",
                    help="finished jobs the coordinator keeps: energy (J), GPU-seconds, mean/peak power, time capped")
     p.add_argument("--since", metavar="T", default=None,
-                   help="with --finished: jobs ended since T (Unix s, ISO 8601 time in UTC, or an age: 90m, 2h, 1d)")
+                   help="finished jobs ended since T (implies --finished; Unix s, ISO 8601 time in UTC, or an age: 90m, 2h, 1d)")
     p.set_defaults(func=cmd_jobs)
 
     p = subparsers.add_parser("explain", help="why a job got its watts",

@@ -90,7 +90,11 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0")
     inlets = _parse_inlets(args.inlet_c)
     profile = _init_profile(args)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (/proc/x, a file in the path, no permission: a traceback before, found by a try-out)
+        raise UserInputError(f"DIR {args.dir!r}: cannot create it ({exc.strerror or exc}); "
+                             "allowed: a writable directory (created if missing)") from None
     with SimNode.create(
         state_path(directory), gpus=args.gpus, model=args.model, inlet_c=inlets,
         seed=args.seed, manual_clock=args.manual_clock, profile=profile,

@@ -69,15 +69,18 @@ def test_nvml_messages_name_the_flags(tmp_path):
             "--state-dir", str(tmp_path / "state")]
     missing = tmp_path / "nope.state"
     out = run_agent(base + ["--nvml-library", "simulated"], env={"CAPCTL_SIMGPU_NODE": str(missing)})
-    assert out.returncode == 5, out.stderr
+    assert out.returncode == 1, out.stderr  # a configuration error, not the hardware's (5; found by a try-out)
     line = _one_clean_line(out)
     assert f"CAPCTL_SIMGPU_NODE points at a missing file, {missing}" in line
     assert "capctl-simgpu init" in line and "modprobe" not in line
+    out = run_agent(base + ["--nvml-library", "simulated"])  # (run_agent's environment has none)
+    assert out.returncode == 1 and "CAPCTL_SIMGPU_NODE is not set" in _one_clean_line(out), out.stderr
     node = sim_node(tmp_path / "sim", 1)
     try:
         out = run_agent(base + ["--nvml-library", str(simulated_library().resolve())], env=node.env())
         line = _one_clean_line(out)
         assert out.returncode == 5 and "--allow-simulated" in line and "--nvml-library simulated" in line
+        assert "it is the file --nvml-library names" in line and "LD_PRELOAD" not in line, line
         assert "library=" not in line and "nvml_library" not in line
     finally:
         node.close()

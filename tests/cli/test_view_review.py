@@ -106,3 +106,25 @@ def test_the_finished_jobs_table_names_its_units():
     for name in ("WALL S", "ENERGY kWh", "JOB MEAN W", "JOB PEAK W", "CAPPED GPU S", "THERMAL GPU S"):
         assert name in head, head
     assert "0.200" in line.split() and "404.1" in line.split()
+
+
+def test_a_domain_of_stale_nodes_only_has_no_draw_not_zero_watts():
+    """A PDU whose nodes are all stale showed ``DRAW W 0`` (found by a try-out): its draw is unknown.
+    The coordinator's domain rows (``loop._domain_draw_w``) give NaN, status shows "-", JSON null and
+    Prometheus no sample; a domain with a live GPU sums its live readings."""
+    from coordinator import loop, metrics
+
+    tally = loop._Tally(draw={("n1", 0): 480.0, ("n3", 0): 0.0, ("n3", 1): 0.0},
+                        no_reading={("n3", 0): "node stale", ("n3", 1): "node stale"})
+    assert math.isnan(loop._domain_draw_w(tally, {("n3", 0), ("n3", 1)}))
+    assert loop._domain_draw_w(tally, {("n1", 0), ("n3", 0), ("n3", 1)}) == 480.0
+    assert loop._domain_draw_w(tally, set()) == 0.0
+    st = _reply()
+    st.domains.add(name="pdu-b", kind="pdu", limit_w=3400.0, allocated_w=1080.0, enforced_w=1080.0, draw_w=math.nan)
+    d = statusview.status_dict(st)
+    assert [x["draw_w"] for x in d["domains"]] == [960.0, 960.0, None]
+    row = next(line for line in statusview.render_status(d).splitlines() if line.startswith("pdu-b")).split()
+    assert row[5] == "-", row  # DRAW W
+    samples = {s.labels["domain"]: s.value for m in metrics._domain_families(st) if m.name == "capctl_domain_draw_watts"
+               for s in m.samples}
+    assert samples == {"node:n1": 960.0, "pdu-a": 960.0}

@@ -90,3 +90,13 @@ def test_advance_on_a_real_clock_node_is_refused(tmp_path, simlib, capsys):
     assert main(["init", d, "--gpus", "1"]) == 0
     assert main(["advance", d, "1"]) == 1
     assert "follows the real clock" in capsys.readouterr().err
+
+
+def test_init_in_a_directory_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    """``init`` under a file or in /proc printed mkdir's traceback (found by a try-out)."""
+    (tmp_path / "f").write_text("")
+    for bad in (tmp_path / "f" / "sub", "/proc/capctl-no-such/x"):
+        assert main(["init", str(bad), "--gpus", "2"]) == 1
+        err = capsys.readouterr().err
+        assert f"DIR '{bad}': cannot create it (" in err and "allowed: a writable directory" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
