@@ -1204,14 +1204,16 @@ def _oob_limits(cols) -> dict:
     return {cols.keys[i]: float(cols.oob_w[i]) for i in where.tolist()}
 
 
-def _gpu_flags(tally: _Tally, key, cap_state: str) -> tuple[list, str]:
+def _gpu_flags(tally: _Tally, key, cap_state: str, cap_w: float = math.inf) -> tuple[list, str]:
     """``(flags, detail)`` of a GPU in the view: ``STRAGGLER`` (its reason), ``OOB_LIMITED`` while the
-    allocation keeps it within an out-of-band limit its cap state does not show."""
+    allocation keeps it within an out-of-band limit its cap state does not show and that limit binds:
+    its cap ``cap_w`` (W) within the planner's deadband of it (a cap the coordinator chose below the
+    limit for another reason, e.g. a straggler job-mate, was flagged too: found by a try-out)."""
     flags, detail = [], tally.straggler.get(key, "")
     if key in tally.straggler:
         flags.append("STRAGGLER")
     oob = tally.oob.get(key)
-    if oob is not None and cap_state != capstates.OOB_LIMITED:
+    if oob is not None and cap_state != capstates.OOB_LIMITED and cap_w >= oob - planner.DEADBAND_W:
         flags.append(capstates.OOB_LIMITED)
         detail = detail or f"another limiter held it at {oob:.0f} W (out-of-band limit): planned within it"
     return flags, detail
@@ -1253,7 +1255,7 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
         on_gpu = jobs_on.get(idx, ())
         job = on_gpu[0] if on_gpu else ""
         tally.sharers[key] = len(on_gpu)
-        flags, flag_detail = _gpu_flags(tally, key, cap_state)
+        flags, flag_detail = _gpu_flags(tally, key, cap_state, desired.get(key, acc))
         ns.gpus.add(job_ids=list(on_gpu),
             node=name, index=idx, uuid=uuid_, cap_w=desired.get(key, acc),
             enforced_w=enforced_w if have_reading else math.nan,

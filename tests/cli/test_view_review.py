@@ -75,6 +75,8 @@ def test_an_out_of_band_limit_the_allocation_keeps_is_a_flag():
     assert loop._gpu_flags(tally, ("n2", 0), capstates.OK) == (
         [capstates.OOB_LIMITED], "another limiter held it at 300 W (out-of-band limit): planned within it")
     assert loop._gpu_flags(tally, ("n2", 0), capstates.OOB_LIMITED)[0] == []
+    assert loop._gpu_flags(tally, ("n2", 0), capstates.OK, 299.0)[0] == [capstates.OOB_LIMITED]  # at it: binds
+    assert loop._gpu_flags(tally, ("n2", 0), capstates.OK, 262.0) == ([], "")  # planned below it: not the limit
     assert loop._gpu_flags(tally, ("n2", 1), capstates.OK) == (["STRAGGLER"], "held in HW slowdown")
     assert loop._oob_limits(types.SimpleNamespace(keys=(), oob_w=None)) == {}
 
