@@ -465,7 +465,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
-    ceiling = _ceilings(c, table, models, policy, fixed, stale)
+    ceiling = thermal_guard(_ceilings(c, table, models, policy, fixed, stale), c, acc, lo, hi, policy.thermal.margin_c)
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
@@ -527,6 +527,58 @@ def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) ->
         out[w] = ceilings_w(np.stack([temp[w], r[w], tau[w], inlet[w], slowdown[w]], axis=1), policy.interval_s,
                             policy.thermal.margin_c)
     return out
+
+
+HOT_STEP_FRACTION = 0.1
+"""How far below its accounted cap :func:`thermal_guard` puts the ceiling of a GPU in thermal
+slowdown, per interval: this fraction of its limit range (V100 150-300 W: 15 W; H100 200-700 W: 50 W)."""
+
+
+def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, hi_w: np.ndarray,
+                  margin_c: float) -> np.ndarray:
+    """[G] thermal ceilings (W) bounded by what each device reports, whatever its thermal model
+    says: a GPU at or above its target temperature (its slowdown temperature minus ``margin_c``,
+    °C) is never raised (ceiling <= its accounted cap ``acc_w``); one in thermal slowdown (a
+    thermal clocks event reason, or at or above its slowdown temperature) comes down by
+    :data:`HOT_STEP_FRACTION` of its range ``[lo_w, hi_w]`` below the lower of its accounted cap and
+    its power reading each interval, to its minimum cap at most (the allocation holds a GPU whose
+    ceiling is below its minimum at the minimum).
+
+    Why: a thermal fit learned while the GPU was in slowdown (its power held by the throttle, its
+    temperature flat) can say R ~20x too low: ``capctl sim``, a V100 at 0.69 °C/W, 32.7 °C inlet,
+    interval 5 s: ceilings of 486-1,261 W at 87 °C, its cap raised 150 -> 185 W while in slowdown,
+    thermal shutdown at 90 °C 76 s in (the oracle held it at 150 W: alive; found by a try-out).
+    NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is."""
+    temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
+    known = np.isfinite(temp) & (slowdown > 0)
+    with np.errstate(invalid="ignore"):
+        hot = known & (temp >= slowdown - margin_c)
+        thermal = np.fromiter(map(_thermal_reason, c["reasons"]), bool, len(ceiling))
+        slowed = (thermal & known) | (known & (temp >= slowdown))
+    if not hot.any() and not slowed.any():
+        return ceiling
+    out = np.where(hot, np.minimum(ceiling, acc_w), ceiling)
+    power = np.where(np.isfinite(c["power_w"]) & (c["power_w"] > 0), c["power_w"], acc_w)
+    down = np.minimum(acc_w, power) - HOT_STEP_FRACTION * np.maximum(hi_w - lo_w, 0.0)
+    return np.where(slowed, np.minimum(out, np.maximum(down, lo_w)), out)
+
+
+_THERMAL_REASONS: dict[tuple, bool] = {}
+
+
+def _thermal_reason(reasons) -> bool:
+    """True when ``reasons`` (clocks event reason names) hold a thermal slowdown
+    (:data:`capctl.reasons.THERMAL_SLOWDOWN`); memoized per tuple (bounded)."""
+    key = reasons if isinstance(reasons, tuple) else tuple(reasons)
+    hit = _THERMAL_REASONS.get(key)
+    if hit is None:
+        from capctl.reasons import is_thermal
+
+        hit = is_thermal(key)
+        if len(_THERMAL_REASONS) >= 4096:
+            _THERMAL_REASONS.clear()
+        _THERMAL_REASONS[key] = hit
+    return hit
 
 
 def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> tuple:

@@ -77,6 +77,32 @@ def _warn_policy(policy) -> None:
               "(the policy with dry_run: false)", file=sys.stderr)
 
 
+def _load_both(args: argparse.Namespace):
+    """``(policy, cluster spec)`` of ``--policy`` and ``--cluster``. Raises PolicyError /
+    ClusterError as their loaders do, with a hint when the file looks like the other kind (the two
+    swapped gave "unknown key 'gpu_model'; did you mean 'models'?": found by a try-out)."""
+    from capctl.policy import PolicyError, load_policy
+    from capctl.sim.cluster import ClusterError, load_cluster
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        if any(f"unknown key '{k}'" in e for e in exc.errors for k in ("racks", "gpu_model", "workload")):
+            raise PolicyError(exc.errors + [f"{args.policy}: this looks like a cluster file (racks, gpu_model, "
+                                            "workload): give it with --cluster, and a policy with --policy"],
+                              exc.warnings) from None
+        raise
+    _warn_policy(policy)
+    try:
+        spec = load_cluster(args.cluster)
+    except ClusterError as exc:
+        if any(f"unknown key '{k}'" in str(exc) or f"unknown key {k!r}" in str(exc) for k in ("budget_w", "domains")):
+            raise ClusterError(f"{exc}\n{args.cluster}: this looks like a policy file (budget_w, domains): give it "
+                               "with --policy, and a cluster file with --cluster") from None
+        raise
+    return policy, spec
+
+
 def run(args: argparse.Namespace) -> int:
     from capctl.policy import load_policy
     from capctl.sim.cluster import load_cluster
@@ -100,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--seed {args.seed} is invalid; allowed: an integer >= 0 and <= {SEED_MAX}")
     if args.plot:
         _check_plot_dir(args.plot)  # before simulating: a bad --plot must not lose the results
-    policy = load_policy(args.policy)
-    _warn_policy(policy)
-    spec = load_cluster(args.cluster)
+    policy, spec = _load_both(args)
     if args.duration is not None:
         if args.duration < spec.step_s:
             raise UserInputError(f"--duration {args.duration:g} is shorter than one simulation step of {args.cluster} "

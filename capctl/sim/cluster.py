@@ -96,7 +96,7 @@ class ClusterSpec:
     driver_speed: bool = True
     efficiency: tuple[float, float] | None = None
     hot_gpu_fraction: float = 0.0
-    hot_resistance_c_per_w: tuple[float, float] = (0.09, 0.12)
+    hot_resistance_c_per_w: tuple[float, float] = (0.09, 0.12)  # (parse_cluster: HOT_RESISTANCE_FACTORS x nominal)
     curves: str = "zeus"
     demand_w: tuple[float, float] | None = None
     jobs: JobMix = field(default_factory=JobMix)
@@ -215,7 +215,7 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
     if n_gpus > MAX_GPUS:
         r.err(("racks",), f"racks: {n_gpus} GPUs; allowed: at most {MAX_GPUS}")
     swing = _inlet_swing(r, top)
-    gpus = _gpu_variation(r, top)
+    gpus = _gpu_variation(r, top, head["gpu_model"])
     work = _workload(r, top, gpn, n_gpus, seen_nodes)
     if r.errors:
         raise ClusterError("\n".join(r.errors))
@@ -346,10 +346,17 @@ def _inlet_swing(r: _Reader, top: dict) -> dict:
     return dict(swing_amplitude_c=amp, swing_period_s=period, swing_phase_s=phase)
 
 
-def _gpu_variation(r: _Reader, top: dict) -> dict:
+HOT_RESISTANCE_FACTORS = (1.5, 2.0)
+"""Default ``gpus.hot_resistance_c_per_w``: these multiples of the model's nominal thermal
+resistance (H100 0.06 °C/W: 0.09-0.12, the default before; a fixed 0.09-0.12 made the "hot" GPUs
+of an A100 (0.10), V100 (0.13) or A40 (0.15) cooler than the others: found by a try-out)."""
+
+
+def _gpu_variation(r: _Reader, top: dict, gpu_model: str = "H100-SXM") -> dict:
     """``gpus`` as :class:`ClusterSpec` fields: ``speed`` / ``driver_speed``, ``efficiency``
     (``(mean_loss, max_loss)`` or None), ``hot_gpu_fraction`` and ``hot_resistance_c_per_w``
-    (``(lo, hi)``, °C/W). Errors go to ``r``."""
+    (``(lo, hi)``, °C/W; default :data:`HOT_RESISTANCE_FACTORS` x the nominal resistance of
+    ``gpu_model``). Errors go to ``r``."""
     gpus = r.mapping(top.get("gpus", {}), ("gpus",), _GPUS_KEYS, "gpus")
     speed = None
     driver_speed = True
@@ -362,9 +369,22 @@ def _gpu_variation(r: _Reader, top: dict) -> dict:
     if gpus.get("efficiency", "none") != "none":
         efficiency = _losses(r, gpus, "efficiency", ("none",))
     hot_fraction = r.number(gpus, ("gpus",), "hot_fraction", 0.0, lo=0, hi=1)
-    hot_r = r.pair(gpus, ("gpus",), "hot_resistance_c_per_w", (0.09, 0.12), lo=0.001, hi=1.0, unit="°C/W")
+    hot_r = r.pair(gpus, ("gpus",), "hot_resistance_c_per_w", _default_hot_resistance(gpu_model), lo=0.001, hi=1.0,
+                   unit="°C/W")
     return dict(speed=speed, driver_speed=driver_speed, efficiency=efficiency, hot_gpu_fraction=hot_fraction,
                 hot_resistance_c_per_w=hot_r)
+
+
+def _default_hot_resistance(gpu_model: str) -> tuple[float, float]:
+    """:data:`HOT_RESISTANCE_FACTORS` x the nominal thermal resistance of ``gpu_model`` (°C/W; an
+    unknown model, reported elsewhere: the H100's)."""
+    from capctl.simgpu.profiles import get as get_profile
+
+    try:
+        nominal = get_profile(str(gpu_model)).thermal_resistance_c_per_w
+    except UserInputError:
+        nominal = get_profile("H100-SXM").thermal_resistance_c_per_w
+    return tuple(round(f * nominal, 6) for f in HOT_RESISTANCE_FACTORS)
 
 
 def _losses(r: _Reader, gpus: dict, key: str, words: tuple[str, ...]) -> tuple[float, float] | None:
@@ -372,7 +392,11 @@ def _losses(r: _Reader, gpus: dict, key: str, words: tuple[str, ...]) -> tuple[f
     ``(mean_loss, max_loss)`` (fractions of the clock), or None when it is no mapping. Errors go
     to ``r`` (``max_loss`` below ``mean_loss``; an efficiency beyond the driver's range)."""
     raw = gpus[key]
-    spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key} (or {' / '.join(words)})")
+    if not isinstance(raw, dict):  # (it named only the mapping: found by a try-out)
+        r.err(("gpus", key), f"gpus.{key}: {_show(raw)} is invalid; allowed: {', '.join(words)} or a mapping with "
+                             f"keys {', '.join(_SPEED_KEYS)}")
+        return None
+    spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key}")
     if not spd:
         return None
     mean_loss = r.number(spd, ("gpus", key), "mean_loss", 0.08, lo=0, hi=0.5)

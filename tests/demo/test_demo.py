@@ -115,5 +115,8 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
             time.sleep(0.2)
         assert _children_alive(workdir) == []
         assert os.path.isdir(workdir)  # nobody could remove it ...
-        assert workdir in remove_stale_workdirs()  # ... until the next demo starts
+        removed = remove_stale_workdirs()  # ... until the next demo starts
+        # (another demo on this host may have started first and removed it: seen once in a suite
+        # while a second checkout ran its tests beside it)
+        assert workdir in removed or not os.path.exists(workdir), removed
         assert not os.path.exists(workdir)

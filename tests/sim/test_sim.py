@@ -151,6 +151,8 @@ BAD_CLUSTERS = [
      5, "allowed: at most 5 x, max_loss <= 0.618"),  # (it failed later: "gpu 0: power_factor 185.591")
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [700, 600]\n", 5,
      "workload.demand_w"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  speed: fast\n", 5,
+     "gpus.speed: 'fast' is invalid; allowed: physics, none or a mapping with keys mean_loss, max_loss"),
 ]
 
 
@@ -446,3 +448,30 @@ def test_gpus_lost_to_thermal_shutdown_are_named_in_the_table(tmp_path, capsys):
                "--policies", "uniform,capctl"])
     out = capsys.readouterr().out
     assert rc == 0 and "GPUs lost to thermal shutdown" in out and "uniform 4, capctl 4" in out, out
+
+
+def test_swapped_policy_and_cluster_files_are_named_as_such(capsys):
+    """``--policy CLUSTER --cluster POLICY`` said "unknown key 'gpu_model'; did you mean 'models'?"
+    (found by a try-out): each loader's errors now end with what the file looks like."""
+    rc = main(["sim", "--policy", str(SMALL_CLUSTER), "--cluster", str(SMALL_CLUSTER), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{SMALL_CLUSTER}: this looks like a cluster file (racks, gpu_model, workload): give it with " \
+        "--cluster, and a policy with --policy" in err and "Traceback" not in err, err
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_POLICY), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{SMALL_POLICY}: this looks like a policy file (budget_w, domains): give it with --policy" in err, err
+
+
+def test_the_default_hot_resistance_follows_the_models_nominal_one():
+    """A fixed 0.09-0.12 °C/W made the "hot" GPUs of an A100, V100 or A40 cooler than the others
+    (found by a try-out); the default is 1.5-2x the model's nominal resistance."""
+    from capctl.sim.cluster import parse_cluster
+    from capctl.simgpu.profiles import get as get_profile
+
+    for model in ("H100-SXM", "A100-SXM4", "V100-SXM2", "A40"):
+        spec = parse_cluster(f"gpu_model: {model}\nracks:\n  - {{name: r1, nodes: \"n[1-2]\"}}\n")
+        nominal = get_profile(model).thermal_resistance_c_per_w
+        lo, hi = spec.hot_resistance_c_per_w
+        assert (lo, hi) == pytest.approx((1.5 * nominal, 2.0 * nominal)) and lo > nominal
+    spec = parse_cluster("gpu_model: A40\nracks:\n  - {name: r1, nodes: \"n[1-2]\"}\ngpus:\n  hot_resistance_c_per_w: [0.5, 0.6]\n")
+    assert spec.hot_resistance_c_per_w == (0.5, 0.6)

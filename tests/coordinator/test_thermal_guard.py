@@ -1,0 +1,40 @@
+"""coordinator.allocation.thermal_guard: a GPU's thermal ceiling bounded by what it reports."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from coordinator import allocation
+
+
+def _cols(temp_c, reasons, power_w):
+    n = len(temp_c)
+    return {"temp_c": np.asarray(temp_c, float), "slowdown_temp_c": np.full(n, 87.0), "reasons": tuple(reasons),
+            "power_w": np.asarray(power_w, float)}
+
+
+def test_hot_gpus_are_never_raised_and_those_in_slowdown_come_down():
+    # GPUs: cool; at the 82 °C target (slowdown 87 - margin 5); in SW thermal slowdown at 85 °C;
+    # at 88 °C without a reason; in HW slowdown near its minimum; unknown temperature
+    c = _cols([60.0, 82.0, 85.0, 88.0, 86.0, math.nan],
+              [(), ("SW_POWER_CAP",), ("SW_THERMAL_SLOWDOWN",), (), ("HW_THERMAL_SLOWDOWN",), ()],
+              [250.0, 250.0, 240.0, 250.0, 160.0, 250.0])
+    model = np.full(6, 1000.0)  # a model far too optimistic (a fit learned in slowdown)
+    acc = np.full(6, 250.0)
+    lo, hi = np.full(6, 150.0), np.full(6, 300.0)
+    out = allocation.thermal_guard(model, c, acc, lo, hi, 5.0)
+    assert out.tolist() == [1000.0, 250.0, 240.0 - 15.0, 250.0 - 15.0, 150.0, 1000.0]
+    # a model that already says less is kept
+    low = np.array([100.0, 200.0, 100.0, 120.0, 100.0, 90.0])
+    assert allocation.thermal_guard(low, c, acc, lo, hi, 5.0).tolist() == low.tolist()
+
+
+@pytest.mark.parametrize("temp", [40.0, 81.9])
+def test_below_the_target_nothing_changes(temp):
+    c = _cols([temp], [("SW_POWER_CAP",)], [300.0])
+    model = np.array([640.0])
+    out = allocation.thermal_guard(model, c, np.array([300.0]), np.array([200.0]), np.array([700.0]), 5.0)
+    assert out is model or out.tolist() == [640.0]
