@@ -465,7 +465,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
-    ceiling = thermal_guard(_ceilings(c, table, models, policy, fixed, stale), c, acc, lo, hi, policy.thermal.margin_c)
+    ceiling = _ceilings(c, table, models, policy, fixed, stale)
+    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi, policy.thermal.margin_c))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
@@ -538,11 +539,15 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
                   margin_c: float) -> np.ndarray:
     """[G] thermal ceilings (W) bounded by what each device reports, whatever its thermal model
     says: a GPU at or above its target temperature (its slowdown temperature minus ``margin_c``,
-    °C) is never raised (ceiling <= its accounted cap ``acc_w``); one in thermal slowdown (a
-    thermal clocks event reason, or at or above its slowdown temperature) comes down by
-    :data:`HOT_STEP_FRACTION` of its range ``[lo_w, hi_w]`` below the lower of its accounted cap and
-    its power reading each interval, to its minimum cap at most (the allocation holds a GPU whose
-    ceiling is below its minimum at the minimum).
+    °C) or with a thermal clocks event reason is never raised (ceiling <= its accounted cap
+    ``acc_w``); one in hardware thermal slowdown (at or above its slowdown temperature, or
+    ``HW_THERMAL_SLOWDOWN``) comes down by :data:`HOT_STEP_FRACTION` of its range
+    ``[lo_w, hi_w]`` below the lower of its accounted cap and its power reading each interval, to
+    its minimum cap at most (the allocation holds a GPU whose ceiling is below its minimum at the
+    minimum). ``SW_THERMAL_SLOWDOWN`` alone does not step it down: drivers set it at their maximum
+    operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX), below the slowdown temperature,
+    around the target the model holds GPUs at; stepping down there made caps cycle by 50 W in
+    38 % of the intervals (bench/thermal_ceiling.py, one-pole plant, 1,024 GPUs).
 
     Why: a thermal fit learned while the GPU was in slowdown (its power held by the throttle, its
     temperature flat) can say R ~20x too low: ``capctl sim``, a V100 at 0.69 °C/W, 32.7 °C inlet,
@@ -551,10 +556,10 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is."""
     temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
     known = np.isfinite(temp) & (slowdown > 0)
+    codes = np.fromiter(map(_thermal_reason, c["reasons"]), np.int64, len(ceiling))  # 1 SW/HW, 2 HW
     with np.errstate(invalid="ignore"):
-        hot = known & (temp >= slowdown - margin_c)
-        thermal = np.fromiter(map(_thermal_reason, c["reasons"]), bool, len(ceiling))
-        slowed = (thermal & known) | (known & (temp >= slowdown))
+        hot = (known & (temp >= slowdown - margin_c)) | (codes > 0)
+        slowed = (known & (temp >= slowdown)) | (codes == 2)
     if not hot.any() and not slowed.any():
         return ceiling
     out = np.where(hot, np.minimum(ceiling, acc_w), ceiling)
@@ -563,18 +568,19 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     return np.where(slowed, np.minimum(out, np.maximum(down, lo_w)), out)
 
 
-_THERMAL_REASONS: dict[tuple, bool] = {}
+_THERMAL_REASONS: dict[tuple, int] = {}
 
 
-def _thermal_reason(reasons) -> bool:
-    """True when ``reasons`` (clocks event reason names) hold a thermal slowdown
-    (:data:`capctl.reasons.THERMAL_SLOWDOWN`); memoized per tuple (bounded)."""
+def _thermal_reason(reasons) -> int:
+    """2 when ``reasons`` (clocks event reason names) hold ``HW_THERMAL_SLOWDOWN``, 1 for another
+    thermal slowdown (:data:`capctl.reasons.THERMAL_SLOWDOWN`: ``SW_THERMAL_SLOWDOWN``), else 0;
+    memoized per tuple (bounded)."""
     key = reasons if isinstance(reasons, tuple) else tuple(reasons)
     hit = _THERMAL_REASONS.get(key)
     if hit is None:
         from capctl.reasons import is_thermal
 
-        hit = is_thermal(key)
+        hit = 2 if "HW_THERMAL_SLOWDOWN" in key else 1 if is_thermal(key) else 0
         if len(_THERMAL_REASONS) >= 4096:
             _THERMAL_REASONS.clear()
         _THERMAL_REASONS[key] = hit

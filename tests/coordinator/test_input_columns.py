@@ -13,6 +13,7 @@ import random
 import pytest
 
 from capctl import capstates
+from capctl.reasons import is_thermal
 from capctl.policy.validate import parse_policy
 from coordinator import allocation as A
 from coordinator.models import Models
@@ -55,9 +56,9 @@ def _registry(rng: random.Random) -> tuple[Registry, Models]:
             g = GpuObs(node=name, index=i, name=H100, min_cap_w=lo, max_cap_w=hi, default_cap_w=700.0,
                        slowdown_temp_c=rng.choice([0.0, 89.0, 89.0]), max_sm_clock_mhz=rng.choice([0, 1980, 1980]),
                        have_reading=rng.random() < 0.9, enforced_w=rng.uniform(250, 650), power_w=rng.uniform(100, 650),
-                       temp_c=rng.choice([math.nan, rng.uniform(40, 85)]), sm_clock_mhz=rng.randrange(900, 1980, 15),
+                       temp_c=rng.choice([math.nan, rng.uniform(40, 92)]), sm_clock_mhz=rng.randrange(900, 1980, 15),
                        cap_state=rng.choice(states), utilization_pct=rng.choice([0.0, 100.0]),
-                       reasons=rng.choice([(), ("SW_POWER_CAP",), ("HW_SLOWDOWN",), ("SW_THERMAL_SLOWDOWN",)]),
+                       reasons=rng.choice([(), ("SW_POWER_CAP",), ("HW_SLOWDOWN",), ("SW_THERMAL_SLOWDOWN",), ("HW_THERMAL_SLOWDOWN",)]),
                        pre_job_cap_w=rng.choice([0.0, 650.0]), last_ack_w=rng.uniform(250, 700),
                        last_ack_mono=rng.choice([-1e18, NOW - 0.5]), safe_cap_w=rng.uniform(200, 400),
                        slowdown_run=rng.choice([0, 3]), sample_mono=rng.choice([NOW - 1.0, NOW - 1.0, NOW - 60.0]))
@@ -112,6 +113,14 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
                 th = thermal.get(idx)
                 if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
                     ceiling = A.ceiling_w(g.temp_c, th, policy.interval_s, g.slowdown_temp_c, policy.thermal.margin_c)
+                # thermal_guard, GPU by GPU
+                if (g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
+                        and g.temp_c >= g.slowdown_temp_c - policy.thermal.margin_c) or is_thermal(g.reasons):
+                    ceiling = min(ceiling, acc)
+                if "HW_THERMAL_SLOWDOWN" in g.reasons or (g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
+                                                          and g.temp_c >= g.slowdown_temp_c):
+                    pw = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else acc
+                    ceiling = min(ceiling, max(min(acc, pw) - A.HOT_STEP_FRACTION * max(hi - lo, 0.0), lo))
                 back = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else acc, lo), hi)
                 if policy.idle_cap_w is not None:
                     idle = min(max(policy.idle_cap_w, lo), hi)

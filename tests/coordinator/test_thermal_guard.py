@@ -18,7 +18,7 @@ def _cols(temp_c, reasons, power_w):
 
 def test_hot_gpus_are_never_raised_and_those_in_slowdown_come_down():
     # GPUs: cool; at the 82 °C target (slowdown 87 - margin 5); in SW thermal slowdown at 85 °C;
-    # at 88 °C without a reason; in HW slowdown near its minimum; unknown temperature
+    # at 88 °C without a reason; in HW thermal slowdown near its minimum; unknown temperature
     c = _cols([60.0, 82.0, 85.0, 88.0, 86.0, math.nan],
               [(), ("SW_POWER_CAP",), ("SW_THERMAL_SLOWDOWN",), (), ("HW_THERMAL_SLOWDOWN",), ()],
               [250.0, 250.0, 240.0, 250.0, 160.0, 250.0])
@@ -26,7 +26,8 @@ def test_hot_gpus_are_never_raised_and_those_in_slowdown_come_down():
     acc = np.full(6, 250.0)
     lo, hi = np.full(6, 150.0), np.full(6, 300.0)
     out = allocation.thermal_guard(model, c, acc, lo, hi, 5.0)
-    assert out.tolist() == [1000.0, 250.0, 240.0 - 15.0, 250.0 - 15.0, 150.0, 1000.0]
+    # SW thermal slowdown (the driver's maximum operating temperature): held, not stepped down
+    assert out.tolist() == [1000.0, 250.0, 250.0, 250.0 - 15.0, 150.0, 1000.0]
     # a model that already says less is kept
     low = np.array([100.0, 200.0, 100.0, 120.0, 100.0, 90.0])
     assert allocation.thermal_guard(low, c, acc, lo, hi, 5.0).tolist() == low.tolist()
