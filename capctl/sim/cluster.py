@@ -154,10 +154,11 @@ class _Reader:
         if integer:
             ok = ok and float(v).is_integer()
         rng = []
+        show = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")  # (the seed's bound read 9.22337e+18)
         if lo is not None:
-            rng.append(f"{'>' if lo_open else '>='} {lo:g}")
+            rng.append(f"{'>' if lo_open else '>='} {show(lo)}")
         if hi is not None:
-            rng.append(f"<= {hi:g}")
+            rng.append(f"<= {show(hi)}")
         allowed = f"{'an integer' if integer else 'a number'}{(' ' + unit) if unit else ''}" + (
             f" {' and '.join(rng)}" if rng else "")
         if ok and lo is not None and (v < lo or (lo_open and v <= lo)):
@@ -216,7 +217,7 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
         r.err(("racks",), f"racks: {n_gpus} GPUs; allowed: at most {MAX_GPUS}")
     swing = _inlet_swing(r, top)
     gpus = _gpu_variation(r, top, head["gpu_model"])
-    work = _workload(r, top, gpn, n_gpus, seen_nodes)
+    work = _workload(r, top, gpn, n_gpus, seen_nodes, head["gpu_model"])
     if r.errors:
         raise ClusterError("\n".join(r.errors))
     return ClusterSpec(source=source, racks=tuple(racks), **head, **swing, **gpus, **work)
@@ -375,6 +376,24 @@ def _gpu_variation(r: _Reader, top: dict, gpu_model: str = "H100-SXM") -> dict:
                 hot_resistance_c_per_w=hot_r)
 
 
+def _demand_above_idle(r: _Reader, demand: tuple[float, float] | None, gpu_model: str) -> None:
+    """An error in ``r`` when ``demand`` (W) starts at or below ``gpu_model``'s idle power: such a
+    job draws its idle power whatever its cap, so every policy scores the same (found by a try-out:
+    ``demand_w: [20, 30]`` on an A100, 55 W idle, gave 1.000 for every policy without a word)."""
+    from capctl.simgpu.profiles import get as get_profile
+
+    if demand is None:
+        return
+    try:
+        idle_w = get_profile(str(gpu_model)).idle_w
+    except UserInputError:
+        return  # (an unknown model is reported already)
+    if demand[0] <= idle_w:
+        r.err(("workload", "demand_w"), f"workload.demand_w: [{demand[0]:g}, {demand[1]:g}] W is invalid for "
+                                        f"{gpu_model}; allowed: above its idle power, {idle_w:g} W (a job at or "
+                                        "below it draws the same under any cap)")
+
+
 def _default_hot_resistance(gpu_model: str) -> tuple[float, float]:
     """:data:`HOT_RESISTANCE_FACTORS` x the nominal thermal resistance of ``gpu_model`` (°C/W; an
     unknown model, reported elsewhere: the H100's)."""
@@ -408,10 +427,11 @@ def _losses(r: _Reader, gpus: dict, key: str, words: tuple[str, ...]) -> tuple[f
     return (mean_loss, max_loss)
 
 
-def _workload(r: _Reader, top: dict, gpn: int, n_gpus: int, rack_of_node: dict[str, str]) -> dict:
+def _workload(r: _Reader, top: dict, gpn: int, n_gpus: int, rack_of_node: dict[str, str],
+              gpu_model: str = "H100-SXM") -> dict:
     """``workload`` as :class:`ClusterSpec` fields: ``curves``, ``demand_w`` (``(lo, hi)`` W or
-    None), ``jobs`` (a :class:`JobMix` for ``gpn`` GPUs per node, ``n_gpus`` in all) and
-    ``fixed_jobs`` (on nodes of ``rack_of_node``). Errors go to ``r``."""
+    None; above ``gpu_model``'s idle power), ``jobs`` (a :class:`JobMix` for ``gpn`` GPUs per node,
+    ``n_gpus`` in all) and ``fixed_jobs`` (on nodes of ``rack_of_node``). Errors go to ``r``."""
     work = r.mapping(top.get("workload", {}), ("workload",), _WORK_KEYS, "workload")
     curves = work.get("curves", "zeus")
     if curves not in ("zeus", "default"):
@@ -420,6 +440,7 @@ def _workload(r: _Reader, top: dict, gpn: int, n_gpus: int, rack_of_node: dict[s
     demand = None
     if "demand_w" in work:
         demand = r.pair(work, ("workload",), "demand_w", (650.0, 700.0), lo=1.0, hi=5000.0, unit="W")
+        _demand_above_idle(r, demand, gpu_model)
     jobs = _job_mix(r, work, gpn, n_gpus)
     fixed = _fixed_jobs(r, work.get("fixed_jobs", []), rack_of_node)
     return dict(curves=curves, demand_w=demand, jobs=jobs, fixed_jobs=fixed)

@@ -151,6 +151,8 @@ BAD_CLUSTERS = [
      5, "allowed: at most 5 x, max_loss <= 0.618"),  # (it failed later: "gpu 0: power_factor 185.591")
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [700, 600]\n", 5,
      "workload.demand_w"),
+    ("gpu_model: A100-SXM4\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [20, 30]\n", 5,
+     "allowed: above its idle power"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  speed: fast\n", 5,
      "gpus.speed: 'fast' is invalid; allowed: physics, none or a mapping with keys mean_loss, max_loss"),
 ]
