@@ -270,10 +270,15 @@ def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, b
     if kind == "pattern":
         what = _PATTERN_WORDS.get(last_key, f"text matching {err.validator_value}")
         return [(path, f"{name}: {_show(instance)} is not allowed; expected {what}", False)]
-    if kind in ("minLength", "maxLength"):
-        return [(path, f"{name}: {_show(instance)} has a length outside {kind} {err.validator_value}", False)]
+    if kind in ("minLength", "maxLength"):  # (it said "has a length outside maxLength 107": a try-out)
+        bound = "at most" if kind == "maxLength" else "at least"
+        length = f"{len(instance)} characters, " if isinstance(instance, str) else ""
+        return [(path, f"{name}: {_show(instance)} is not allowed ({length}{bound} {err.validator_value} allowed)",
+                 False)]
     if kind in ("maxItems", "minItems"):
-        return [(path, f"{name}: too many or too few items ({kind} {err.validator_value})", False)]
+        bound = "at most" if kind == "maxItems" else "at least"
+        count = f"{len(instance)} items, " if isinstance(instance, list) else ""
+        return [(path, f"{name}: {count}{bound} {err.validator_value} allowed", False)]
     return [(path, f"{name}: {err.message}", False)]
 
 

@@ -119,6 +119,8 @@ CASES = [
     pytest.param("- version: 1\n", "p.yaml:1:1:", ["expected a mapping, got a list"], id="list-document"),
     pytest.param("version: 1\nbudget_w: !!python/object:os.system x\n", "p.yaml:2:11:", ["cannot read value"], id="python-tag"),
     pytest.param("version: 1\nbudget_w: &a [*a]\n", "p.yaml:2:11:", ["recursive YAML alias"], id="recursive-alias"),
+    pytest.param(BASE + "agent:\n  socket_path: /" + "a" * 150 + "\n", "p.yaml:4:16:",
+                 ["agent.socket_path", "is not allowed (151 characters, at most 107 allowed)"], id="too-long"),
 ]
 
 
