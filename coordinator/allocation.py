@@ -466,7 +466,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
     ceiling = _ceilings(c, table, models, policy, fixed, stale)
-    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi, policy.thermal.margin_c))
+    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
@@ -542,8 +542,9 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     °C) or with a thermal clocks event reason is never raised (ceiling <= its accounted cap
     ``acc_w``); one in hardware thermal slowdown (at or above its slowdown temperature, or
     ``HW_THERMAL_SLOWDOWN``) comes down by :data:`HOT_STEP_FRACTION` of its range
-    ``[lo_w, hi_w]`` below the lower of its accounted cap and its power reading each interval, to
-    its minimum cap at most (the allocation holds a GPU whose ceiling is below its minimum at the
+    ``[lo_w, hi_w]`` (the policy's minimum, the device's maximum: not a straggler's or an
+    out-of-band limit's lower bound) below the lower of its accounted cap and its power reading
+    each interval, to its minimum cap ``lo_w`` at most (the allocation holds a GPU whose ceiling is below its minimum at the
     minimum). ``SW_THERMAL_SLOWDOWN`` alone does not step it down: drivers set it at their maximum
     operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX), below the slowdown temperature,
     around the target the model holds GPUs at; stepping down there made caps cycle by 50 W in
@@ -871,7 +872,8 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     keys = c.keys
     G = len(keys)
     d = np.fromiter((desired.get(k, 0.0) for k in keys), float, G)
-    t = c.idle_target_w
+    # within its thermal ceiling (thermal_guard: a hot idle GPU is not raised; found by a review)
+    t = np.where(c.idle_target_w > 0, np.minimum(c.idle_target_w, np.maximum(c.min_cap_w, c.thermal_ceiling_w)), 0.0)
     rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
     if not rows.size:
         return {}

@@ -81,6 +81,7 @@ class Leadership:
         self.member_id = member_id
         self.address = address
         self.ttl_s = max(1, int(ttl_s))
+        self.granted_ttl_s = 0  # the TTL etcd granted the last lease (s; it may be more than asked)
         self.on_change = on_change
         self.term = 0  # > 0 while this coordinator leads: the create revision of its leader key
         self.term_base = 0  # added to it in the term agents see (module docstring)
@@ -203,6 +204,7 @@ class Leadership:
         """One round: keep the lease alive (or get one), campaign when not leading, read the members."""
         if not self._lease_id:
             self._lease_id, granted = self.conn.grant(self.ttl_s)
+            self.granted_ttl_s = granted  # (etcd may grant more than asked: its minimum lease TTL)
             self.conn.put(self.member_key, json.dumps({"address": self.address}), self._lease_id)
             log.info("etcd lease %x granted (TTL %d s)", self._lease_id, granted)
         sent = time.monotonic()

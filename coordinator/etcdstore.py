@@ -60,6 +60,8 @@ def fenced_txn(conn: EtcdConn, leadership, ops: list[dict], what: str) -> None:
 
 class EtcdStore:
     """The admin state in etcd (see module docstring). Every method raises :class:`StoreError`.
+    ``shared``: every coordinator of the site reads and writes it (coordinator.loop keeps an
+    override its own policy file disagrees with).
 
     Args:
         conn: the etcd cluster.
@@ -67,6 +69,8 @@ class EtcdStore:
         leadership: the :class:`~coordinator.election.Leadership` whose term fences writes (None:
             writes are not fenced; for tools and tests).
     """
+
+    shared = True
 
     blocking_io = True
     """Calls wait on the network: the coordinator makes them off its event loop (coordinator.storeio)."""

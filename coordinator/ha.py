@@ -47,6 +47,7 @@ def check_failover_time(coord) -> str:
     ttl_s = getattr(leadership, "ttl_s", None)
     if ttl_s is None:
         return ""
+    ttl_s = max(ttl_s, getattr(leadership, "granted_ttl_s", 0) or 0)  # (what etcd granted, once known)
     takeover_s = float(ttl_s) + 2.0 * coord.interval_s
     if coord.lease_s > takeover_s:
         if coord.persistent_alerts.pop("failover", None) is not None:
@@ -156,6 +157,9 @@ def elected(coord, state=False) -> None:
     counted at the caps of the ledger the last leader wrote (write-ahead of its increases)."""
     if state is False:
         state = read_admin_state(coord)
+    idle = getattr(getattr(coord, "models", None), "idle_grants", None)
+    if idle is not None:
+        idle.record({})  # (history of an earlier term: stale; found by a review)
     _reread_policy(coord)
     if state is None:
         coord.policy = coord._apply_override(coord.file_policy, None, read=False)
@@ -197,4 +201,7 @@ def deposed(coord) -> None:
 
     coord.view = empty_view(coord.coordinator_id, coord.policy, coord.policy_path, coord.dry_run)
     coord.persistent_alerts.pop("budget", None)  # (the budget in force is the leader's to say)
+    idle = getattr(getattr(coord, "models", None), "idle_grants", None)
+    if idle is not None:
+        idle.record({})
     log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)

@@ -126,7 +126,9 @@ class Coordinator:
         self.persistent_alerts: dict[str, str] = {}
         if store_error:
             self.persistent_alerts["store"] = f"state database: {store_error}; running on in-memory state"
-        self.policy = self._apply_override(policy)
+        # (a coordinator sharing its store with others, HA, keeps an override its file disagrees
+        # with: a standby starting with another file deleted the leader's override, found by a review)
+        self.policy = self._apply_override(policy, takeover=bool(getattr(store, "shared", False)))
         self._ledger_mono = -math.inf
         self._ledger_nodes: frozenset = frozenset()
         self._ledger_w: dict = {}  # (node, GPU index) -> the W the saved ledger counts it at
@@ -202,7 +204,8 @@ class Coordinator:
 
         An override set under another budget than ``policy``'s file says: at a start or a reload
         here the file wins (the admin changed it since) and the override is cleared; at a
-        ``takeover`` (high availability) see :meth:`_override_at_takeover`."""
+        ``takeover`` or the start of a coordinator whose store is shared (high availability: the
+        file may be another head node's) see :meth:`_override_at_takeover`."""
         if self.store is None or not self.store.ok:
             return policy
         if read:
@@ -236,22 +239,28 @@ class Coordinator:
         it cleared the override from etcd and ran its file's budget, above the admin's (found by a
         review). Now the lower of the two is in force, the override is kept, and the alert
         ``budget`` says so until ``capctl budget set`` or ``capctl policy reload`` settles it."""
+        from capctl.policy.minimums import minimum_w
+
         set_w = float(override["budget_w"])
         under_w = float(override.get("policy_budget_w", math.nan))
         under = f"{format_watts(under_w)} W" if math.isfinite(under_w) and under_w > 0 else "a budget not recorded"
         keep_w = min(set_w, policy.budget_w)
+        floor_w = minimum_w(policy.domains, policy.min_cap_w)
+        why = "the lower"
+        if floor_w is not None and keep_w < floor_w:  # (the file's minimum caps need more: as close as they allow)
+            keep_w, why = min(floor_w, policy.budget_w), "the sum of this file's minimum caps"
+        try:
+            out = policy.with_budget(keep_w)
+        except UserInputError as exc:  # (not a budget this file allows at all: its own, with the reason)
+            out, why = policy, f"the file's own ({exc})"
         text = (f"budget override {format_watts(set_w)} W was set while the policy file said "
                 f"{under}, but {policy.source} here says {format_watts(policy.budget_w)} W "
-                f"(the head nodes' policy files differ, or the file changed without a reload): the lower, "
-                f"{format_watts(keep_w)} W, is in force and the override is kept; `capctl budget set W` or "
+                f"(the head nodes' policy files differ, or the file changed without a reload): {why}, "
+                f"{format_watts(out.budget_w)} W, is in force and the override is kept; `capctl budget set W` or "
                 f"`capctl policy reload` settles it")
         self.persistent_alerts["budget"] = text
-        log.error("taking over: %s", text)
-        try:
-            return policy.with_budget(keep_w)
-        except UserInputError as exc:
-            log.error("persisted budget %s W ignored: %s", set_w, exc)
-            return policy
+        log.error("%s", text)
+        return out
 
     def _read_override(self):
         """The store's budget override (dict or None), or the :class:`StoreError` reading it raised
@@ -603,6 +612,7 @@ class Coordinator:
         out = solution.out
         if out is None:
             log.error("solve failed: %s; holding every cap", solution.error)
+            self.models.idle_grants.record({})  # (no grant this interval: the history would be stale)
             return
         self.models.idle_grants.record(out.idle_grant_w)  # (coordinator.idlegrants: the next solve's input)
         self.solve_s.append(out.solve_s)
@@ -1179,7 +1189,7 @@ def build_view(snap: _Snapshot) -> View:
     desired = snap.desired
     st.allocated_w = sum(desired.get(k, v) for k, v in tally.accounted.items())
     st.enforced_w = sum(tally.accounted.values())
-    st.draw_w = sum(tally.draw.values())
+    st.draw_w = _domain_draw_w(tally, tally.draw.keys())  # (NaN: no GPU has a live reading, as a domain's)
     jobs_extra, lost = _add_jobs(st, tally, snap)
     _add_domains(st, tally, snap)
     all_alerts = snap.persistent_alerts + tally.alerts

@@ -86,7 +86,8 @@ def _cluster_families(view):
         ("capctl_alerts", "Number of active alerts.", len(st.alerts)),
     ):
         family = _gauge(name, doc)
-        family.add_metric([], value)
+        if value == value:  # (NaN: unknown, e.g. the draw while no GPU has a live reading: no sample)
+            family.add_metric([], value)
         yield family
 
 

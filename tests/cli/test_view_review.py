@@ -130,3 +130,18 @@ def test_a_domain_of_stale_nodes_only_has_no_draw_not_zero_watts():
     samples = {s.labels["domain"]: s.value for m in metrics._domain_families(st) if m.name == "capctl_domain_draw_watts"
                for s in m.samples}
     assert samples == {"node:n1": 960.0, "pdu-a": 960.0}
+
+
+def test_the_cluster_draw_is_unknown_when_no_gpu_has_a_live_reading():
+    """With every node stale the domains showed no draw but the cluster's read 0 W (found by a
+    review): both follow one rule, and Prometheus gets no sample for an unknown draw."""
+    from coordinator import loop, metrics
+
+    tally = loop._Tally(draw={("n3", 0): 0.0}, no_reading={("n3", 0): "node stale"})
+    assert math.isnan(loop._domain_draw_w(tally, tally.draw.keys()))
+    st = _reply()
+    st.draw_w = math.nan
+    d = statusview.status_dict(st)
+    assert d["draw_w"] is None and "draw - W" in statusview.render_status(d)
+    fams = {m.name: m for m in metrics._cluster_families(types.SimpleNamespace(status=st, tick_s=0.1))}
+    assert fams["capctl_draw_watts"].samples == [] and fams["capctl_budget_watts"].samples[0].value == 6000.0

@@ -78,3 +78,35 @@ def test_without_history_the_rule_is_the_one_without_memory():
     allocation.columns_of(inputs).idle_recent_w = np.full(len(inputs.gpus), math.inf)
     allocation.idle_from_headroom(inputs, b)
     assert a == pytest.approx(b) and sum(a.values()) == pytest.approx(3600.0, abs=0.1)
+
+
+def test_a_hot_idle_gpu_is_not_raised_past_its_thermal_ceiling():
+    """The idle rule raised an idle GPU toward its pre-job limit past the thermal ceiling the
+    guard set (a V100 at 89 °C in HW thermal slowdown given 300 W: found by a review)."""
+    inputs = _two_idle_nodes()
+    cols = allocation.columns_of(inputs)
+    cols.thermal_ceiling_w = np.where(np.arange(len(cols.keys)) == 0, 150.0, math.inf)  # n1/0: held by the guard
+    desired = {g.key: 200.0 for g in inputs.gpus}
+    allocation.idle_from_headroom(inputs, desired)
+    assert desired[("n1", 0)] == 200.0  # (its minimum: a ceiling below it holds it there)
+    assert all(desired[k] > 200.0 for k in cols.keys[1:])
+
+
+def test_the_history_goes_with_a_failed_solve_and_a_new_term():
+    from types import SimpleNamespace
+
+    from capctl.policy import parse_policy
+    from coordinator import ha, loop
+
+    g = IdleGrants()
+    key = (("n1", 0),)
+    g.record({("n1", 0): 250.0})
+    fake = SimpleNamespace(models=SimpleNamespace(idle_grants=g), _note_watch=lambda found: None)
+    loop.Coordinator._record_solution(fake, SimpleNamespace(watch=(), out=None, error="boom"))
+    assert np.isinf(g.recent(key)).all()  # a failed solve: no grant, no history
+    g.record({("n1", 0): 250.0})
+    coord = SimpleNamespace(models=SimpleNamespace(idle_grants=g), persistent_alerts={}, coordinator_id="c",
+                            registry=SimpleNamespace(nodes={}), policy=parse_policy("version: 1\nbudget_w: 1000\n"),
+                            policy_path="", dry_run=False)
+    ha.deposed(coord)
+    assert np.isinf(g.recent(key)).all()  # a term ends: its history is not the next term's

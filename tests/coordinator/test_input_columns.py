@@ -120,7 +120,7 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
                 if "HW_THERMAL_SLOWDOWN" in g.reasons or (g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
                                                           and g.temp_c >= g.slowdown_temp_c):
                     pw = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else acc
-                    ceiling = min(ceiling, max(min(acc, pw) - A.HOT_STEP_FRACTION * max(hi - lo, 0.0), lo))
+                    ceiling = min(ceiling, max(min(acc, pw) - A.HOT_STEP_FRACTION * max(g.max_cap_w - lo, 0.0), lo))
                 back = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else acc, lo), hi)
                 if policy.idle_cap_w is not None:
                     idle = min(max(policy.idle_cap_w, lo), hi)

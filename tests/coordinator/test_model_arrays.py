@@ -142,9 +142,11 @@ def _reference_paced_split(inputs, desired):
 
 
 def _reference_idle(inputs, desired):
-    target = {g.key: g.idle_target_w for g in inputs.gpus}
+    # (within the thermal ceiling, never below the minimum: a hot idle GPU is not raised past it)
+    target = {g.key: min(g.idle_target_w, max(g.min_cap_w, g.thermal_ceiling_w)) if g.idle_target_w > 0 else 0.0
+              for g in inputs.gpus}
     active = [g.key for g in inputs.gpus
-              if g.idle_target_w > 0 and not g.fixed and g.job is None and g.idle_target_w > desired[g.key] + 1e-6]
+              if target[g.key] > 0 and not g.fixed and g.job is None and target[g.key] > desired[g.key] + 1e-6]
     for _ in range(allocation.IDLE_PASSES):  # the same water-filling, per key
         want = {k: target[k] - desired[k] for k in active}
         ratio = {}

@@ -349,3 +349,54 @@ def test_an_etcd_lease_ttl_flag_that_outlasts_the_agents_lease_is_an_alert_until
     assert "failover" not in coord.persistent_alerts
     coord.ha = SimpleNamespace(ttl_s=8)
     assert "8 s + 2 intervals = 12 s" in ha.check_failover_time(coord)
+    coord.ha = SimpleNamespace(ttl_s=2, granted_ttl_s=8)  # etcd granted more than asked (its minimum TTL)
+    assert "8 s + 2 intervals = 12 s" in ha.check_failover_time(coord)
+
+
+class _SharedStore:
+    """The admin state as an etcd store shows it to a coordinator (shared by the site's coordinators)."""
+
+    shared = True
+    ok = True
+    path = "etcd"
+
+    def __init__(self, override):
+        self.override = override
+        self.cleared = 0
+
+    def budget_override(self):
+        return self.override
+
+    def clear_budget_override(self):
+        self.cleared += 1
+        self.override = None
+
+    def load_nodes(self):
+        return {}
+
+
+def test_a_coordinator_on_a_shared_store_keeps_an_override_its_file_disagrees_with(tmp_path):
+    """A standby starting with another file than the leader's deleted the leader's override from
+    etcd (the next leader then ran its own, higher budget without a word: found by a review); and
+    at a takeover an override below the new file's minimum caps left that file's full budget in
+    force while the alert said the override's was. Now the override is kept, the budget in force
+    is the lower one or the least the file's minimum caps allow, and the alert says which."""
+    from capctl.policy import load_policy
+    from coordinator.loop import Coordinator
+
+    path = tmp_path / "b.yaml"
+    path.write_text("version: 1\nbudget_w: 3200\n")
+    store = _SharedStore({"budget_w": 2500.0, "policy_budget_w": 2800.0})
+    coord = Coordinator(load_policy(str(path)), str(path), store=store)
+    assert store.cleared == 0 and store.override is not None and coord.policy.budget_w == 2500.0
+    assert "the lower, 2500 W, is in force and the override is kept" in coord.persistent_alerts["budget"]
+    path.write_text("version: 1\nbudget_w: 6000\nmin_cap_w: 350\nstart_cap_w: 400\n"
+                    "domains: {name: c, kind: cluster, gpu_model: H100-SXM, gpus_per_node: 8, nodes: 'n[1-2]'}\n")
+    store = _SharedStore({"budget_w": 4000.0, "policy_budget_w": 5000.0})
+    coord = Coordinator(load_policy(str(path)), str(path), store=store)
+    assert coord.policy.budget_w == 5600.0 and store.cleared == 0  # 16 GPUs x 350 W: as low as the file allows
+    assert "the sum of this file's minimum caps, 5600 W, is in force" in coord.persistent_alerts["budget"]
+    store = _SharedStore({"budget_w": 4000.0, "policy_budget_w": 5000.0})
+    store.shared = False  # one coordinator's own database: the file changed since, the file wins
+    coord = Coordinator(load_policy(str(path)), str(path), store=store)
+    assert coord.policy.budget_w == 6000.0 and store.cleared == 1 and "budget" not in coord.persistent_alerts
