@@ -530,6 +530,11 @@ def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) ->
     return out
 
 
+HOLD_MARGIN_FRACTION = 0.5
+""":func:`thermal_guard` holds a GPU (no raise) from this fraction of the policy's thermal margin
+below its slowdown temperature (margin 5 °C: from 2.5 °C below): halfway between the target the
+model holds GPUs at and the slowdown temperature, so a reading at the target (NVML's whole
+degrees) does not stop the model's own raises."""
 HOT_STEP_FRACTION = 0.1
 """How far below its accounted cap :func:`thermal_guard` puts the ceiling of a GPU in thermal
 slowdown, per interval: this fraction of its limit range (V100 150-300 W: 15 W; H100 200-700 W: 50 W)."""
@@ -539,16 +544,19 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
                   margin_c: float) -> np.ndarray:
     """[G] thermal ceilings (W) bounded by what each device reports, whatever its thermal model
     says: a GPU at or above its target temperature (its slowdown temperature minus ``margin_c``,
-    °C) or with a thermal clocks event reason is never raised (ceiling <= its accounted cap
-    ``acc_w``); one in hardware thermal slowdown (at or above its slowdown temperature, or
-    ``HW_THERMAL_SLOWDOWN``) comes down by :data:`HOT_STEP_FRACTION` of its range
+    °C; from :data:`HOLD_MARGIN_FRACTION` of the margin) or with a thermal clocks event reason is
+    never raised (ceiling <= its accounted cap ``acc_w``); one whose reading is at or above its
+    slowdown temperature (``HW_THERMAL_SLOWDOWN`` when it reports no temperature) comes down by
+    :data:`HOT_STEP_FRACTION` of its range
     ``[lo_w, hi_w]`` (the policy's minimum, the device's maximum: not a straggler's or an
     out-of-band limit's lower bound) below the lower of its accounted cap and its power reading
     each interval, to its minimum cap ``lo_w`` at most (the allocation holds a GPU whose ceiling is below its minimum at the
-    minimum). ``SW_THERMAL_SLOWDOWN`` alone does not step it down: drivers set it at their maximum
-    operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX), below the slowdown temperature,
-    around the target the model holds GPUs at; stepping down there made caps cycle by 50 W in
-    38 % of the intervals (bench/thermal_ceiling.py, one-pole plant, 1,024 GPUs).
+    minimum). A thermal reason alone does not step it down: ``SW_THERMAL_SLOWDOWN`` is set at the
+    driver's maximum operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX), near the target the
+    model holds GPUs at (stepping down there made caps cycle by 50 W in 38 % of the intervals,
+    bench/thermal_ceiling.py, one-pole plant, 1,024 GPUs), and a slowdown's reason stays set
+    through its hysteresis, after the temperature fell below the threshold (stepping on it cost
+    3 % of throughput in a ``capctl sim`` A100 scenario, seed 11: 0.918 -> 0.891 of the oracle).
 
     Why: a thermal fit learned while the GPU was in slowdown (its power held by the throttle, its
     temperature flat) can say R ~20x too low: ``capctl sim``, a V100 at 0.69 °C/W, 32.7 °C inlet,
@@ -559,8 +567,8 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     known = np.isfinite(temp) & (slowdown > 0)
     codes = np.fromiter(map(_thermal_reason, c["reasons"]), np.int64, len(ceiling))  # 1 SW/HW, 2 HW
     with np.errstate(invalid="ignore"):
-        hot = (known & (temp >= slowdown - margin_c)) | (codes > 0)
-        slowed = (known & (temp >= slowdown)) | (codes == 2)
+        hot = (known & (temp >= slowdown - HOLD_MARGIN_FRACTION * margin_c)) | (codes > 0)
+        slowed = (known & (temp >= slowdown)) | (~known & (codes == 2))
     if not hot.any() and not slowed.any():
         return ceiling
     out = np.where(hot, np.minimum(ceiling, acc_w), ceiling)

@@ -114,11 +114,11 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
                 if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
                     ceiling = A.ceiling_w(g.temp_c, th, policy.interval_s, g.slowdown_temp_c, policy.thermal.margin_c)
                 # thermal_guard, GPU by GPU
-                if (g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
-                        and g.temp_c >= g.slowdown_temp_c - policy.thermal.margin_c) or is_thermal(g.reasons):
+                known = g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
+                if (known and g.temp_c >= g.slowdown_temp_c - A.HOLD_MARGIN_FRACTION * policy.thermal.margin_c
+                        or is_thermal(g.reasons)):
                     ceiling = min(ceiling, acc)
-                if "HW_THERMAL_SLOWDOWN" in g.reasons or (g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
-                                                          and g.temp_c >= g.slowdown_temp_c):
+                if (known and g.temp_c >= g.slowdown_temp_c) or (not known and "HW_THERMAL_SLOWDOWN" in g.reasons):
                     pw = g.power_w if math.isfinite(g.power_w) and g.power_w > 0 else acc
                     ceiling = min(ceiling, max(min(acc, pw) - A.HOT_STEP_FRACTION * max(g.max_cap_w - lo, 0.0), lo))
                 back = min(max(g.pre_job_cap_w if g.pre_job_cap_w > 0 else acc, lo), hi)

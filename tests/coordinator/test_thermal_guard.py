@@ -17,19 +17,23 @@ def _cols(temp_c, reasons, power_w):
 
 
 def test_hot_gpus_are_never_raised_and_those_in_slowdown_come_down():
-    # GPUs: cool; at the 82 °C target (slowdown 87 - margin 5); in SW thermal slowdown at 85 °C;
-    # at 88 °C without a reason; in HW thermal slowdown near its minimum; unknown temperature
-    c = _cols([60.0, 82.0, 85.0, 88.0, 86.0, math.nan],
-              [(), ("SW_POWER_CAP",), ("SW_THERMAL_SLOWDOWN",), (), ("HW_THERMAL_SLOWDOWN",), ()],
-              [250.0, 250.0, 240.0, 250.0, 160.0, 250.0])
-    model = np.full(6, 1000.0)  # a model far too optimistic (a fit learned in slowdown)
-    acc = np.full(6, 250.0)
-    lo, hi = np.full(6, 150.0), np.full(6, 300.0)
+    # GPUs (slowdown 87 °C, margin 5 °C: held from 84.5 °C): cool; at the 82 °C target; at 85 °C;
+    # in SW thermal slowdown at 83 °C; at 88 °C without a reason; in HW thermal slowdown at 86 °C;
+    # in HW thermal slowdown without a temperature reading; unknown temperature, no reason
+    c = _cols([60.0, 82.0, 85.0, 83.0, 88.0, 86.0, math.nan, math.nan],
+              [(), ("SW_POWER_CAP",), (), ("SW_THERMAL_SLOWDOWN",), (), ("HW_THERMAL_SLOWDOWN",),
+               ("HW_THERMAL_SLOWDOWN",), ()],
+              [250.0, 250.0, 250.0, 240.0, 250.0, 160.0, 200.0, 250.0])
+    model = np.full(8, 1000.0)  # a model far too optimistic (a fit learned in slowdown)
+    acc = np.full(8, 250.0)
+    lo, hi = np.full(8, 150.0), np.full(8, 300.0)
     out = allocation.thermal_guard(model, c, acc, lo, hi, 5.0)
-    # SW thermal slowdown (the driver's maximum operating temperature): held, not stepped down
-    assert out.tolist() == [1000.0, 250.0, 250.0, 250.0 - 15.0, 150.0, 1000.0]
+    # the target itself: the model's (its own raises at a whole-degree reading of the target stay);
+    # a thermal reason or 84.5 °C and up: held; at the slowdown temperature (or a HW reason without
+    # a reading): a tenth of the range below the lower of its cap and draw
+    assert out.tolist() == [1000.0, 1000.0, 250.0, 250.0, 250.0 - 15.0, 250.0, 200.0 - 15.0, 1000.0]
     # a model that already says less is kept
-    low = np.array([100.0, 200.0, 100.0, 120.0, 100.0, 90.0])
+    low = np.array([100.0, 200.0, 100.0, 120.0, 100.0, 90.0, 90.0, 90.0])
     assert allocation.thermal_guard(low, c, acc, lo, hi, 5.0).tolist() == low.tolist()
 
 
