@@ -216,21 +216,10 @@ def test_the_idle_rule_passes_on_what_a_full_pdu_cannot_take():
     """No jobs, budget 3,600 W, pdu-a 1,700 W over n1's 4 GPUs, pdu-b 2,200 W over n2's 4, every
     pre-job limit 700 W (the admin try-out's cluster): n1 gets what pdu-a allows and n2 the rest of
     the budget. One pass left 100 W unallocated (n1 425 W, n2 450 W each: 3,500 W)."""
-    domains = [{"name": "c", "parent": None, "limit_w": 3600.0, "kind": "cluster"},
-               {"name": "pdu-a", "parent": "c", "limit_w": 1700.0, "kind": "pdu"},
-               {"name": "pdu-b", "parent": "c", "limit_w": 2200.0, "kind": "pdu"},
-               {"name": "node:n1", "parent": "pdu-a", "limit_w": None, "kind": "node"},
-               {"name": "node:n2", "parent": "pdu-b", "limit_w": None, "kind": "node"}]
-    gpus, members = [], {"c": set(), "pdu-a": set(), "pdu-b": set(), "node:n1": set(), "node:n2": set()}
-    for node, pdu in (("n1", "pdu-a"), ("n2", "pdu-b")):
-        for i in range(4):
-            key = (node, i)
-            for d in ("c", pdu, f"node:{node}"):
-                members[d].add(key)
-            gpus.append(allocation.GpuInput(key, f"node:{node}", 200.0, 700.0, False, 200.0, 200.0, None,
-                                            DEFAULT_CURVES["H100"], math.inf, 200.0, idle_target_w=700.0))
-    inputs = allocation.SolveInputs(gpus=gpus, jobs={}, domains=domains, objective="proportional", slew_w=None,
-                                    node_domain={}, domain_members={k: frozenset(v) for k, v in members.items()})
+    from tests.coordinator.idleinputs import two_idle_nodes
+
+    inputs = two_idle_nodes()
+    gpus = inputs.gpus
     desired = {g.key: 200.0 for g in gpus}  # the solve sees idle GPUs at their minimum cap
     allocation.idle_from_headroom(inputs, desired)
     n1 = sum(v for k, v in desired.items() if k[0] == "n1")
