@@ -139,14 +139,16 @@ def _create_args(gpus: Any, seed: Any, model: str, profile) -> tuple[int, Any]:
         SimInputError: ``gpus`` not an integer >= 1, ``seed`` not an integer >= 0, or ``profile``
             not a DeviceProfile; UserInputError: an unknown ``model``.
     """
+    if isinstance(gpus, bool):  # (True made one GPU: found by a review)
+        raise SimInputError(f"gpus {gpus!r} is not an integer")
     try:
         n = int(gpus)
     except (TypeError, ValueError):
         raise SimInputError(f"gpus {gpus!r} is not an integer") from None
     if n < 1 or n != gpus:
         raise SimInputError(f"gpus {gpus!r} is invalid; allowed: an integer >= 1")
-    if not isinstance(seed, int) or seed < 0:
-        raise SimInputError(f"seed {seed!r} is invalid; allowed: an integer >= 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise SimInputError(f"seed {seed!r} is invalid; allowed: an integer >= 0 and < 2**64 (seeds above wrapped)")
     from capctl.simgpu.profiles import DeviceProfile
     from capctl.simgpu.profiles import get as get_profile
 

@@ -151,6 +151,11 @@ BAD_CLUSTERS = [
      5, "allowed: at most 5 x, max_loss <= 0.618"),  # (it failed later: "gpu 0: power_factor 185.591")
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [700, 600]\n", 5,
      "workload.demand_w"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"n[1-4]\"}\nworkload:\n  fixed_jobs:\n"
+     "    - {nodes: \"n[1-2]\", duration_s: 60}\n    - {nodes: \"n[2-3]\"}\n", 7,
+     "workload.fixed_jobs[1]: missing key 'duration_s'"),  # (its own error too, beside the node clash)
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"n[1-4]\", inlet_c: [-30, 20]}\n", 3,
+     "within [-20, 80]"),
     ("gpu_model: A100-SXM4\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  demand_w: [20, 30]\n", 5,
      "allowed: above its idle power"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  speed: fast\n", 5,

@@ -373,3 +373,11 @@ def test_continuous_clock_follows_the_cap_off_the_15_mhz_grid(simlib):
         node.clear(0, "continuous_clock")
         node.advance(0.5)
         assert node.read(0)["sm_clock_mhz"] % 15 == 0 and "continuous_clock" not in node.read(0)["faults"]
+
+
+@pytest.mark.parametrize("kwargs", [dict(gpus=True), dict(gpus=2, seed=True), dict(gpus=2, seed=2 ** 64)])
+def test_create_refuses_booleans_and_seeds_that_would_wrap(simlib, kwargs):
+    """``gpus=True`` made one GPU, ``seed=True`` seed 1 and seeds from 2**64 up wrapped to others
+    (found by a review)."""
+    with pytest.raises(SimInputError, match="gpus True is not an integer|seed .* is invalid"):
+        SimNode.create(None, manual_clock=True, **kwargs)
