@@ -32,8 +32,12 @@ def _admin_group_warning(path: Path) -> str:
             return ""
     except KeyError:
         pass
-    return (f"{path}: warning: coordinator.admin_group: group {group!r} does not exist on this host; "
-            "create it (groupadd) where the coordinator runs, or the admin socket stays root-only\n")
+    # its value's line:col, as PyYAML's own node marks say (1-based)
+    root = yaml.compose(path.read_text())
+    coord = next(v for k, v in root.value if k.value == "coordinator")
+    mark = next(v for k, v in coord.value if k.value == "admin_group").start_mark
+    return (f"{path}:{mark.line + 1}:{mark.column + 1}: warning: coordinator.admin_group: group {group!r} does not "
+            "exist on this host; create it (groupadd) where the coordinator runs, or the admin socket stays root-only\n")
 
 
 def test_validate_examples_exit_0() -> None:
