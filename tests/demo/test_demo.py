@@ -126,13 +126,15 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
             alive = _children_alive(workdir)
         agents = [x for x in alive if "capctl-agent" in x]
         assert len(agents) == 4, alive
+        exited = proc.poll()  # (None: still running, as it should be)
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 20
         while _children_alive(workdir) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _children_alive(workdir) == []
-        assert os.path.isdir(workdir)  # nobody could remove it ...
+        # nobody could remove it ... (in 1 of 6 suites it was gone: the demo had ended by itself?)
+        assert os.path.isdir(workdir), f"demo exit before the kill {exited}, after {proc.returncode}: {proc.stderr.read()[-2000:]}"
         removed = remove_stale_workdirs()  # ... until the next demo starts
         # (another demo on this host may have started first and removed it); the first call found
         # nothing to remove in 2 of 5 suites (rerun: passed), cause not seen: the state is said
