@@ -118,8 +118,16 @@ def test_demo_sigkill_leaves_no_daemons_and_next_run_removes_workdir(tmp_path):
     from capctl.demo.run import remove_stale_workdirs
 
     with _running_demo(tmp_path) as (proc, workdir):
-        # the workdir line comes before the demo has started its daemons: wait for the 4 agents
-        # (bounded; under a loaded 2-core host they took longer than the line: the test's rerun)
+        # the workdir line comes before the demo has started its daemons: wait for its first phase
+        # (its set-up done: killed during a set-up that failed, it had removed the workdir itself
+        # and its error was never printed; seen in 3 of 7 suites), then for the 4 agents (bounded)
+        seen, deadline = [], time.monotonic() + 60
+        while not any("phase 1/2" in s for s in seen) and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+        assert any("phase 1/2" in s for s in seen), f"demo set-up did not finish (exit {proc.poll()}): {''.join(seen)}"
         deadline = time.monotonic() + 30
         alive = _children_alive(workdir)
         while sum("capctl-agent" in x for x in alive) < 4 and time.monotonic() < deadline:
