@@ -885,6 +885,7 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
     if not rows.size:
         return {}
+    candidates = rows  # (the passes below narrow ``rows``)
     limited, levels = domain_levels(inputs)
     n = len(limited)
     start = d.copy()
@@ -911,8 +912,7 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
                 break
     else:
         d[rows] = t[rows]
-    considered = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > start + 1e-6))[0]
-    grants = dict(zip([keys[i] for i in considered.tolist()], d[considered].tolist()))
+    grants = dict(zip([keys[i] for i in candidates.tolist()], d[candidates].tolist()))
     if c.idle_recent_w is not None:  # a raise only with headroom that held (coordinator.idlegrants)
         d = np.maximum(start, np.minimum(d, c.idle_recent_w))
     moved = np.nonzero(d != start)[0]

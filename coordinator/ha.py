@@ -157,9 +157,7 @@ def elected(coord, state=False) -> None:
     counted at the caps of the ledger the last leader wrote (write-ahead of its increases)."""
     if state is False:
         state = read_admin_state(coord)
-    idle = getattr(getattr(coord, "models", None), "idle_grants", None)
-    if idle is not None:
-        idle.record({})  # (history of an earlier term: stale; found by a review)
+    _forget_idle_grants(coord)  # (history of an earlier term: stale; found by a review)
     _reread_policy(coord)
     if state is None:
         coord.policy = coord._apply_override(coord.file_policy, None, read=False)
@@ -201,7 +199,12 @@ def deposed(coord) -> None:
 
     coord.view = empty_view(coord.coordinator_id, coord.policy, coord.policy_path, coord.dry_run)
     coord.persistent_alerts.pop("budget", None)  # (the budget in force is the leader's to say)
+    _forget_idle_grants(coord)
+    log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)
+
+
+def _forget_idle_grants(coord) -> None:
+    """Drop ``coord``'s idle-grant history (coordinator.idlegrants) at a change of term."""
     idle = getattr(getattr(coord, "models", None), "idle_grants", None)
     if idle is not None:
-        idle.record({})
-    log.warning("deposed: %d agent stream(s) closed; sending nothing more", n)
+        idle.clear()

@@ -46,11 +46,15 @@ class IdleGrants:
         get = self._recent.get
         return np.fromiter((min(g) if (g := get(k)) else math.inf for k in keys), float, len(keys))
 
+    def clear(self) -> None:
+        """Forget every GPU's history (no grant this interval: a failed solve; a change of leader)."""
+        self._recent = {}
+
     def record(self, grants: dict) -> None:
         """This interval's raw grants (GPU key -> W) of the idle GPUs the rule raised or could have
         raised; every GPU left out (busy, fixed, gone) forgets its history."""
         if not self.keep:
-            self._recent = {}
+            self.clear()
             return
         old = self._recent
         keep = self.keep

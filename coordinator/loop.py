@@ -612,7 +612,7 @@ class Coordinator:
         out = solution.out
         if out is None:
             log.error("solve failed: %s; holding every cap", solution.error)
-            self.models.idle_grants.record({})  # (no grant this interval: the history would be stale)
+            self.models.idle_grants.clear()  # (no grant this interval: the history would be stale)
             return
         self.models.idle_grants.record(out.idle_grant_w)  # (coordinator.idlegrants: the next solve's input)
         self.solve_s.append(out.solve_s)

@@ -86,7 +86,7 @@ def _cluster_families(view):
         ("capctl_alerts", "Number of active alerts.", len(st.alerts)),
     ):
         family = _gauge(name, doc)
-        if value == value:  # (NaN: unknown, e.g. the draw while no GPU has a live reading: no sample)
+        if not math.isnan(value):  # (NaN: unknown, e.g. the draw while no GPU has a live reading: no sample)
             family.add_metric([], value)
         yield family
 

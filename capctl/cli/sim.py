@@ -96,7 +96,7 @@ def _load_both(args: argparse.Namespace):
     try:
         spec = load_cluster(args.cluster)
     except ClusterError as exc:
-        if any(f"unknown key '{k}'" in str(exc) or f"unknown key {k!r}" in str(exc) for k in ("budget_w", "domains")):
+        if any(f"unknown key '{k}'" in str(exc) for k in ("budget_w", "domains")):
             raise ClusterError(f"{exc}\n{args.cluster}: this looks like a policy file (budget_w, domains): give it "
                                "with --policy, and a cluster file with --cluster") from None
         raise
@@ -104,8 +104,6 @@ def _load_both(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from capctl.policy import load_policy
-    from capctl.sim.cluster import load_cluster
     from capctl.sim.engine import build_scenario, run_policy
     from capctl.sim.policies import POLICY_NAMES
     from capctl.sim.report import plot, table, to_json
