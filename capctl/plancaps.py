@@ -44,14 +44,24 @@ def unpack(data: bytes, field: str) -> tuple[dict[int, float], str]:
         return {}, f"CapPlan.{field}: {len(data)} bytes, not a whole number of {CAP.size}-byte rows"
     if len(data) > CAP.size * MAX_CAPS:
         return {}, f"CapPlan.{field}: {len(data) // CAP.size} caps, at most {MAX_CAPS} allowed"
-    return dict(CAP.iter_unpack(data)), ""
+    rows = list(CAP.iter_unpack(data))
+    caps = dict(rows)
+    if len(caps) != len(rows):
+        return {}, f"CapPlan.{field}: GPU index {_twice(i for i, _ in rows)} twice; a coordinator names each GPU once"
+    return caps, ""
+
+
+def _twice(indices) -> int:
+    """The first GPU index of ``indices`` seen before."""
+    seen: set = set()
+    return next(i for i in indices if i in seen or seen.add(i))
 
 
 def of_plan(plan) -> tuple[dict[int, float], dict[int, float], str]:
     """``(caps, safe caps, problem)`` of a ``CapPlan``, GPU index -> W, from either form (the
     per-GPU ``caps`` / ``safe_caps`` or the packed ``caps_rows`` / ``safe_caps_rows``).
     ``problem`` is "" or why the plan cannot be read (packed rows of a bad size, more than
-    :data:`MAX_CAPS` caps in either form, one list in both forms): then both dicts are empty
+    :data:`MAX_CAPS` caps in either form, a GPU index twice in one list, one list in both forms): then both dicts are empty
     (nothing of such a plan is taken)."""
     for name in ("caps", "safe_caps"):  # the packed lists' bound, the per-GPU ones too (a review:
         # 200,000 per-GPU safe caps were all kept and saved)
@@ -59,6 +69,11 @@ def of_plan(plan) -> tuple[dict[int, float], dict[int, float], str]:
             return {}, {}, f"CapPlan.{name}: {len(getattr(plan, name))} caps, at most {MAX_CAPS} allowed"
     caps = {c.index: c.cap_w for c in plan.caps}
     safe = {c.index: c.cap_w for c in plan.safe_caps}
+    for name, got in (("caps", caps), ("safe_caps", safe)):
+        listed = getattr(plan, name)
+        if len(got) != len(listed):  # the last of a repeated index would win: a plan no coordinator sends
+            return {}, {}, (f"CapPlan.{name}: GPU index {_twice(c.index for c in listed)} twice; a coordinator "
+                            "names each GPU once")
     for name, into in (("caps_rows", caps), ("safe_caps_rows", safe)):
         data = getattr(plan, name)
         if data:

@@ -33,9 +33,9 @@ import time
 
 import numpy as np
 
-from capctl import capstates
+from capctl import capstates, devicedata
 from capctl.allocator.problem import domain_tree
-from capctl.allocator.thermal import thermal_ceiling_w
+from capctl.allocator.thermal import THERMAL_PRIOR, thermal_ceiling_w
 from coordinator.registry import OOB_TOLERANCE_W, gpu_jobs  # noqa: F401 (OOB_TOLERANCE_W: re-exported)
 
 GpuKey = tuple[str, int]
@@ -226,6 +226,7 @@ class SolveInputs:
     limited: tuple | None = None  # (limited domains, levels): see domain_levels (None: not computed yet)
     limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
     spread_spare: bool = False  # the policy's spread_spare_watts (:func:`spread_spare`)
+    reserved_w: dict = dataclasses.field(default_factory=dict)  # unreported policy node -> W counted (unreported_reserve)
     _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
@@ -421,9 +422,55 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     cols.idle_target_w = np.where(job >= 0, 0.0, cols.idle_target_w)
     # jobs whose GPUs are all unknown to the registry cannot be allocated
     jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
+    reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"])
+    if reserved:  # the limits less what the silent nodes may draw (rare: the cached structure is not used)
+        domains, limited, positions = with_reserve(domains, policy, reserved), None, None
     return SolveInputs(gpus=GpuRows(cols), jobs=jobs, domains=domains, objective=policy.objective,
                        slew_w=policy.slew_w, node_domain=node_domain, domain_members=members, limited=limited,
-                       limited_pos=positions, spread_spare=bool(getattr(policy, "spread_spare_watts", False)))
+                       limited_pos=positions, spread_spare=bool(getattr(policy, "spread_spare_watts", False)),
+                       reserved_w=reserved)
+
+
+def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: np.ndarray) -> dict[str, float]:
+    """Node -> W of every node the policy lists that the registry has no GPU of (its agent never
+    said hello to this coordinator and no node ledger named it): the largest maximum draw of any
+    known node (the sum of its GPUs' maximum limits ``max_cap_w`` [G] W, ``node_of`` [G] its
+    position in ``topology``; at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W` a GPU). {} when
+    every policy node is known, or none is (nothing to allocate then).
+
+    Why: such a node may be running at any cap: an agent killed with -9 leaves its GPUs at the
+    caps it last set, and a coordinator whose state was lost (a new ``--state-dir``, etcd rebuilt)
+    has no ledger of them. Counted as free, they were handed out again (found by a try-out: the
+    cluster at 3,942 W on a 3,600 W budget in the simulated driver's journal, for as long as the
+    agent stayed down). The largest known node stands for it: a policy lists nodes of a few
+    kinds. Removing a node that is gone for good from the policy releases its watts."""
+    known = {name for name, _ in topology}
+    missing = [name for name in policy.domains.all_nodes() if name not in known]
+    if not missing or not len(node_of):
+        return {}
+    per_gpu = np.minimum(np.nan_to_num(np.asarray(max_cap_w, float), nan=0.0, posinf=0.0),
+                         devicedata.MAX_SANE_LIMIT_W)
+    per_node = np.bincount(node_of, weights=np.maximum(per_gpu, 0.0), minlength=len(topology))
+    reserve_w = float(per_node.max())
+    return dict.fromkeys(sorted(set(missing)), reserve_w) if reserve_w > 0 else {}
+
+
+def with_reserve(domains: list[dict], policy, reserved: dict[str, float]) -> list[dict]:
+    """``domains`` (allocator domain dicts, not mutated) with each finite limit lowered by the
+    watts ``reserved`` (node -> W) of the nodes below it (the policy's domain path of each node,
+    the cluster budget included), never below 0 W; a changed domain keeps what was taken off as
+    ``reserved_w`` (W)."""
+    cut: dict[str, float] = {}
+    for node, watts in reserved.items():
+        for d in policy.domain_path(node):
+            cut[d.name] = cut.get(d.name, 0.0) + watts
+    out = []
+    for d in domains:
+        r, lim = cut.get(d["name"], 0.0), d["limit_w"]
+        if r > 0 and lim is not None and math.isfinite(lim):
+            d = {**d, "limit_w": max(0.0, lim - r), "reserved_w": min(r, lim)}
+        out.append(d)
+    return out
 
 
 def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: float, stale: np.ndarray) -> InputColumns:
@@ -465,7 +512,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
-    ceiling = _ceilings(c, table, models, policy, fixed, stale)
+    ceiling, r_c_per_w = _ceilings(c, table, models, policy, fixed, stale)
+    ceiling = thermal_damping(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, r_c_per_w)
     ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
@@ -513,9 +561,10 @@ def _default_curve():
     return DEFAULT_CURVES["H100"]
 
 
-def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) -> np.ndarray:
-    """[G] thermal ceilings (W; +inf where none: fixed GPU, stale node, no model, no slowdown
-    temperature or no finite temperature)."""
+def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) -> tuple:
+    """``(ceilings, R)`` [G]: thermal ceilings (W; +inf where none: fixed GPU, stale node, no
+    model, no slowdown temperature or no finite temperature) and each GPU's thermal resistance
+    (°C/W, its node's thermal model; NaN: none)."""
     node_stale = np.zeros(len(table.topology), bool)
     if len(stale):
         node_stale[table.node_of] = stale
@@ -527,7 +576,7 @@ def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) ->
         w = np.nonzero(want)[0]
         out[w] = ceilings_w(np.stack([temp[w], r[w], tau[w], inlet[w], slowdown[w]], axis=1), policy.interval_s,
                             policy.thermal.margin_c)
-    return out
+    return out, r
 
 
 HOLD_MARGIN_FRACTION = 0.5
@@ -575,6 +624,62 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     power = np.where(np.isfinite(c["power_w"]) & (c["power_w"] > 0), c["power_w"], acc_w)
     down = np.minimum(acc_w, power) - HOT_STEP_FRACTION * np.maximum(hi_w - lo_w, 0.0)
     return np.where(slowed, np.minimum(out, np.maximum(down, lo_w)), out)
+
+
+NEAR_BAND_FRACTION = 1.0
+""":func:`thermal_damping`'s band starts this fraction of the policy's thermal margin below the
+target (margin 5 °C, target 84 °C: from 79 °C) and ends where :func:`thermal_guard` holds."""
+NEAR_STEP_FRACTION = 0.02
+"""Largest raise of a thermal ceiling in the band per interval, from the GPU's accounted cap: this
+fraction of its limit range (H100 200-700 W: 10 W; V100 150-300 W: 3 W)."""
+DROP_STEPS_PER_C = 2.0
+"""In the band, a ceiling may come down by one step plus this many steps per °C above the target
+(H100: 10 W at the target, 30 W one degree above it, 60 W at the hold 2.5 °C above it)."""
+
+
+def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, hi_w: np.ndarray,
+                    margin_c: float, r_c_per_w: np.ndarray) -> np.ndarray:
+    """[G] thermal ceilings (W) moved gradually near the target (slowdown temperature
+    ``c["slowdown_temp_c"]`` minus ``margin_c``, °C), from each GPU's accounted cap ``acc_w`` (W):
+
+    * in the band, from :data:`NEAR_BAND_FRACTION` of the margin below the target up to
+      :func:`thermal_guard`'s hold: up by at most a step (:data:`NEAR_STEP_FRACTION` of the range
+      ``[lo_w, hi_w]``, W), down by at most ``step x (1 + DROP_STEPS_PER_C x degrees above the
+      target)``;
+    * below the band: up by at most ``max(step, (target - T) / R)``, the raise that heats the GPU
+      to the target in steady state by its thermal model's resistance ``r_c_per_w`` (°C/W; NaN
+      or <= 0: no bound), at most the prior's (:data:`capctl.allocator.thermal.THERMAL_PRIOR`,
+      0.1 °C/W): a fit early in its learning can say several times the true R, and a bound from
+      it held a GPU's first raise back so that its cap turned twice
+      (tests/coordinator/test_pace_fake_plants.py);
+    * from the hold up, or NaN / unknown temperatures, infinite ceilings: the model's ceiling
+      (the guard then holds or steps the GPU down).
+
+    Why: the model's ceiling aims at the target at the end of the interval, so near the target it
+    moves by ``e / ((1 - e) R)`` W per °C of reading (``e = exp(-interval / tau)``): 460 W per °C
+    for R 0.085 °C/W and tau 40 s, 56 W for a fit of 0.072 °C/W and 4.6 s. NVML's whole-degree
+    readings, sensor noise, or a single-pole fit of a die on a heat sink then made the caps of
+    hot GPUs, and of their job-mates (who follow their pace), cycle by ~100 W every 2-5 intervals
+    near the target (bench/thermal_ceiling.py, two-pole plant, whole degrees: 11.6 % of the
+    GPU-intervals moved by more than 50 W; with the fit held at the prior 25.8 %). A single GPU
+    capped at its ceiling (die 2 s / 0.035 °C/W on a sink 40 s / 0.05 °C/W, 7 fits x 2 inlets x
+    3 kinds of reading x 3 seeds): moves > 50 W in 10-100 % of the intervals in 32 of 42 runs
+    before, none after; the hottest reading 85.8 -> 84.7 °C (target 82 °C, slowdown 87 °C)."""
+    temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
+    with np.errstate(invalid="ignore"):
+        target = slowdown - margin_c
+        known = (slowdown > 0) & np.isfinite(ceiling) & np.isfinite(temp)
+        band = known & (temp >= target - NEAR_BAND_FRACTION * margin_c) & (temp < slowdown - HOLD_MARGIN_FRACTION * margin_c)
+        below = known & (temp < target - NEAR_BAND_FRACTION * margin_c) & (r_c_per_w > 0)
+    if not band.any() and not below.any():
+        return ceiling
+    step = NEAR_STEP_FRACTION * np.maximum(hi_w - lo_w, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        drop = step * (1.0 + DROP_STEPS_PER_C * np.maximum(temp - target, 0.0))
+        r_raise = np.minimum(np.where(below, r_c_per_w, 1.0), THERMAL_PRIOR["r_c_per_w"][0])
+        rise = np.maximum(step, (target - temp) / r_raise)
+    out = np.where(band, np.minimum(np.maximum(ceiling, acc_w - drop), acc_w + step), ceiling)
+    return np.where(below, np.minimum(out, acc_w + rise), out)
 
 
 _THERMAL_REASONS: dict[tuple, int] = {}

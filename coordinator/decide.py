@@ -281,13 +281,20 @@ def _holds(obs: Observations, solution: Solution) -> tuple[str, tuple, bool, lis
     return mode, waiting, hold_increases, reasons
 
 
-def _unreported_alert(unreported: list[str], hold_increases: bool) -> list[str]:
+def _unreported_alert(unreported: list[str], hold_increases: bool, reserved_w: dict) -> list[str]:
+    """The alert of the policy nodes ``unreported`` (names), ``reserved_w`` (node -> W counted for
+    it, :func:`coordinator.allocation.unreported_reserve`)."""
     if not unreported:
         return []
-    return [f"{len(unreported)} policy node(s) have not reported ({', '.join(unreported[:5])}"
-            f"{', ...' if len(unreported) > 5 else ''}): "
-            + ("no cap is raised until they report or one lease has passed" if hold_increases
-               else "their GPUs are not counted against the budget")]
+    head = (f"{len(unreported)} policy node(s) have not reported ({', '.join(unreported[:5])}"
+            f"{', ...' if len(unreported) > 5 else ''}): ")
+    counted = max((reserved_w.get(n, 0.0) for n in unreported), default=0.0)
+    if counted > 0:
+        tail = (f"each counted at {counted:.0f} W (the largest known node's maximum limits) until it reports "
+                "or is removed from the policy")
+    else:
+        tail = "not counted: no node has reported its limits yet"
+    return [head + ("no cap is raised until they report or one lease has passed; " if hold_increases else "") + tail]
 
 
 def _deficit_alerts(out, alerts=()) -> list[str]:
@@ -351,7 +358,8 @@ def plan(solution: Solution, obs: Observations) -> Decision:
         decreases = dict(sorted(by_node(keys, sel.tolist(), caps_w.tolist()).items()))
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)
-    alerts = (list(solution.alerts) + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases)
+    alerts = (list(solution.alerts)
+              + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases, inputs.reserved_w)
               + _deficit_alerts(solution.out, solution.alerts))
     return Decision(
         now=obs.now, mode=mode, desired_w=dict(zip(keys, pa.desired_w.tolist())), safe_caps=safe_caps,

@@ -170,7 +170,7 @@ def elected(coord, state=False) -> None:
             reg = coord.registry
             for name in [n for n, node in reg.nodes.items() if node.session is None and n in ledger]:
                 del reg.nodes[name]  # counted as the last leader left it, not as at our start or last term
-            n = reg.restore_ledger(ledger, 86400.0)
+            n = reg.restore_ledger(ledger, 86400.0, keep=frozenset(coord.policy.domains.all_nodes()))
             log.info("taking over as leader (term %d): budget %g W; %d node(s) counted at their ledger caps "
                      "until their agents report", coord.term, coord.policy.budget_w, n)
         except StoreError as exc:

@@ -70,8 +70,9 @@ MAX_PENDING_PER_GPU = 32
 LEDGER_PERIOD_S = 30.0
 """The node ledger (store.py) is rewritten at least this often (s), and before every increase."""
 NODE_FORGET_S = 86400.0
-"""A node whose agent has not been heard of for this long (s) is forgotten: no longer counted.
-Its agent, if alive, fell back to its safe caps long ago (lease)."""
+"""A node outside the policy whose agent has not been heard of for this long (s) is forgotten: no
+longer counted (it counted only against the cluster budget). A node of the policy never is
+(:meth:`coordinator.registry.Registry.forget_silent`): a dead agent's GPUs keep their caps."""
 GC_THRESHOLDS = (20000, 10, 100)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2
@@ -134,7 +135,8 @@ class Coordinator:
         self._ledger_w: dict = {}  # (node, GPU index) -> the W the saved ledger counts it at
         if self.store is not None and self.store.ok:
             try:
-                n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S)
+                n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S,
+                                                 keep=frozenset(self.policy.domains.all_nodes()))
                 if n:
                     log.info("node ledger: %d node(s) counted at their last known caps until their agents report", n)
             except StoreError as exc:
@@ -688,7 +690,7 @@ class Coordinator:
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
             self._ledger_nodes = reporting
-        for name in reg.forget_silent(NODE_FORGET_S):
+        for name in reg.forget_silent(NODE_FORGET_S, keep=frozenset(self.policy.domains.all_nodes())):
             self._safe_caps_cache.forget(name)
             log.warning("node %s forgotten: no agent contact for %.0f s", name, NODE_FORGET_S)
 
@@ -1159,7 +1161,7 @@ class _Tally:
     draw: dict = dataclasses.field(default_factory=dict)  # GPU key -> power draw (W; 0 without a live reading)
     extras: list = dataclasses.field(default_factory=list)  # GpuExtra per GPU
     node_means: list = dataclasses.field(default_factory=list)  # mean GPU temperature of each live node (degC)
-    stale_age: dict = dataclasses.field(default_factory=dict)  # node -> seconds since its last report (-1: never)
+    stale_age: dict = dataclasses.field(default_factory=dict)  # node -> seconds since its last report (NaN: none yet)
     gpu_sets: dict = dataclasses.field(default_factory=dict)  # node -> its GPU indices
     jobs_by_id: dict = dataclasses.field(default_factory=dict)  # job id -> its bindings
     sharers: dict = dataclasses.field(default_factory=dict)  # GPU key -> how many jobs are bound to it
@@ -1243,7 +1245,9 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
     outside normal, stale). ``ceil_of``: GPU key -> thermal ceiling (W)."""
     name, stale, last_report_mono, simulated, bindings, rows, lanes = node
     desired = snap.desired
-    age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else -1.0
+    # unknown (NaN, shown "-"): a node counted from the node ledger whose agent has not reported
+    # to this coordinator (it showed -1.0 s; found by a try-out)
+    age = max(0.0, snap.now - last_report_mono) if last_report_mono > -1e17 else math.nan
     tally.stale_age[name] = age
     ns = st.nodes.add(name=name, stale=stale, last_report_age_s=age, simulated=simulated)
     jobs_on = _jobs_on(tally, bindings)
@@ -1298,7 +1302,8 @@ def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) ->
     if temps and not stale:
         tally.node_means.append(statistics.fmean(temps))
     if stale and rows:
-        tally.alerts.append(f"node {name} stale (no report for {age:.1f} s): held at its caps")
+        since = f"no report for {age:.1f} s" if math.isfinite(age) else "no report to this coordinator yet"
+        tally.alerts.append(f"node {name} stale ({since}): held at its caps")
 
 
 def _jobs_on(tally: _Tally, bindings) -> dict:
@@ -1405,7 +1410,7 @@ def _add_domains(st, tally: _Tally, snap: _Snapshot) -> None:
     out, desired, accounted, draw = snap.out, snap.desired, tally.accounted, tally.draw
     for d in snap.inputs.domains:
         mem = snap.inputs.domain_members.get(d["name"], set())
-        lim = d["limit_w"]
+        lim = d["limit_w"] if d["limit_w"] is None else d["limit_w"] + d.get("reserved_w", 0.0)  # the policy's
         st.domains.add(
             name=d["name"], kind=d.get("kind", ""), limit_w=finite(lim if lim is not None else math.inf, 0.0),
             allocated_w=sum(desired.get(k, accounted.get(k, 0.0)) for k in mem),

@@ -146,7 +146,7 @@ def _agent_families(st):
     stale = _gauge("capctl_agent_staleness_seconds", "Seconds since the node's agent last reported.", ["node"])
     up = _gauge("capctl_agent_up", "1 when the node's agent is connected and reporting within its lease.", ["node"])
     for n in st.nodes:
-        if not n.never_reported:  # (no report ever: no age; capctl_agent_up 0 says it)
+        if not n.never_reported and math.isfinite(n.last_report_age_s):  # (no report: no age; capctl_agent_up 0 says it)
             stale.add_metric([n.name], max(0.0, n.last_report_age_s))
         up.add_metric([n.name], 0.0 if n.stale else 1.0)
     return (stale, up)

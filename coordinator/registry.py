@@ -564,13 +564,14 @@ class Registry:
         if not any(job_id in n.bindings for n in self.nodes.values()):
             self.job_energy_j.pop(job_id, None)
 
-    def restore_ledger(self, ledger: dict[str, dict], forget_s: float) -> int:
+    def restore_ledger(self, ledger: dict[str, dict], forget_s: float, keep=frozenset()) -> int:
         """Register the nodes of a persisted node ledger (store.load_nodes) as stale, each GPU
-        counted at its recorded cap; entries older than ``forget_s`` are skipped. Returns the count."""
+        counted at its recorded cap; entries older than ``forget_s`` (s) are skipped unless their
+        node is in ``keep`` (the policy's nodes: see :meth:`forget_silent`). Returns the count."""
         now = time.time()
         n = 0
         for name, entry in ledger.items():
-            if name in self.nodes or now - entry.get("seen_s", 0.0) > forget_s:
+            if name in self.nodes or (now - entry.get("seen_s", 0.0) > forget_s and name not in keep):
                 continue
             age_s = max(0.0, now - entry.get("seen_s", 0.0))
             node = NodeObs(name=name, seen_s=entry.get("seen_s", 0.0), seen_mono=self.clock() - age_s)
@@ -581,10 +582,19 @@ class Registry:
             n += 1
         return n
 
-    def forget_silent(self, forget_s: float) -> list[str]:
-        """Drop disconnected nodes not heard of for ``forget_s`` seconds; returns their names."""
+    def forget_silent(self, forget_s: float, keep=frozenset()) -> list[str]:
+        """Drop disconnected nodes not heard of for ``forget_s`` seconds, except those in ``keep``
+        (the policy's nodes); returns their names.
+
+        A node of the policy is never forgotten: its agent may be dead (killed, hung, its host
+        half up) and its GPUs then keep the caps it last set, with no lease to bring them down, so
+        forgetting it would hand those watts out twice (found by a try-out: an agent killed with
+        -9, its node forgotten, the cluster 4,482 W on a 3,600 W budget in the simulated driver's
+        journal). It stays counted at its last caps until its agent reports again or an admin
+        removes it from the policy (docs/coordinator.md)."""
         now = self.clock()  # monotonic: a wall-clock jump never forgets a node early
-        gone = [n for n, node in self.nodes.items() if node.session is None and now - node.seen_mono > forget_s]
+        gone = [n for n, node in self.nodes.items()
+                if node.session is None and now - node.seen_mono > forget_s and n not in keep]
         for name in gone:
             del self.nodes[name]
             self.events.append(f"forgot {name}: silent for more than {forget_s:.0f} s")

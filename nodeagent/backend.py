@@ -100,6 +100,9 @@ class DeviceInfo:
     shutdown_temp_c: float
     max_sm_clock_mhz: int
     error: str | None = None
+    limit_problem: str = ""
+    """Why the limit constraints contradict the device's own power limit read at the same time
+    ("" when they agree): such a GPU is held at its limit, nothing written (bad device data)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,7 +203,7 @@ class CapManager:
         self._count = len(self._devices)
         self._rt = {i: _Runtime() for i in range(self._count)}
         for d in self._devices:
-            problem = unsupported_message(d.min_cap_w, d.max_cap_w) if d.error is None else ""
+            problem = (unsupported_message(d.min_cap_w, d.max_cap_w) or d.limit_problem) if d.error is None else ""
             if problem and d.index in self._rt:
                 self._rt[d.index].state, self._rt[d.index].message = UNSUPPORTED_CONSTRAINTS, problem
                 LOG.error("GPU %d: %s", d.index, problem)

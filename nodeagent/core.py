@@ -84,6 +84,7 @@ class AgentCore:
         self.fence = TermFence()  # newest coordinator term seen (HA fencing)
         self.plan_term = 0  # term of the last plan applied
         self.last_plan_seq = 0
+        self.stream_seq = 0  # the last plan seq taken on the current stream (reset at each Welcome)
         self.coordinator_id = ""
         self.packed_readings = False  # the coordinator's Welcome asked for GpuReadings (capctl.readings)
         self.telemetry_seq = 0
@@ -155,7 +156,7 @@ class AgentCore:
         """``cap_w`` (W) clamped into GPU ``index``'s limit constraints as read at open."""
         dev = self.devices.get(index)
         if (dev is None or not math.isfinite(dev.min_cap_w) or not math.isfinite(dev.max_cap_w)
-                or devicedata.unsupported_message(dev.min_cap_w, dev.max_cap_w)):
+                or devicedata.unsupported_message(dev.min_cap_w, dev.max_cap_w) or dev.limit_problem):
             return float(cap_w)  # unusable constraints (0, 0 ...): never a 0 W request; the backend holds it
         return min(max(float(cap_w), dev.min_cap_w), dev.max_cap_w)
 

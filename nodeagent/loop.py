@@ -32,6 +32,9 @@ AGENT_VERSION = __version__  # the one version (capctl/__init__.py)
 BOOT_DEFAULT_TOLERANCE_W = 1.0
 PHASE_DECREASE = "decrease"
 """``CapPlan.phase`` of the first phase of a reallocation: caps only come down (docs/protocol.md)."""
+PHASES = ("decrease", "increase", "hold", "")
+"""The ``CapPlan.phase`` values an agent takes (docs/protocol.md; "" from a peer that sets none: a
+plan without the phase-1 rule); a plan of another phase is refused."""
 """A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 WAKE_CHECK_S = 0.5
 """The loop wakes at least this often (s) so that a lease expiry is acted on promptly."""
@@ -130,6 +133,7 @@ class AgentLoop(AgentCore):
                 self.coordinator_id = welcome.coordinator_id
             self.packed_readings = bool(welcome.packed_readings)  # per stream: an older coordinator reads GpuTelemetry
             self.fence.see(welcome.term)
+            self.stream_seq = 0  # plan seqs rise strictly within one stream (docs/protocol.md)
             safe = {c.index: c.cap_w for c in welcome.safe_caps[:plancaps.MAX_CAPS]}
             refused = self.lease.set_safe_caps({i: v for i, v in safe.items() if i in self.devices})
             refused.update({i: v for i, v in safe.items() if i not in self.devices})
@@ -157,7 +161,7 @@ class AgentLoop(AgentCore):
                 log.warning("%s; leaving that coordinator", refused)
                 raise LeaveCoordinator(refused)
             caps, safe, problem = plancaps.of_plan(plan)  # per-GPU or packed rows (capctl.plancaps)
-            problem = problem or renewal_problem(plan.lease_s, plan.lease_expiry_s)
+            problem = problem or renewal_problem(plan.lease_s, plan.lease_expiry_s) or self._order_problem(plan)
             if problem:  # a plan that cannot be read: not taken (no lease renewed, no cap, no safe
                 # cap, seq not advanced, its report advice not followed), only answered, so that
                 # the coordinator logs why
@@ -185,6 +189,7 @@ class AgentLoop(AgentCore):
             ok = self._apply_plan_caps(caps, plan.phase, errors) if not plan.dry_run and caps else True
             ok = ok and not refused_safe
             self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
+            self.stream_seq = max(self.stream_seq, plan.seq)
             if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
                 self.save_state()
             if not caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
@@ -196,6 +201,18 @@ class AgentLoop(AgentCore):
             states = self.caps.states()
             gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
         return messages.cap_ack(plan.seq, ok, gpus, errors, packed=self.packed_readings)
+
+    def _order_problem(self, plan) -> str:
+        """Why ``plan`` may not be taken on this stream ("" when it may): a phase the protocol
+        does not define, or a seq not above the last plan taken since the Welcome (a replayed or
+        reordered plan: an older cap would overwrite a newer one; found by a try-out with a fake
+        coordinator: seq 1 after seq 11 applied)."""
+        if plan.phase not in PHASES:
+            return f"CapPlan.phase {plan.phase[:40]!r}: need decrease, increase or hold"
+        if plan.seq <= self.stream_seq:
+            return (f"CapPlan.seq {plan.seq} not above {self.stream_seq}, the last plan taken on this stream "
+                    "(a replayed or reordered plan)")
+        return ""
 
     def _apply_plan_caps(self, caps: dict[int, float], phase: str, errors: list[str]) -> bool:
         """Apply a plan's ``caps`` (GPU index -> W; ``phase`` its phase), each the GPU's new

@@ -491,6 +491,9 @@ class NvmlBackend:
         try:
             h = self._handle(index)
             min_mw, max_mw = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
+            limit_problem = _limit_outside(index, min_mw, max_mw, pynvml.nvmlDeviceGetPowerManagementLimit(h))
+            if limit_problem:
+                LOG.error("%s", limit_problem)
             return DeviceInfo(
                 index=index,
                 uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
@@ -505,6 +508,7 @@ class NvmlBackend:
                 shutdown_temp_c=float(pynvml.nvmlDeviceGetTemperatureThreshold(
                     h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)),
                 max_sm_clock_mhz=int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                limit_problem=limit_problem,
             )
         except (pynvml.NVMLError, NvmlError) as err:
             error = _translate(err, "reading device facts", index) if isinstance(err, pynvml.NVMLError) else err
@@ -728,6 +732,8 @@ class NvmlBackend:
         info = self._devices[index] if 0 <= index < len(self._devices) else None
         if info is None or info.error is not None:
             return ""
+        if info.limit_problem:
+            return info.limit_problem
         start = (info.min_cap_w, info.max_cap_w)
         if not all(math.isfinite(v) for v in start) or devicedata.unsupported_message(*start):
             # unusable at start: the hello said so and the coordinator holds the GPU at its limit;
@@ -791,6 +797,26 @@ class NvmlBackend:
 
 
 _HELD = "no limit is written to this GPU until the agent is restarted and reads them again"
+LIMIT_TOLERANCE_MW = 1000
+"""How far (mW) a GPU's power limit may lie outside its limit constraints before they are taken as
+contradicting it (:func:`_limit_outside`): NVML keeps the limit inside them, to the milliwatt."""
+
+
+def _limit_outside(index: int, min_mw, max_mw, limit_mw) -> str:
+    """Why GPU ``index``'s limit constraints ``min_mw``..``max_mw`` contradict its power limit
+    ``limit_mw`` (all mW, as NVML returns them), "" when they agree (or are unusable anyway:
+    :func:`capctl.devicedata.unsupported_message` judges those).
+
+    A limit outside the constraints is bad device data (a driver or a firmware reporting a new
+    minimum, an injected fault): clamping into them would raise the GPU on the agent's own,
+    outside any plan (found by a try-out: a GPU at 604 W reporting 650..700 W, restarted agent
+    wrote 650 W, a PDU 614 W over its limit in the simulated driver's journal)."""
+    if (devicedata.unsupported_message(_mw_to_w(min_mw), _mw_to_w(max_mw))
+            or min_mw - LIMIT_TOLERANCE_MW <= limit_mw <= max_mw + LIMIT_TOLERANCE_MW):
+        return ""
+    return (f"GPU {index}: power limit {_mw_to_w(limit_mw):g} W read from the device is outside its limit "
+            f"constraints {_mw_to_w(min_mw):g}..{_mw_to_w(max_mw):g} W (bad device data): held at its limit, "
+            f"{_HELD}")
 """How a GPU with constraints the agent may not use is held (:meth:`NvmlBackend._constraints_changed`)."""
 
 

@@ -418,8 +418,11 @@ def _losses(r: _Reader, gpus: dict, key: str, words: tuple[str, ...]) -> tuple[f
     spd = r.mapping(raw, ("gpus", key), _SPEED_KEYS, f"gpus.{key}")
     if not spd:
         return None
+    before = len(r.errors)
     mean_loss = r.number(spd, ("gpus", key), "mean_loss", 0.08, lo=0, hi=0.5)
     max_loss = r.number(spd, ("gpus", key), "max_loss", 0.22, lo=0, hi=0.9)
+    if len(r.errors) > before:  # a value refused above: its default is no value of the file to compare
+        return (mean_loss, max_loss)
     if max_loss < mean_loss:
         r.err(("gpus", key, "max_loss"), f"gpus.{key}.max_loss: {max_loss:g} is invalid; allowed: >= mean_loss ({mean_loss:g})")
     elif key == "efficiency":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 
 from capctl.policy.validate import parse_policy
@@ -157,13 +158,18 @@ def test_same_observations_same_decision_and_nothing_to_send_at_the_desired_caps
 
 
 def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lease_passed():
-    policy = parse_policy(policy_text(1800.0, nodes="node1,node2,node3"))  # node3 never said hello
+    # node3 never said hello: counted at the largest known node's maximum limits (2 x 700 W), so
+    # the others share 3,200 - 1,400 = 1,800 W
+    policy = parse_policy(policy_text(3200.0, nodes="node1,node2,node3"))
     reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
     obs = snapshot(reg, policy, start_s=NOW - 1.0)
     d = decide.decide(obs)
     assert d.mode == decide.APPLY and d.hold_increases
     assert any(r.startswith("startup hold: 1 policy node(s)") for r in d.hold_reasons)
-    assert "1 policy node(s) have not reported (node3): no cap is raised until they report or one lease has passed" in d.alerts
+    counted = "each counted at 1400 W (the largest known node's maximum limits) until it reports or is removed from the policy"
+    assert ("1 policy node(s) have not reported (node3): no cap is raised until they report or one lease has "
+            f"passed; {counted}") in d.alerts
+    assert d.solution.out is not None and sum(d.desired_w.values()) <= 1800.0 + 1e-6
     assert set(d.decreases) == {"node1"}  # decreases are never held
     assert d.increase_candidates == frozenset() and d.early_holds == ("node2",)
     for gpu in reg.nodes["node1"].gpus.values():  # even with the headroom freed, nothing is raised
@@ -172,7 +178,31 @@ def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lea
     # one lease after the start the missing node is presumed down: increases resume
     late = decide.decide(snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0))
     assert not late.hold_increases and late.increase_candidates
-    assert "1 policy node(s) have not reported (node3): their GPUs are not counted against the budget" in late.alerts
+    assert f"1 policy node(s) have not reported (node3): {counted}" in late.alerts
+    assert sum(late.desired_w.values()) <= 1800.0 + 1e-6  # still counted: never handed out
+
+
+def test_an_unreported_policy_node_lowers_every_limit_above_it():
+    # node3 is counted at the largest known node's maximum limits (2 x 700 W): that comes off the
+    # PDU above it (2,500 W) and the cluster budget (3,000 W); nothing once every node reported
+    from coordinator import allocation
+
+    policy = parse_policy(policy_text(3000.0, nodes="node1,node2,node3", pdu_w=2500.0))
+    reg = registry(node1=[300.0, 300.0], node2=[300.0, 300.0])
+    obs = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0)
+    inputs = obs.problem.inputs
+    assert inputs.reserved_w == {"node3": 1400.0}
+    limits = {d["name"]: d["limit_w"] for d in inputs.domains}
+    assert limits[policy.domains.name] == 1600.0 and limits["pdu-a"] == 1100.0
+    d = decide.decide(obs)
+    assert sum(d.desired_w.values()) <= 1100.0 + 1e-6
+    add_node(reg, "node3", [200.0, 200.0])
+    again = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0).problem.inputs
+    assert again.reserved_w == {} and {d["name"]: d["limit_w"] for d in again.domains}["pdu-a"] == 2500.0
+    # the reserve never takes a limit below 0 W; no known node: nothing to count it by
+    assert allocation.with_reserve([{"name": "pdu-a", "limit_w": 1000.0}], policy, {"node3": 1400.0}) == [
+        {"name": "pdu-a", "limit_w": 0.0, "reserved_w": 1000.0}]
+    assert allocation.unreported_reserve(policy, (), np.zeros(0, np.int64), np.zeros(0)) == {}
 
 
 def test_a_stale_node_is_held_at_its_accounted_caps_and_gets_no_plan():

@@ -113,8 +113,16 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
                 th = thermal.get(idx)
                 if th and g.slowdown_temp_c > 0 and math.isfinite(g.temp_c):
                     ceiling = A.ceiling_w(g.temp_c, th, policy.interval_s, g.slowdown_temp_c, policy.thermal.margin_c)
-                # thermal_guard, GPU by GPU
                 known = g.slowdown_temp_c > 0 and math.isfinite(g.temp_c)
+                if known and math.isfinite(ceiling):  # thermal_damping, GPU by GPU
+                    margin = policy.thermal.margin_c
+                    aim, step = g.slowdown_temp_c - margin, A.NEAR_STEP_FRACTION * max(g.max_cap_w - lo, 0.0)
+                    if aim - A.NEAR_BAND_FRACTION * margin <= g.temp_c < g.slowdown_temp_c - A.HOLD_MARGIN_FRACTION * margin:
+                        drop = step * (1.0 + A.DROP_STEPS_PER_C * max(g.temp_c - aim, 0.0))
+                        ceiling = min(max(ceiling, acc - drop), acc + step)
+                    elif g.temp_c < aim - A.NEAR_BAND_FRACTION * margin and th and th[0] > 0:
+                        ceiling = min(ceiling, acc + max(step, (aim - g.temp_c) / min(th[0], 0.1)))  # the prior's R at most
+                # thermal_guard, GPU by GPU
                 if (known and g.temp_c >= g.slowdown_temp_c - A.HOLD_MARGIN_FRACTION * policy.thermal.margin_c
                         or is_thermal(g.reasons)):
                     ceiling = min(ceiling, acc)

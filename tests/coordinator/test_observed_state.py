@@ -268,3 +268,37 @@ def test_an_agent_restarted_with_held_restores_raises_no_gpu_above_its_allowance
             check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
             assert check.ok, check.describe()
             assert all(sim.read(i)["limit_w"] <= held[i] + 1e-3 for i in range(4))  # the budget has no room left
+
+
+def test_an_agent_restarted_on_constraints_that_contradict_the_limit_raises_nothing(tmp_path):
+    """The device starts reporting a minimum above the limit it enforces (650-700 W on a job GPU
+    given ~560 W) and its agent is restarted. It read
+    them as usable and clamped its start cap into them: 650 W and 680 W written on its own, the
+    budget over for as long as the fault lasted (found by a try-out, the journal). Now a limit
+    outside the constraints read with them holds the GPU (UNSUPPORTED_CONSTRAINTS, bad device
+    data): nothing written, the budget holds at every instant (the driver's journal)."""
+    from capctl import capstates
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+
+    budget_w = 2240.0
+    with _cluster(tmp_path, budget_w=budget_w) as cl:
+        sim = cl.sims["n1"]
+        with AdminClient(cl.coordinator.admin_address) as c:
+            _job_at(cl, c, 520, 600)
+            held = [sim.read(i)["limit_w"] for i in range(4)]
+            since_ns = time.monotonic_ns()
+            cl.agent("n1").stop()
+            sim.inject(3, "bad_constraints", 650.0, max_w=700.0)
+            cl.start_agent("n1").wait_ready(30.0, connected=True)
+
+            def flagged():
+                g = _gpus(c.status())
+                return (not c.status().nodes[0].stale and capstates.of(g[3]) == capstates.UNSUPPORTED_CONSTRAINTS
+                        and "outside its limit constraints" in g[3].detail)
+            wait_for(flagged, 20, "GPU 3 flagged: its limit is outside the constraints it reports")
+            time.sleep(1.5)  # the coordinator's plans to the restarted agent
+            assert sim.read(3)["limit_w"] == pytest.approx(held[3])  # never clamped up to 650 W
+            assert "capctl bug" not in _gpus(c.status())[3].detail
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()

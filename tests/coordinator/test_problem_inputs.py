@@ -254,3 +254,27 @@ def test_a_hold_expects_no_ack_and_an_older_agents_ack_of_one_still_counts():
     assert g0.enforced_w == 390.0 and g1.pending == {seqs[1]: 450.0}
     coord.on_ack(s, pb.CapAck(seq=seqs[1], ok=True, gpus=[pb.GpuTelemetry(index=1, cap_w=450.0, enforced_w=450.0)]))
     assert g1.pending == {} and g1.enforced_w == 450.0 and s.sent == {}
+
+
+def test_a_ledger_node_not_reported_yet_shows_no_age_and_an_alert_that_says_so():
+    # node2 known only from the node ledger (its agent has not reported to this coordinator): its
+    # report age is unknown, not -1.0 s (found by a try-out), and nothing exports an age for it
+    import time as _time
+
+    from coordinator.metrics import ViewCollector
+
+    coord = _coordinator()
+    reg = coord.registry
+    reg.on_hello(hello("node1", jobs=("job-node1",)), Session())
+    reg.on_telemetry("node1", telemetry("node1", 1, [(400.0, 390.0, 50.0), (400.0, 390.0, 50.0)]))
+    reg.restore_ledger({"node2": {"gpus": {0: (400.0, 200.0, 700.0, 300.0)}, "seen_s": _time.time() - 5.0}},
+                       86400.0)
+    reg.nodes["node2"].last_report_mono = -1e18  # (a ledger node: no report to this coordinator)
+    asyncio.run(coord.tick())
+    st = coord.view.resolve().status
+    n2 = next(n for n in st.nodes if n.name == "node2")
+    assert n2.stale and math.isnan(n2.last_report_age_s)
+    assert "node node2 stale (no report to this coordinator yet): held at its caps" in list(st.alerts)
+    ages = [s for fam in ViewCollector(coord).collect() if fam.name == "capctl_agent_staleness_seconds"
+            for s in fam.samples]
+    assert [s.labels["node"] for s in ages] == ["node1"]

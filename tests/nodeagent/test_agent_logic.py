@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from capctl import capstates
+from capctl import capstates, plancaps
 from capctl.v1 import capctl_pb2
 from nodeagent.backend import GpuBackend, NvmlPermissionError
 from nodeagent.caps import CapManager
@@ -181,6 +181,34 @@ def test_plans_with_too_many_caps_an_endless_lease_or_safe_caps_of_no_gpu_are_re
                                         safe_caps=[capctl_pb2.CapAssignment(index=i, cap_w=w)
                                                    for i, w in ((0, 240.0), (2, math.nan), (9, 300.0))]))
     assert agent.lease.safe_caps_w == {0: 240.0, 1: 300.0}
+
+
+def test_replayed_reordered_or_ambiguous_plans_are_refused(tmp_path):
+    """Found by a try-out with a fake coordinator: a plan whose seq went back on the same stream
+    (seq 1 after 11) was applied, so was a plan naming one GPU twice (the last cap won) and one of
+    a phase the protocol does not define. Now none of them is taken (no cap, no lease renewed),
+    each answered not ok with why; a new stream (a Welcome) starts the seqs again."""
+    dev = PureDevice(4, limit_w=400.0)
+    agent = make_agent(tmp_path, dev)
+    assert agent.on_plan(plan(11, {0: 300.0}, safe={0: 250.0})).ok
+    expiry, writes = agent.lease.expiry_mono_s, len(dev.writes)
+    twice = capctl_pb2.CapPlan(seq=13, lease_s=60.0, caps=[capctl_pb2.CapAssignment(index=1, cap_w=250.0),
+                                                           capctl_pb2.CapAssignment(index=1, cap_w=650.0)])
+    packed_twice = capctl_pb2.CapPlan(seq=14, lease_s=60.0,
+                                      caps_rows=plancaps.CAP.pack(2, 250.0) + plancaps.CAP.pack(2, 650.0))
+    bogus = plan(15, {0: 350.0})
+    bogus.phase = "bogus"
+    for bad, why in ((plan(1, {0: 650.0}), "CapPlan.seq 1 not above 11"),
+                     (plan(11, {0: 650.0}), "CapPlan.seq 11 not above 11"),
+                     (twice, "CapPlan.caps: GPU index 1 twice"),
+                     (packed_twice, "CapPlan.caps_rows: GPU index 2 twice"),
+                     (bogus, "CapPlan.phase 'bogus': need decrease, increase or hold")):
+        ack = agent.on_plan(bad)
+        assert ack is not None and not ack.ok and why in ack.error, (why, ack.error)
+        assert len(dev.writes) == writes and agent.lease.expiry_mono_s == expiry
+    assert agent.on_plan(plan(12, {0: 320.0})).ok  # the next seq: taken
+    agent.on_welcome(capctl_pb2.Welcome(protocol_version="capctl.v1", coordinator_id="c2", interval_s=1.0))
+    assert agent.on_plan(plan(1, {0: 310.0})).ok and agent.desired_w[0] == 310.0  # a new stream
 
 
 def test_plan_clamps_to_the_constraints_and_refuses_bad_caps_per_gpu(tmp_path):

@@ -446,3 +446,17 @@ def test_utilization_not_supported_or_out_of_range_is_left_out_never_a_failed_sa
     good = backend.telemetry(1)
     t = gpu_telemetry(good, state="OK", job_ids=(), error="", pre_job_cap_w=0.0)
     assert t.HasField("utilization_rates") and t.utilization_rates.memory_pct == good.memory_utilization_pct
+
+
+def test_a_limit_outside_usable_constraints_is_bad_device_data():
+    # a limit within 1 W of the constraints agrees with them; further out it contradicts them (the
+    # GPU is held); constraints that are unusable anyway ((0, 0), min > max) are judged elsewhere
+    from nodeagent.nvml import _limit_outside
+
+    assert _limit_outside(1, 200_000, 700_000, 604_000) == ""
+    assert _limit_outside(1, 200_000, 700_000, 199_001) == "" and _limit_outside(1, 200_000, 700_000, 700_999) == ""
+    held = _limit_outside(1, 650_000, 700_000, 604_264)
+    assert held.startswith("GPU 1: power limit 604.264 W read from the device is outside its limit constraints "
+                           "650..700 W (bad device data)") and "capctl bug" not in held
+    assert _limit_outside(1, 200_000, 700_000, 701_001) != ""
+    assert _limit_outside(1, 0, 0, 700_000) == "" and _limit_outside(1, 700_000, 200_000, 400_000) == ""

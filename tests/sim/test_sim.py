@@ -482,3 +482,14 @@ def test_the_default_hot_resistance_follows_the_models_nominal_one():
         assert (lo, hi) == pytest.approx((1.5 * nominal, 2.0 * nominal)) and lo > nominal
     spec = parse_cluster("gpu_model: A40\nracks:\n  - {name: r1, nodes: \"n[1-2]\"}\ngpus:\n  hot_resistance_c_per_w: [0.5, 0.6]\n")
     assert spec.hot_resistance_c_per_w == (0.5, 0.6)
+
+
+def test_a_refused_loss_is_not_compared_by_its_default(tmp_path, capsys):
+    """max_loss 0.99 is refused (at most 0.9); the error said next "max_loss: 0.22 is invalid",
+    a value the file never held (its default; found by a try-out)."""
+    path = tmp_path / "speed.yaml"
+    path.write_text("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n"
+                    "  speed: {mean_loss: 0.5, max_loss: 0.99}\n")
+    rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "gpus.speed.max_loss: 0.99 is invalid" in err and "0.22" not in err, err
