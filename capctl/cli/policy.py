@@ -190,7 +190,15 @@ def run_reload(args: argparse.Namespace) -> int:
     if reply.ok:
         print(reply.message or f"policy reloaded{': ' + path if path else ''}")
         return 0
-    for line in reply.errors:
-        print(line, file=sys.stderr)
-    print(f"capctl: policy not reloaded{': ' + reply.message if reply.message else ''} (the coordinator keeps its last good policy)", file=sys.stderr)
+    from capctl.security.limits import printable
+
+    # one line (docs/cli.md), control characters of a path or a message escaped (a path holding a
+    # newline was printed as two lines; found by a try-out): the first error, the others counted
+    errors = list(reply.errors)
+    why = errors[0] if errors else (reply.message or "refused")
+    more = len(errors) - 1
+    others = (f" (and {more} more error{'s' if more > 1 else ''}: capctl policy validate "
+              f"{path or 'FILE'})") if more > 0 else ""
+    print(printable(f"capctl: policy not reloaded: {why}{others}; the coordinator keeps its last good policy"),
+          file=sys.stderr)
     return 1

@@ -203,15 +203,24 @@ def test_reload_ok_and_refused(admin_server, tmp_path) -> None:
     result = capctl("policy", "reload", "--coordinator", address, "bad.yaml", cwd=tmp_path)
     assert result.returncode == 1
     lines = result.stderr.splitlines()
-    assert lines[0] == f"{bad}:3:21: failsafe.lease_s: lease_s 1 s must be longer than interval_s 5 s (agents would fall back to their safe cap between two plans)"
-    assert "not reloaded" in lines[-1] and "Traceback" not in result.stderr
+    first = (f"{bad}:3:21: failsafe.lease_s: lease_s 1 s must be longer than interval_s 5 s (agents would fall back to "
+             f"their safe cap between two plans)")
+    assert lines == [f"capctl: policy not reloaded: {first}; the coordinator keeps its last good policy"]  # one line
+    assert "Traceback" not in result.stderr
     assert servicer.paths == [str(good), str(bad)]  # relative FILE sent as an absolute path
 
     result = capctl("policy", "reload", "--json", "--coordinator", address, str(bad))
     assert result.returncode == 1
     out = json.loads(result.stdout)
-    assert out["errors"] == [lines[0]]
-    assert out["ok"] is False and out["error"] == lines[0] and out["exit_code"] == 1  # the --json error contract
+    assert out["errors"] == [first]
+    assert out["ok"] is False and out["error"] == first and out["exit_code"] == 1  # the --json error contract
+
+    # several errors, a path holding a newline: still one line, the newline escaped, the rest counted
+    odd = tmp_path / "two\nerrors.yaml"
+    odd.write_text("version: 1\nbudget_w: -5\nfoo: 1\n")
+    result = capctl("policy", "reload", "--coordinator", address, str(odd))
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "two\\nerrors.yaml" in result.stderr and "more error" in result.stderr, result.stderr
 
     result = capctl("policy", "reload", "--json", "--coordinator", address, str(good))
     out = json.loads(result.stdout)
