@@ -154,7 +154,8 @@ def _reread_policy(coord) -> None:
 def elected(coord, state=False) -> None:
     """Take over: the policy file read again (:func:`_reread_policy`), admin state from the store
     (``state``: as :func:`read_admin_state` read it, else read here); every node without a stream
-    counted at the caps of the ledger the last leader wrote (write-ahead of its increases)."""
+    counted at the caps of the ledger the last leader wrote (write-ahead of its increases), one the
+    ledger does not name as a policy node never heard of (allocation.unreported_reserve)."""
     if state is False:
         state = read_admin_state(coord)
     _forget_idle_grants(coord)  # (history of an earlier term: stale; found by a review)
@@ -168,8 +169,14 @@ def elected(coord, state=False) -> None:
             if isinstance(ledger, StoreError):
                 raise ledger
             reg = coord.registry
-            for name in [n for n, node in reg.nodes.items() if node.session is None and n in ledger]:
-                del reg.nodes[name]  # counted as the last leader left it, not as at our start or last term
+            # every node without a stream: counted as the last leader left it (its ledger entry),
+            # not as this coordinator knew it in an earlier term; one the ledger does not name (etcd
+            # lost its data, or the last leader never heard of it) is then a policy node this
+            # coordinator knows nothing of: counted at the largest known node's maximum draw until
+            # its agent reports (allocation.unreported_reserve; its old caps here undercounted it:
+            # 1.8 W over a 2,800 W budget for 345 ms after etcd was rebuilt empty)
+            for name in [n for n, node in reg.nodes.items() if node.session is None]:
+                del reg.nodes[name]
             n = reg.restore_ledger(ledger, 86400.0, keep=frozenset(coord.policy.domains.all_nodes()))
             log.info("taking over as leader (term %d): budget %g W; %d node(s) counted at their ledger caps "
                      "until their agents report", coord.term, coord.policy.budget_w, n)

@@ -400,3 +400,33 @@ def test_a_coordinator_on_a_shared_store_keeps_an_override_its_file_disagrees_wi
     store.shared = False  # one coordinator's own database: the file changed since, the file wins
     coord = Coordinator(load_policy(str(path)), str(path), store=store)
     assert coord.policy.budget_w == 6000.0 and store.cleared == 1 and "budget" not in coord.persistent_alerts
+
+
+def test_a_new_leader_counts_a_node_its_ledger_does_not_name_as_never_heard_of(tmp_path):
+    """At takeover a node without a stream is counted as the last leader's ledger says; one the
+    ledger does not name (etcd lost its data) was counted at the caps this coordinator knew in an
+    earlier term (1.8 W over a 2,800 W budget for 345 ms in tests/ha/test_failover.py). Now it is a
+    policy node never heard of: counted at the largest known node's maximum draw until it reports."""
+    import time as _time
+
+    from capctl.policy import load_policy
+    from coordinator import allocation, ha
+    from coordinator.loop import Coordinator
+    from coordinator.registry import GpuObs, NodeObs
+    from tests.coordinator.conftest import write_policy
+
+    path = write_policy(tmp_path / "policy.yaml", nodes=["n1", "n2"], budget_w=3000.0)
+    coord = Coordinator(load_policy(str(path)), str(path))
+    reg = coord.registry
+    old = NodeObs(name="n2")  # from this coordinator's earlier term: 2 x 250 W, long out of date
+    old.gpus = {i: GpuObs(node="n2", index=i, min_cap_w=200.0, max_cap_w=700.0, have_reading=True, cap_w=250.0,
+                          enforced_w=250.0) for i in range(2)}
+    reg.nodes["n2"] = old
+    ledger = {"n1": {"gpus": {0: (400.0, 200.0, 700.0, 300.0), 1: (400.0, 200.0, 700.0, 300.0)},
+                     "seen_s": _time.time()}}
+    ha.elected(coord, state=(None, ledger))
+    assert sorted(reg.nodes) == ["n1"]
+    table = reg.gpu_table()
+    max_w = [g.max_cap_w for g in table.gpus]
+    reserved = allocation.unreported_reserve(coord.policy, table.topology, table.node_of, max_w)
+    assert reserved == {"n2": 1400.0}  # n1's 2 x 700 W
