@@ -444,7 +444,7 @@ def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: 
     cluster at 3,942 W on a 3,600 W budget in the simulated driver's journal, for as long as the
     agent stayed down). The largest known node stands for it: a policy lists nodes of a few
     kinds. Removing a node that is gone for good from the policy releases its watts."""
-    known = {name for name, _ in topology}
+    known = {name for name, indices in topology if indices}  # (an agent that reports no GPU: none known, as decide says)
     missing = [name for name in policy.domains.all_nodes() if name not in known]
     if not missing or not len(node_of):
         return {}
