@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/thermal_ceiling.py [--gpus 2000] [--intervals 120] [--skip 40]
         [--plant one-pole|two-pole] [--hold-prior] [--whole-degrees]
+    .venv/bin/python bench/thermal_ceiling.py --single-gpu
 
 The daemon's own coordinator on bench/interval_cost.py's fleet (its :class:`IntervalBench`: N GPUs,
 8 per node, H100-class 200-700 W, racks, budget 0.7 x TDP, a job mix on 90 % of the GPUs, 1 % of
@@ -138,6 +139,62 @@ async def _intervals(bench, intervals: int):
     return np.array(caps), np.array(temps), np.array(clocks)
 
 
+SINGLE_FITS = ((0.1, 30.0, 25.0), (0.085, 40.0, 40.0), (0.085, 40.0, 25.0), (0.072, 4.6, 44.0), (0.06, 3.7, 51.0),
+               (0.15, 12.0, 21.0), (0.05, 60.0, 40.0))
+"""``--single-gpu``'s thermal models (R degC/W, tau s, inlet degC): the prior, the plant's steady
+state at both inlets, fits the coordinator made of such a plant, and models off both ways."""
+SINGLE_READINGS = ((True, 0.0), (True, 0.3), (False, 0.5))
+"""``--single-gpu``'s readings: (whole degrees, +- uniform noise degC)."""
+
+
+def single_gpu(fit, inlet_c: float, whole: bool, noise_c: float, seed: int, damped: bool,
+               intervals: int = 300) -> tuple[float, float]:
+    """One GPU capped at its thermal ceiling alone (no budget, no job): a die (2 s, 0.035 degC/W)
+    on a heat sink (40 s, 0.05 degC/W) at ``inlet_c``, read as ``whole`` degrees with +-``noise_c``
+    uniform noise (seed ``seed``), the ceiling from ``fit`` (R, tau, inlet) at a 1 s interval,
+    slowdown 87 degC, margin 5 degC, 200-700 W, through ``allocation.thermal_damping`` when
+    ``damped`` and ``thermal_guard``. Returns (share of the intervals of the second half whose cap
+    moved by more than 50 W, the hottest temperature of that half, degC)."""
+    import math
+
+    from capctl.allocator.thermal import thermal_ceiling_w
+    from coordinator import allocation
+
+    rng = np.random.default_rng(seed)
+    r, tau, inlet = fit
+    sink, die, cap, caps, temps = 60.0, 0.0, 300.0, [], []
+    lo, hi = np.array([200.0]), np.array([700.0])
+    for _ in range(intervals):
+        sink += (1 - math.exp(-1 / TwoPoleFleet.SINK[0])) * (inlet_c + TwoPoleFleet.SINK[1] * cap - sink)
+        die += (1 - math.exp(-1 / TwoPoleFleet.DIE[0])) * (TwoPoleFleet.DIE[1] * cap - die)
+        t = sink + die + rng.uniform(-noise_c, noise_c)
+        c = {"temp_c": np.array([float(int(t)) if whole else t]), "slowdown_temp_c": np.array([87.0]),
+             "reasons": ((),), "power_w": np.array([cap])}
+        acc = np.array([cap])
+        ceiling = np.minimum(thermal_ceiling_w(c["temp_c"], inlet, r, tau, 1.0, 87.0, 5.0), 700.0)
+        if damped:
+            ceiling = allocation.thermal_damping(ceiling, c, acc, lo, hi, 5.0, np.array([r]))
+        cap = float(np.clip(allocation.thermal_guard(ceiling, c, acc, lo, hi, 5.0)[0], 200.0, 700.0))
+        caps.append(cap)
+        temps.append(sink + die)
+    half = intervals // 2
+    return float((np.abs(np.diff(caps[half:])) > 50.0).mean()), float(max(temps[half:]))
+
+
+def single_gpu_study(seeds=(1, 2, 3)) -> dict:
+    """:func:`single_gpu` over :data:`SINGLE_FITS` x inlets 40 / 25 degC x :data:`SINGLE_READINGS`
+    x ``seeds``, without and with the damping: runs with a move of more than 50 W, the hottest."""
+    out = {}
+    for damped in (False, True):
+        runs = [single_gpu(fit, inlet, whole, noise, seed, damped) for fit in SINGLE_FITS for inlet in (40.0, 25.0)
+                for whole, noise in SINGLE_READINGS for seed in seeds]
+        out["damped" if damped else "undamped"] = {
+            "runs": len(runs), "runs_moving_50w": sum(1 for share, _ in runs if share > 0),
+            "max_moving_50w": round(max(share for share, _ in runs), 4),
+            "hottest_c": round(max(hot for _, hot in runs), 2)}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus", type=int, default=2000)
@@ -147,7 +204,16 @@ def main(argv=None) -> int:
     ap.add_argument("--hold-prior", action="store_true")
     ap.add_argument("--whole-degrees", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--single-gpu", action="store_true",
+                    help="the single-GPU study of allocation.thermal_damping instead (see single_gpu)")
     args = ap.parse_args(argv)
+    if args.single_gpu:
+        r = single_gpu_study()
+        for k, v in r.items():
+            print(f"{k}: {v['runs_moving_50w']} of {v['runs']} runs with caps moving by more than 50 W (worst "
+                  f"{100 * v['max_moving_50w']:.0f} % of the intervals), hottest {v['hottest_c']:.1f} degC")
+        print(json.dumps({"bench": "thermal_ceiling_single_gpu", **r}))
+        return 0
     if not 0 <= args.skip < args.intervals - 1:
         ap.error(f"--skip {args.skip}: need 0 <= skip < intervals - 1 ({args.intervals - 1})")
     r = run(args.gpus, args.intervals, args.skip, args.plant, args.hold_prior, args.whole_degrees, args.seed)

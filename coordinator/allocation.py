@@ -663,7 +663,8 @@ def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray,
     near the target (bench/thermal_ceiling.py, two-pole plant, whole degrees: 11.6 % of the
     GPU-intervals moved by more than 50 W; with the fit held at the prior 25.8 %). A single GPU
     capped at its ceiling (die 2 s / 0.035 °C/W on a sink 40 s / 0.05 °C/W, 7 fits x 2 inlets x
-    3 kinds of reading x 3 seeds, intervals 150-300): moves > 50 W in 111 of 126 runs before (up
+    3 kinds of reading x 3 seeds, intervals 150-300: bench/thermal_ceiling.py --single-gpu):
+    moves > 50 W in 111 of 126 runs before (up
     to every interval), in none after; the hottest temperature 85.8 -> 83.6 °C (target 82 °C,
     slowdown 87 °C)."""
     temp, slowdown = c["temp_c"], c["slowdown_temp_c"]

@@ -55,3 +55,20 @@ def test_held_prior_mode_cycles_without_the_damping_and_holds_with_it(monkeypatc
         assert r["hot_at_slowdown"] == 0.0 and 500.0 < r["pace_mhz"] <= 1980.0
     with pytest.raises(SystemExit):
         tc.main(["--intervals", "10", "--skip", "10"])
+
+
+@pytest.mark.parametrize("fit", [(0.085, 40.0, 40.0), (0.1, 30.0, 25.0), (0.072, 4.6, 44.0)],
+                         ids=["plant-steady-state", "prior", "single-pole-fit"])
+def test_one_gpu_at_its_ceiling_holds_steady_with_the_damping(fit):
+    """bench/thermal_ceiling.py --single-gpu's plant: one GPU capped at its ceiling, a die on a heat
+    sink at a 40 °C inlet, whole-degree readings with +-0.3 °C of noise, its thermal model ``fit``
+    (the plant's steady state, the prior, a fit the coordinator made of such a plant). Without
+    ``allocation.thermal_damping`` the ceiling moves e/(1-e)/R W per °C of reading near the target
+    (460 W for the first) and the cap cycles; with it no move exceeds 50 W and the GPU stays below
+    its slowdown temperature."""
+    import thermal_ceiling as tc
+
+    moving, _hot = tc.single_gpu(fit, 40.0, True, 0.3, seed=5, damped=False)
+    assert moving > 0.3  # the cycle this guards against
+    moving, hot = tc.single_gpu(fit, 40.0, True, 0.3, seed=5, damped=True)
+    assert moving == 0.0 and hot < 87.0 - 2.5
