@@ -261,10 +261,9 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
              f"accounted {_f(d['enforced_w'])} W{pct(d['enforced_w'])}   draw {_f(d['draw_w'])} W{pct(d['draw_w'])}"
              + (f" (live readings only: {stale} stale node{'s' if stale > 1 else ''} not in it)" if stale else ""))
     parts = [head, watts]
-    if absent:  # none of their GPUs is known: each counted at the largest known node's maximum draw
+    if absent:  # none of their GPUs is known: each counted at the most it may draw
         parts.append(f"no agent: {_hostlist(absent)} ({len(absent)} node{'s' if len(absent) > 1 else ''} of the "
-                     "policy never reported; each counted at the largest known node's maximum draw until it "
-                     "reports)")
+                     "policy never reported; each counted at the most it may draw until it reports)")
     if d.get("ha"):
         ha = d["ha"]
         parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none known)'}, "

@@ -433,26 +433,45 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
 
 def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: np.ndarray) -> dict[str, float]:
     """Node -> W of every node the policy lists that the registry has no GPU of (its agent never
-    said hello to this coordinator and no node ledger named it): the largest maximum draw of any
-    known node (the sum of its GPUs' maximum limits ``max_cap_w`` [G] W, ``node_of`` [G] its
-    position in ``topology``; at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W` a GPU). {} when
-    every policy node is known, or none is (nothing to allocate then).
+    said hello to this coordinator and no node ledger named it): what it may draw at most, the
+    larger of :func:`declared_draw_w` (the policy's ``gpus_per_node`` x its ``gpu_model``'s
+    maximum limit) and the largest maximum draw of any known node (the sum of its GPUs' maximum
+    limits ``max_cap_w`` [G] W, ``node_of`` [G] its position in ``topology``; at most
+    :data:`capctl.devicedata.MAX_SANE_LIMIT_W` a GPU). {} when every policy node is known; a node
+    with neither figure (no known node, nothing declared) is left out (nothing to allocate then).
 
     Why: such a node may be running at any cap: an agent killed with -9 leaves its GPUs at the
     caps it last set, and a coordinator whose state was lost (a new ``--state-dir``, etcd rebuilt)
     has no ledger of them. Counted as free, they were handed out again (found by a try-out: the
     cluster at 3,942 W on a 3,600 W budget in the simulated driver's journal, for as long as the
-    agent stayed down). The largest known node stands for it: a policy lists nodes of a few
-    kinds. Removing a node that is gone for good from the policy releases its watts."""
+    agent stayed down); counted at the largest known node alone, an 8-GPU node beside 2-GPU ones
+    was undercounted (7,000 W on a 6,200 W budget, a second try-out). Removing a node that is gone
+    for good from the policy releases its watts."""
     known = {name for name, indices in topology if indices}  # (an agent that reports no GPU: none known, as decide says)
-    missing = [name for name in policy.domains.all_nodes() if name not in known]
-    if not missing or not len(node_of):
+    missing = sorted({name for name in policy.domains.all_nodes() if name not in known})
+    if not missing:
         return {}
-    per_gpu = np.minimum(np.nan_to_num(np.asarray(max_cap_w, float), nan=0.0, posinf=0.0),
-                         devicedata.MAX_SANE_LIMIT_W)
-    per_node = np.bincount(node_of, weights=np.maximum(per_gpu, 0.0), minlength=len(topology))
-    reserve_w = float(per_node.max())
-    return dict.fromkeys(sorted(set(missing)), reserve_w) if reserve_w > 0 else {}
+    largest_w = 0.0
+    if len(node_of):
+        per_gpu = np.minimum(np.nan_to_num(np.asarray(max_cap_w, float), nan=0.0, posinf=0.0),
+                             devicedata.MAX_SANE_LIMIT_W)
+        largest_w = float(np.bincount(node_of, weights=np.maximum(per_gpu, 0.0), minlength=len(topology)).max())
+    out = {name: max(largest_w, declared_draw_w(policy, name)) for name in missing}
+    return {name: w for name, w in out.items() if w > 0}
+
+
+def declared_draw_w(policy, node: str) -> float:
+    """The most ``node`` may draw by what the policy declares of it (W): its domain's
+    ``gpus_per_node`` x the maximum limit of its ``gpu_model``
+    (:data:`capctl.policy.devices.KNOWN_DEVICE_LIMITS_W`); 0 when either is not declared or the
+    model is not known."""
+    from capctl.policy.devices import device_limits_w
+
+    leaf = policy.domain_path(node)[-1]
+    if not leaf.gpu_model or not leaf.gpus_per_node:
+        return 0.0
+    high = device_limits_w(leaf.gpu_model)[1]
+    return float(leaf.gpus_per_node) * float(high) if high else 0.0
 
 
 def with_reserve(domains: list[dict], policy, reserved: dict[str, float]) -> list[dict]:

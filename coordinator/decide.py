@@ -288,12 +288,13 @@ def _unreported_alert(unreported: list[str], hold_increases: bool, reserved_w: d
         return []
     head = (f"{len(unreported)} policy node(s) have not reported ({', '.join(unreported[:5])}"
             f"{', ...' if len(unreported) > 5 else ''}): ")
-    counted = max((reserved_w.get(n, 0.0) for n in unreported), default=0.0)
-    if counted > 0:
-        tail = (f"each counted at {counted:.0f} W (the largest known node's maximum limits) until it reports "
-                "or is removed from the policy")
+    counted = sorted({round(reserved_w[n]) for n in unreported if n in reserved_w})
+    if counted:
+        watts = f"{counted[0]} W" if len(counted) == 1 else f"{counted[0]}-{counted[-1]} W"
+        tail = (f"each counted at {watts} (the most it may draw: its declared GPUs at their maximum limit, at "
+                "least the largest known node's) until it reports or is removed from the policy")
     else:
-        tail = "not counted: no node has reported its limits yet"
+        tail = "not counted: no node has reported its limits yet and the policy declares none"
     return [head + ("no cap is raised until they report or one lease has passed; " if hold_increases else "") + tail]
 
 

@@ -172,7 +172,7 @@ def elected(coord, state=False) -> None:
             # every node without a stream: counted as the last leader left it (its ledger entry),
             # not as this coordinator knew it in an earlier term; one the ledger does not name (etcd
             # lost its data, or the last leader never heard of it) is then a policy node this
-            # coordinator knows nothing of: counted at the largest known node's maximum draw until
+            # coordinator knows nothing of: counted at the most it may draw until
             # its agent reports (allocation.unreported_reserve; its old caps here undercounted it:
             # 1.8 W over a 2,800 W budget for 345 ms after etcd was rebuilt empty)
             for name in [n for n, node in reg.nodes.items() if node.session is None]:

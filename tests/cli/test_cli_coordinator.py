@@ -59,9 +59,9 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
 
         code, out, _ = run(capsys, "status", "--coordinator", addr)
         assert code == 0 and "budget 2600 W" in out and "77" in out and "node2" in out
-        assert ("no agent: node3 (1 node of the policy never reported; each counted at the largest known node's "
-                "maximum draw until it reports)") in out
-        # node3 may be running at any cap: counted at the largest known node's 2 x 700 W (docs/protocol.md)
+        assert ("no agent: node3 (1 node of the policy never reported; each counted at the most it may draw until "
+                "it reports)") in out
+        # node3 may be running at any cap: counted at 2 declared H100s x 700 W (docs/protocol.md)
         assert any("have not reported (node3)" in a and "each counted at 1400 W" in a for a in d["alerts"]), d["alerts"]
         assert d["allocated_w"] <= 2600.0 - 1400.0 + 1e-6
         assert "stale node" not in out  # (node3 has no readings, but it is no stale node)

@@ -158,7 +158,7 @@ def test_same_observations_same_decision_and_nothing_to_send_at_the_desired_caps
 
 
 def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lease_passed():
-    # node3 never said hello: counted at the largest known node's maximum limits (2 x 700 W), so
+    # node3 never said hello: counted at the most it may draw (2 declared H100s at 700 W), so
     # the others share 3,200 - 1,400 = 1,800 W
     policy = parse_policy(policy_text(3200.0, nodes="node1,node2,node3"))
     reg = registry(node1=[700.0, 700.0], node2=[200.0, 200.0])
@@ -166,7 +166,8 @@ def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lea
     d = decide.decide(obs)
     assert d.mode == decide.APPLY and d.hold_increases
     assert any(r.startswith("startup hold: 1 policy node(s)") for r in d.hold_reasons)
-    counted = "each counted at 1400 W (the largest known node's maximum limits) until it reports or is removed from the policy"
+    counted = ("each counted at 1400 W (the most it may draw: its declared GPUs at their maximum limit, at least the "
+               "largest known node's) until it reports or is removed from the policy")
     assert ("1 policy node(s) have not reported (node3): no cap is raised until they report or one lease has "
             f"passed; {counted}") in d.alerts
     assert d.solution.out is not None and sum(d.desired_w.values()) <= 1800.0 + 1e-6
@@ -183,7 +184,7 @@ def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lea
 
 
 def test_an_unreported_policy_node_lowers_every_limit_above_it():
-    # node3 is counted at the largest known node's maximum limits (2 x 700 W): that comes off the
+    # node3 is counted at the most it may draw (2 declared H100s x 700 W): that comes off the
     # PDU above it (2,500 W) and the cluster budget (3,000 W); nothing once every node reported
     from coordinator import allocation
 
@@ -202,7 +203,14 @@ def test_an_unreported_policy_node_lowers_every_limit_above_it():
     # the reserve never takes a limit below 0 W; no known node: nothing to count it by
     assert allocation.with_reserve([{"name": "pdu-a", "limit_w": 1000.0}], policy, {"node3": 1400.0}) == [
         {"name": "pdu-a", "limit_w": 0.0, "reserved_w": 1000.0}]
-    assert allocation.unreported_reserve(policy, (), np.zeros(0, np.int64), np.zeros(0)) == {}
+    # no known node: the policy's declaration alone; a bigger node than any known one counts at its
+    # own declared size (an 8-GPU node beside 2-GPU ones: 7,000 W on a 6,200 W budget, a try-out)
+    assert allocation.unreported_reserve(policy, (), np.zeros(0, np.int64), np.zeros(0)) == {
+        "node1": 1400.0, "node2": 1400.0, "node3": 1400.0}
+    big = parse_policy(policy_text(6200.0, nodes="node1,node2").replace("gpus_per_node: 2", "gpus_per_node: 8"))
+    assert allocation.unreported_reserve(big, (("node1", (0, 1)),), np.array([0, 0]), np.full(2, 700.0)) == {
+        "node2": 5600.0}
+    assert allocation.declared_draw_w(big, "node2") == 5600.0
 
 
 def test_a_stale_node_is_held_at_its_accounted_caps_and_gets_no_plan():

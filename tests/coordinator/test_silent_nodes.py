@@ -17,8 +17,8 @@ def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_
     agent, no lease, no failsafe). The coordinator is then restarted on a fresh state directory
     (no node ledger): n2 is a policy node it knows nothing of. Before, once its startup hold ended
     it counted n2 as free and raised n1's job into those watts (a try-out: 3,942 W on a 3,600 W
-    budget, for as long as n2's agent stayed down). Now n2 is counted at the largest known node's
-    maximum draw (4 x 700 W) and the sum of enforced limits stays within the budget at every
+    budget, for as long as n2's agent stayed down). Now n2 is counted at the most it may draw (4
+    declared H100s x 700 W) and the sum of enforced limits stays within the budget at every
     instant."""
     from capctl.demo.processes import start_coordinator
     from capctl.simgpu.journal import check_nodes
@@ -44,7 +44,7 @@ def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_
             def counted():
                 st = c.status()
                 return any("(n2): each counted at 2800 W" in a for a in st.alerts) and len(st.nodes) == 2
-            wait_for(counted, 20, "n2 counted at the largest known node's maximum draw")
+            wait_for(counted, 20, "n2 counted at the most it may draw")
             time.sleep(3.0 + 2.0)  # past the startup hold (one lease): n1's job is planned around n2
             n1_w = sum(cl.sims["n1"].read(i)["limit_w"] for i in range(4))
             assert n1_w <= budget_w - 2800.0 + 1e-3
