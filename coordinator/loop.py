@@ -69,6 +69,11 @@ SENT_MEMORY_S = 120.0
 MAX_PENDING_PER_GPU = 32
 LEDGER_PERIOD_S = 30.0
 """The node ledger (store.py) is rewritten at least this often (s), and before every increase."""
+_DATA_LOST = ("etcd lost its data? agent {node} had seen coordinator term {seen}, above this leader's {term}: "
+              "an admin's budget override, the finished-job records and the node ledger kept in etcd may be gone; "
+              "the budget in force is {budget:g} W (set it again, or reload the policy, to clear this alert)")
+"""The persistent alert of a leader that learns from an agent's hello that etcd lost its data (a
+budget an admin had lowered then reverts to the policy file's without a word; found by a try-out)."""
 NODE_FORGET_S = 86400.0
 """A node outside the policy whose agent has not been heard of for this long (s) is forgotten: no
 longer counted (it counted only against the cluster budget). A node of the policy never is
@@ -332,6 +337,8 @@ class Coordinator:
                 log.warning("agent %s has seen coordinator term %d, this leader's is %d: it refuses our plans; "
                             "raising the term (docs/ha.md, \"etcd data loss\")", hello.node,
                             hello.coordinator_term, self.term)
+                self.persistent_alerts.setdefault("etcd-data", _DATA_LOST.format(
+                    node=hello.node, seen=hello.coordinator_term, term=self.term, budget=self.policy.budget_w))
         log.info("agent %s connected from %s (%d GPUs, %d jobs, last plan %d)", hello.node, session.peer,
                  len(hello.gpus), len(hello.jobs), hello.last_plan_seq)
         # no early interval here: the node's GPUs count at their maximum limit until its first
@@ -1019,6 +1026,7 @@ class Coordinator:
             msg += "; WARNING: no state database, not persisted"
         self.policy = new_policy
         self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: settled)
+        self.persistent_alerts.pop("etcd-data", None)  # (the admin set the budget again)
         msg += self._below_minimum_warning(need)
         log.info("%s", msg)
         self.wake()
@@ -1051,6 +1059,7 @@ class Coordinator:
         self.policy_path = target
         self.persistent_alerts.pop("policy", None)  # (a file that failed to load at a takeover: it loads now)
         self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: the file's rule now)
+        self.persistent_alerts.pop("etcd-data", None)  # (the admin chose the policy in force)
         override = await self.store_read(self._read_override) if self.store is not None and self.store.ok else None
         self.policy = self._apply_override(new, override, read=False)
         if self.ha is not None:

@@ -147,9 +147,8 @@ class JobBinding(AgentCore):
                      for r in results.values()) and len(results) == len(start)
             binding = self._binding(job_id)
             reply = capctl_pb2.JobStartReply(
-                ok=ok, message=(f"job {job_id} bound to GPUs {indices} on {self.node}; start cap applied to "
-                                f"{sorted(start)}" + ("" if ok else "; some caps failed (see gpus)")
-                                + self._not_saved()),
+                ok=ok, message=f"job {job_id} bound to GPUs {indices} on {self.node}; " + _start_outcome(start, results)
+                + self._not_saved(),
                 gpus=self._cap_results(indices, results), coordinator_connected=connected)
         log.info("JobStart %s: GPUs %s (user %s)", job_id, indices, req.user or "?")
         if self.link is not None:
@@ -307,3 +306,25 @@ class JobBinding(AgentCore):
         if self.link is not None:
             self.link.send(messages.job_ended(job_id, self.node, energy))
         return capctl_pb2.JobEndReply(ok=ok, message=msg, gpus=gpus)
+
+
+def _start_outcome(start, results: dict) -> str:
+    """What a JobStart did to each GPU of ``start`` (indices; ``results``: index -> its cap result):
+    the GPUs whose start cap was applied, those held for bad device data (UNSUPPORTED_CONSTRAINTS)
+    and those whose cap failed, each listed only where it belongs (the reply named every GPU as
+    "start cap applied" even when its write failed; found by a try-out)."""
+    applied, held, failed = [], [], []
+    for i in sorted(start):
+        r = results.get(i)
+        if r is not None and getattr(r, "state", "") == capstates.UNSUPPORTED_CONSTRAINTS:
+            held.append(i)
+        elif r is None or messages.result_error(r):
+            failed.append(i)
+        else:
+            applied.append(i)
+    out = f"start cap applied to {applied}"
+    if held:
+        out += f"; held at their limit (bad device data): {held}"
+    if failed:
+        out += f"; start cap failed on {failed} (see gpus)"
+    return out

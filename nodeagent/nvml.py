@@ -493,7 +493,7 @@ class NvmlBackend:
             min_mw, max_mw = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
             limit_problem = _limit_outside(index, min_mw, max_mw, pynvml.nvmlDeviceGetPowerManagementLimit(h))
             if limit_problem:
-                LOG.error("%s", limit_problem)
+                LOG.error("GPU %d: %s", index, limit_problem)
             return DeviceInfo(
                 index=index,
                 uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
@@ -803,7 +803,7 @@ contradicting it (:func:`_limit_outside`): NVML keeps the limit inside them, to 
 
 
 def _limit_outside(index: int, min_mw, max_mw, limit_mw) -> str:
-    """Why GPU ``index``'s limit constraints ``min_mw``..``max_mw`` contradict its power limit
+    """Why GPU ``index``'s (not named in the text: the callers prefix it) limit constraints ``min_mw``..``max_mw`` contradict its power limit
     ``limit_mw`` (all mW, as NVML returns them), "" when they agree (or are unusable anyway:
     :func:`capctl.devicedata.unsupported_message` judges those).
 
@@ -814,7 +814,7 @@ def _limit_outside(index: int, min_mw, max_mw, limit_mw) -> str:
     if (devicedata.unsupported_message(_mw_to_w(min_mw), _mw_to_w(max_mw))
             or min_mw - LIMIT_TOLERANCE_MW <= limit_mw <= max_mw + LIMIT_TOLERANCE_MW):
         return ""
-    return (f"GPU {index}: power limit {_mw_to_w(limit_mw):g} W read from the device is outside its limit "
+    return (f"power limit {_mw_to_w(limit_mw):g} W read from the device is outside its limit "
             f"constraints {_mw_to_w(min_mw):g}..{_mw_to_w(max_mw):g} W (bad device data): held at its limit, "
             f"{_HELD}")
 """How a GPU with constraints the agent may not use is held (:meth:`NvmlBackend._constraints_changed`)."""

@@ -189,8 +189,7 @@ class Run:
         if failure and self.hook == "epilog":
             self._leave_for_agent(fields)
         if failure:
-            text += " -> fail-closed: hook fails on purpose" if fail_closed else \
-                " -> fail-open: job runs, its GPUs keep the caps they have" if self.hook == "prolog" else " -> fail-open"
+            text += " -> fail-closed: hook fails on purpose" if fail_closed else _fail_open_text(self.hook, outcome)
             if job_data and not self.fail_open:
                 text += " (this job's data: fail-closed does not drain the node for it)"
         self.log.event(text, {"outcome": outcome, "exit": 0 if code == 0 else 1, "failure": failure,
@@ -291,6 +290,19 @@ def _call_agent(run: Run, socket_path: str, gpus, call_timeout_s: float):
     # run.finish returned: another thread (watchdog, signal) is already ending the process; end
     # this path like any other error, in main's handler
     raise RuntimeError("agent call failed while the run is being finished")
+
+
+_UNTOUCHED = ("agent-unreachable", "agent-refused", "agent-rejected")
+"""Prolog outcomes in which the agent changed no cap (its GPUs keep the caps they have)."""
+
+
+def _fail_open_text(hook: str, outcome: str) -> str:
+    """The suffix of a failure that fails open: the job runs; what its GPUs' caps are is said only
+    where the agent did nothing (a prolog whose coordinator was down ran the job at the start cap,
+    and the suffix said the caps were kept: found by a try-out)."""
+    if hook != "prolog":
+        return " -> fail-open"
+    return " -> fail-open: the job runs" + (", its GPUs keep the caps they have" if outcome in _UNTOUCHED else "")
 
 
 def _finish_prolog(run: Run, reply) -> None:

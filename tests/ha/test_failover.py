@@ -219,6 +219,9 @@ def test_etcd_data_lost_the_new_leader_raises_its_term_and_the_agents_follow_it(
           f"{rig.status().term}; leader before {leader}, now {rig.leader_name()})")
     fresh = EtcdConn(parse_endpoints(rig.etcd.endpoints)).get("/capctl/leader")["create_revision"]
     assert fresh < old_term  # the case: the fresh store's revision alone was below the agents' term
+    # and the admin hears of it: an override kept in etcd is gone with it (it reverted silently)
+    wait_until(lambda: any("etcd lost its data?" in a and "the budget in force is" in a for a in rig.status().alerts),
+               10.0, 0.05, "the data-loss alert")
     rig.wait_no_safe_caps(15.0)
     rig.wait_settled()
     rig.sampler.excuse(0)  # recovered: from here on the invariants hold again (checked after the test)

@@ -635,3 +635,18 @@ def test_the_start_cap_never_raises_a_gpu_without_a_known_allowance(tmp_path):
     assert job_start(agent, "7", 0, 2).ok
     assert dev.limit_w(0) == 200.0 and dev.limit_w(2) == 250.0
     assert all(w <= 250.0 for _, w in dev.writes)
+
+
+def test_a_job_starts_reply_lists_each_gpu_where_it_belongs():
+    # the reply named every GPU "start cap applied" even when its write failed (a try-out)
+    from types import SimpleNamespace
+
+    from nodeagent.jobs import _start_outcome
+
+    ok = SimpleNamespace(ok=True, error="", state=capstates.OK)
+    failed = SimpleNamespace(ok=False, error="GPU 1: NVML: no permission", state=capstates.SET_FAILED)
+    held = SimpleNamespace(ok=False, error="GPU 2: bad constraints", state=capstates.UNSUPPORTED_CONSTRAINTS)
+    text = _start_outcome({0: 300.0, 1: 300.0, 2: 300.0, 3: 300.0}, {0: ok, 1: failed, 2: held})
+    assert text == ("start cap applied to [0]; held at their limit (bad device data): [2]; start cap failed on "
+                    "[1, 3] (see gpus)")
+    assert _start_outcome({0: 300.0}, {0: ok}) == "start cap applied to [0]"

@@ -456,7 +456,7 @@ def test_a_limit_outside_usable_constraints_is_bad_device_data():
     assert _limit_outside(1, 200_000, 700_000, 604_000) == ""
     assert _limit_outside(1, 200_000, 700_000, 199_001) == "" and _limit_outside(1, 200_000, 700_000, 700_999) == ""
     held = _limit_outside(1, 650_000, 700_000, 604_264)
-    assert held.startswith("GPU 1: power limit 604.264 W read from the device is outside its limit constraints "
+    assert held.startswith("power limit 604.264 W read from the device is outside its limit constraints "
                            "650..700 W (bad device data)") and "capctl bug" not in held
     assert _limit_outside(1, 200_000, 700_000, 701_001) != ""
     assert _limit_outside(1, 0, 0, 700_000) == "" and _limit_outside(1, 700_000, 200_000, 400_000) == ""

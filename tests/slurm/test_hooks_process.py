@@ -449,3 +449,13 @@ def test_healthcheck_drains_or_resumes_only_its_own_drain(tmp_path, monkeypatch)
         fake.chmod(0o755)
         monkeypatch.setattr(health, "_scontrol", lambda: str(fake))
         assert health.node_reason("n1", 5.0) == want, out
+
+
+def test_a_fail_open_prolog_says_what_happened_to_the_caps_only_where_it_knows():
+    # the coordinator down: the agent applied the start cap (the outcome's text says so); the
+    # suffix said "its GPUs keep the caps they have", the opposite (found by a try-out)
+    from slurm.hooks import _fail_open_text
+
+    assert _fail_open_text("prolog", "coordinator-unreachable") == " -> fail-open: the job runs"
+    assert _fail_open_text("prolog", "agent-unreachable") == " -> fail-open: the job runs, its GPUs keep the caps they have"
+    assert _fail_open_text("epilog", "restore-failed") == " -> fail-open"
