@@ -173,7 +173,7 @@ def single_gpu(fit, inlet_c: float, whole: bool, noise_c: float, seed: int, damp
         acc = np.array([cap])
         ceiling = np.minimum(thermal_ceiling_w(c["temp_c"], inlet, r, tau, 1.0, 87.0, 5.0), 700.0)
         if damped:
-            ceiling = allocation.thermal_damping(ceiling, c, acc, lo, hi, 5.0)
+            ceiling = allocation.thermal_damping(ceiling, c, acc, lo, hi, 5.0, np.array([r]))
         cap = float(np.clip(allocation.thermal_guard(ceiling, c, acc, lo, hi, 5.0)[0], 200.0, 700.0))
         caps.append(cap)
         temps.append(sink + die)

@@ -35,7 +35,7 @@ import numpy as np
 
 from capctl import capstates, devicedata
 from capctl.allocator.problem import domain_tree
-from capctl.allocator.thermal import thermal_ceiling_w
+from capctl.allocator.thermal import THERMAL_PRIOR, thermal_ceiling_w
 from coordinator.registry import OOB_TOLERANCE_W, gpu_jobs  # noqa: F401 (OOB_TOLERANCE_W: re-exported)
 
 GpuKey = tuple[str, int]
@@ -531,8 +531,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     v = np.maximum(acc, FIXED_EPS_W)
     lo, hi, idle = np.where(fixed, v, lo), np.where(fixed, v, hi), np.where(fixed, v, idle)
     target = np.where(fixed, 0.0, target)
-    ceiling = _ceilings(c, table, models, policy, fixed, stale)
-    ceiling = thermal_damping(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c)
+    ceiling, r_c_per_w = _ceilings(c, table, models, policy, fixed, stale)
+    ceiling = thermal_damping(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, r_c_per_w)
     ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
@@ -580,9 +580,10 @@ def _default_curve():
     return DEFAULT_CURVES["H100"]
 
 
-def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) -> np.ndarray:
-    """[G] thermal ceilings (W; +inf where none: fixed GPU, stale node, no model, no slowdown
-    temperature or no finite temperature)."""
+def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) -> tuple:
+    """``(ceilings, R)`` [G]: thermal ceilings (W; +inf where none: fixed GPU, stale node, no
+    model, no slowdown temperature or no finite temperature) and each GPU's thermal resistance
+    (°C/W, its node's thermal model; NaN: none)."""
     node_stale = np.zeros(len(table.topology), bool)
     if len(stale):
         node_stale[table.node_of] = stale
@@ -594,7 +595,7 @@ def _ceilings(c, table, models, policy, fixed: np.ndarray, stale: np.ndarray) ->
         w = np.nonzero(want)[0]
         out[w] = ceilings_w(np.stack([temp[w], r[w], tau[w], inlet[w], slowdown[w]], axis=1), policy.interval_s,
                             policy.thermal.margin_c)
-    return out
+    return out, r
 
 
 HOLD_MARGIN_FRACTION = 0.5
@@ -656,14 +657,22 @@ DROP_STEPS_PER_C = 2.0
 
 
 def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, hi_w: np.ndarray,
-                    margin_c: float) -> np.ndarray:
+                    margin_c: float, r_c_per_w: np.ndarray) -> np.ndarray:
     """[G] thermal ceilings (W) moved gradually near the target (slowdown temperature
     ``c["slowdown_temp_c"]`` minus ``margin_c``, °C), from each GPU's accounted cap ``acc_w`` (W):
-    in the band from :data:`NEAR_BAND_FRACTION` of the margin below the target up to
-    :func:`thermal_guard`'s hold, up by at most a step (:data:`NEAR_STEP_FRACTION` of the range
-    ``[lo_w, hi_w]``, W), down by at most ``step x (1 + DROP_STEPS_PER_C x degrees above the
-    target)``. Elsewhere (cooler, from the hold up, NaN or unknown temperatures, infinite
-    ceilings) the ceiling is the model's (the guard then holds or steps the GPU down).
+
+    * in the band, from :data:`NEAR_BAND_FRACTION` of the margin below the target up to
+      :func:`thermal_guard`'s hold: up by at most a step (:data:`NEAR_STEP_FRACTION` of the range
+      ``[lo_w, hi_w]``, W), down by at most ``step x (1 + DROP_STEPS_PER_C x degrees above the
+      target)``;
+    * below the band: up by at most ``max(step, (target - T) / R)``, the raise that heats the GPU
+      to the target in steady state by its thermal model's resistance ``r_c_per_w`` (°C/W; NaN
+      or <= 0: no bound), at most the prior's (:data:`capctl.allocator.thermal.THERMAL_PRIOR`,
+      0.1 °C/W): a fit early in its learning can say several times the true R, and a bound from
+      it held a GPU's first raise back so that its cap turned twice
+      (tests/coordinator/test_pace_fake_plants.py);
+    * from the hold up, or NaN / unknown temperatures, infinite ceilings: the model's ceiling
+      (the guard then holds or steps the GPU down).
 
     Why: the model's ceiling aims at the target at the end of the interval, so near the target it
     moves by ``e / ((1 - e) R)`` W per °C of reading (``e = exp(-interval / tau)``): 460 W per °C
@@ -674,19 +683,24 @@ def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray,
     GPU-intervals moved by more than 50 W; with the fit held at the prior 25.8 %). A single GPU
     capped at its ceiling (die 2 s / 0.035 °C/W on a sink 40 s / 0.05 °C/W, 7 fits x 2 inlets x
     3 kinds of reading x 3 seeds, intervals 150-300: bench/thermal_ceiling.py --single-gpu):
-    moves > 50 W in 111 of 126 runs before (up to every interval), in none after; the hottest
-    temperature 85.8 -> 83.6 °C (target 82 °C, slowdown 87 °C)."""
+    moves > 50 W in 111 of 126 runs before (up
+    to every interval), in none after; the hottest temperature 85.8 -> 83.6 °C (target 82 °C,
+    slowdown 87 °C)."""
     temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
     with np.errstate(invalid="ignore"):
         target = slowdown - margin_c
-        band = ((slowdown > 0) & np.isfinite(ceiling) & np.isfinite(temp)
-                & (temp >= target - NEAR_BAND_FRACTION * margin_c) & (temp < slowdown - HOLD_MARGIN_FRACTION * margin_c))
-    if not band.any():
+        known = (slowdown > 0) & np.isfinite(ceiling) & np.isfinite(temp)
+        band = known & (temp >= target - NEAR_BAND_FRACTION * margin_c) & (temp < slowdown - HOLD_MARGIN_FRACTION * margin_c)
+        below = known & (temp < target - NEAR_BAND_FRACTION * margin_c) & (r_c_per_w > 0)
+    if not band.any() and not below.any():
         return ceiling
     step = NEAR_STEP_FRACTION * np.maximum(hi_w - lo_w, 0.0)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         drop = step * (1.0 + DROP_STEPS_PER_C * np.maximum(temp - target, 0.0))
-    return np.where(band, np.minimum(np.maximum(ceiling, acc_w - drop), acc_w + step), ceiling)
+        r_raise = np.minimum(np.where(below, r_c_per_w, 1.0), THERMAL_PRIOR["r_c_per_w"][0])
+        rise = np.maximum(step, (target - temp) / r_raise)
+    out = np.where(band, np.minimum(np.maximum(ceiling, acc_w - drop), acc_w + step), ceiling)
+    return np.where(below, np.minimum(out, acc_w + rise), out)
 
 
 _THERMAL_REASONS: dict[tuple, int] = {}

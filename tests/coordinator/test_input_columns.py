@@ -120,6 +120,8 @@ def _reference(registry, models, policy, now, lease_s, ack_memory_s) -> list[dic
                     if aim - A.NEAR_BAND_FRACTION * margin <= g.temp_c < g.slowdown_temp_c - A.HOLD_MARGIN_FRACTION * margin:
                         drop = step * (1.0 + A.DROP_STEPS_PER_C * max(g.temp_c - aim, 0.0))
                         ceiling = min(max(ceiling, acc - drop), acc + step)
+                    elif g.temp_c < aim - A.NEAR_BAND_FRACTION * margin and th and th[0] > 0:
+                        ceiling = min(ceiling, acc + max(step, (aim - g.temp_c) / min(th[0], 0.1)))  # the prior's R at most
                 # thermal_guard, GPU by GPU
                 if (known and g.temp_c >= g.slowdown_temp_c - A.HOLD_MARGIN_FRACTION * policy.thermal.margin_c
                         or is_thermal(g.reasons)):

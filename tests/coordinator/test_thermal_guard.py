@@ -48,21 +48,26 @@ def test_below_the_target_nothing_changes(temp):
 def test_near_the_target_a_ceiling_moves_by_small_steps_from_the_cap():
     # slowdown 87 °C, margin 5 °C: target 82 °C, the band from 77 °C up to the guard's hold at
     # 84.5 °C; range 150-300 W: steps of 3 W, down by 3 W + 6 W per °C above the target; below the
-    # band and from the hold up the model's ceiling as it is
-    temps = [60.0, 76.9, 77.0, 81.0, 82.0, 83.0, 84.0, 84.5, 86.0, math.nan]
+    # band a raise is bounded by (82 - T) / R (R 0.1 °C/W: 10 W per °C)
+    temps = [60.0, 76.0, 77.0, 81.0, 82.0, 83.0, 84.0, 84.5, 86.0, math.nan]
     n = len(temps)
     c = _cols(temps, [()] * n, [250.0] * n)
-    acc, lo, hi = np.full(n, 250.0), np.full(n, 150.0), np.full(n, 300.0)
+    acc, lo, hi, r = np.full(n, 250.0), np.full(n, 150.0), np.full(n, 300.0), np.full(n, 0.1)
     up = np.full(n, 600.0)  # the model says raise by 350 W
-    out = allocation.thermal_damping(up, c, acc, lo, hi, 5.0)
-    assert out.tolist() == pytest.approx([600.0, 600.0, 253.0, 253.0, 253.0, 253.0, 253.0, 600.0, 600.0, 600.0])
+    out = allocation.thermal_damping(up, c, acc, lo, hi, 5.0, r)
+    assert out.tolist() == pytest.approx([250.0 + 220.0, 250.0 + 60.0, 253.0, 253.0, 253.0, 253.0, 253.0,
+                                          600.0, 600.0, 600.0])
     down = np.full(n, 100.0)  # ... or lower by 150 W
-    out = allocation.thermal_damping(down, c, acc, lo, hi, 5.0)
+    out = allocation.thermal_damping(down, c, acc, lo, hi, 5.0, r)
     assert out.tolist() == pytest.approx([100.0, 100.0, 247.0, 247.0, 247.0, 241.0, 235.0, 100.0, 100.0, 100.0])
     within = np.full(n, 251.0)  # a model within the steps is kept
-    assert allocation.thermal_damping(within, c, acc, lo, hi, 5.0).tolist() == [251.0] * n
-    # no ceiling (no model) or no slowdown temperature: as it is
+    assert allocation.thermal_damping(within, c, acc, lo, hi, 5.0, r).tolist() == [251.0] * n
+    # a resistance above the prior's 0.1 °C/W (an early fit) bounds the raise as the prior's would
+    assert allocation.thermal_damping(up, c, acc, lo, hi, 5.0, np.full(n, 0.5))[:2].tolist() == pytest.approx(
+        [250.0 + 220.0, 250.0 + 60.0])
+    # no thermal model below the band: no bound there; no ceiling, no slowdown temperature: as it is
+    assert allocation.thermal_damping(up, c, acc, lo, hi, 5.0, np.full(n, np.nan))[:2].tolist() == [600.0, 600.0]
     inf = np.full(n, math.inf)
-    assert allocation.thermal_damping(inf, c, acc, lo, hi, 5.0).tolist() == [math.inf] * n
+    assert allocation.thermal_damping(inf, c, acc, lo, hi, 5.0, r).tolist() == [math.inf] * n
     c["slowdown_temp_c"] = np.zeros(n)
-    assert allocation.thermal_damping(up, c, acc, lo, hi, 5.0).tolist() == up.tolist()
+    assert allocation.thermal_damping(up, c, acc, lo, hi, 5.0, r).tolist() == up.tolist()
