@@ -141,7 +141,7 @@ class Coordinator:
         if self.store is not None and self.store.ok:
             try:
                 n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S,
-                                                 keep=frozenset(self.policy.domains.all_nodes()))
+                                                 keep=self.policy.node_names)
                 if n:
                     log.info("node ledger: %d node(s) counted at their last known caps until their agents report", n)
             except StoreError as exc:
@@ -697,7 +697,7 @@ class Coordinator:
         if time.monotonic() - self._ledger_mono > LEDGER_PERIOD_S or reporting != self._ledger_nodes:
             self._save_ledger({})
             self._ledger_nodes = reporting
-        for name in reg.forget_silent(NODE_FORGET_S, keep=frozenset(self.policy.domains.all_nodes())):
+        for name in reg.forget_silent(NODE_FORGET_S, keep=self.policy.node_names):
             self._safe_caps_cache.forget(name)
             log.warning("node %s forgotten: no agent contact for %.0f s", name, NODE_FORGET_S)
 

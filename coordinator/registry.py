@@ -567,7 +567,7 @@ class Registry:
     def restore_ledger(self, ledger: dict[str, dict], forget_s: float, keep=frozenset()) -> int:
         """Register the nodes of a persisted node ledger (store.load_nodes) as stale, each GPU
         counted at its recorded cap; entries older than ``forget_s`` (s) are skipped unless their
-        node is in ``keep`` (the policy's nodes: see :meth:`forget_silent`). Returns the count."""
+        node is in ``keep`` (the policy's node names: see :meth:`forget_silent`). Returns the count."""
         now = time.time()
         n = 0
         for name, entry in ledger.items():
@@ -584,7 +584,7 @@ class Registry:
 
     def forget_silent(self, forget_s: float, keep=frozenset()) -> list[str]:
         """Drop disconnected nodes not heard of for ``forget_s`` seconds, except those in ``keep``
-        (the policy's nodes); returns their names.
+        (the policy's node names, ``Policy.node_names``); returns their names.
 
         A node of the policy is never forgotten: its agent may be dead (killed, hung, its host
         half up) and its GPUs then keep the caps it last set, with no lease to bring them down, so

@@ -30,12 +30,12 @@ log = logging.getLogger("capctl.agent")
 
 AGENT_VERSION = __version__  # the one version (capctl/__init__.py)
 BOOT_DEFAULT_TOLERANCE_W = 1.0
+"""A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 PHASE_DECREASE = "decrease"
 """``CapPlan.phase`` of the first phase of a reallocation: caps only come down (docs/protocol.md)."""
-PHASES = ("decrease", "increase", "hold", "")
+PHASES = (PHASE_DECREASE, "increase", "hold", "")
 """The ``CapPlan.phase`` values an agent takes (docs/protocol.md; "" from a peer that sets none: a
 plan without the phase-1 rule); a plan of another phase is refused."""
-"""A GPU whose limit is within this many W of its default limit counts as "at its default"."""
 WAKE_CHECK_S = 0.5
 """The loop wakes at least this often (s) so that a lease expiry is acted on promptly."""
 WELCOME_REPORT_DELAY_S = 0.05

@@ -797,15 +797,17 @@ class NvmlBackend:
 
 
 _HELD = "no limit is written to this GPU until the agent is restarted and reads them again"
+"""How a GPU with constraints the agent may not use is held (:meth:`NvmlBackend._constraints_changed`)."""
 LIMIT_TOLERANCE_MW = 1000
 """How far (mW) a GPU's power limit may lie outside its limit constraints before they are taken as
 contradicting it (:func:`_limit_outside`): NVML keeps the limit inside them, to the milliwatt."""
 
 
 def _limit_outside(index: int, min_mw, max_mw, limit_mw) -> str:
-    """Why GPU ``index``'s (not named in the text: the callers prefix it) limit constraints ``min_mw``..``max_mw`` contradict its power limit
+    """Why GPU ``index``'s limit constraints ``min_mw``..``max_mw`` contradict its power limit
     ``limit_mw`` (all mW, as NVML returns them), "" when they agree (or are unusable anyway:
-    :func:`capctl.devicedata.unsupported_message` judges those).
+    :func:`capctl.devicedata.unsupported_message` judges those). The text does not name the GPU:
+    the callers prefix it, as for the other constraint problems.
 
     A limit outside the constraints is bad device data (a driver or a firmware reporting a new
     minimum, an injected fault): clamping into them would raise the GPU on the agent's own,
@@ -817,7 +819,6 @@ def _limit_outside(index: int, min_mw, max_mw, limit_mw) -> str:
     return (f"power limit {_mw_to_w(limit_mw):g} W read from the device is outside its limit "
             f"constraints {_mw_to_w(min_mw):g}..{_mw_to_w(max_mw):g} W (bad device data): held at its limit, "
             f"{_HELD}")
-"""How a GPU with constraints the agent may not use is held (:meth:`NvmlBackend._constraints_changed`)."""
 
 
 def _check_finite(value: float, field: str) -> None:

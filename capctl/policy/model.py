@@ -268,6 +268,11 @@ class Policy:
 
     # -- helpers -------------------------------------------------------------------------------
 
+    @property
+    def node_names(self):
+        """Every node name the policy lists (a set-like view: ``in`` is one dict lookup)."""
+        return self._node_paths.keys()
+
     def has_node(self, node: str) -> bool:
         """True when ``node`` is listed in some domain of the policy."""
         return node in self._node_paths
