@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from coordinator.registry import NODE_FORGET_S
 from coordinator.store import StoreError
 
 log = logging.getLogger("capctl.coordinator.ha")
@@ -177,7 +178,7 @@ def elected(coord, state=False) -> None:
             # 1.8 W over a 2,800 W budget for 345 ms after etcd was rebuilt empty)
             for name in [n for n, node in reg.nodes.items() if node.session is None]:
                 del reg.nodes[name]
-            n = reg.restore_ledger(ledger, 86400.0, keep=coord.policy.node_names)
+            n = reg.restore_ledger(ledger, NODE_FORGET_S, keep=coord.policy.node_names)
             log.info("taking over as leader (term %d): budget %g W; %d node(s) counted at their ledger caps "
                      "until their agents report", coord.term, coord.policy.budget_w, n)
         except StoreError as exc:

@@ -56,7 +56,7 @@ from coordinator.decide import REPLACED_MAX, REPLACED_WINDOW_S  # noqa: F401 (re
 from coordinator.finished import MemoryFinishedJobs, explain_finished
 from coordinator.jobenergy import JobEnergyBook
 from coordinator.models import Models
-from coordinator.registry import Registry
+from coordinator.registry import NODE_FORGET_S, Registry  # noqa: F401 (NODE_FORGET_S re-exported)
 from coordinator.store import StoreError
 from coordinator.storeio import StoreIO, blocking
 from coordinator.view import GpuExtra, JobExtra, LazyView, View, empty_view, finite
@@ -74,10 +74,6 @@ _DATA_LOST = ("etcd lost its data? agent {node} had seen coordinator term {seen}
               "the budget in force is {budget:g} W (set it again, or reload the policy, to clear this alert)")
 """The persistent alert of a leader that learns from an agent's hello that etcd lost its data (a
 budget an admin had lowered then reverts to the policy file's without a word; found by a try-out)."""
-NODE_FORGET_S = 86400.0
-"""A node outside the policy whose agent has not been heard of for this long (s) is forgotten: no
-longer counted (it counted only against the cluster budget). A node of the policy never is
-(:meth:`coordinator.registry.Registry.forget_silent`): a dead agent's GPUs keep their caps."""
 GC_THRESHOLDS = (20000, 10, 100)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2

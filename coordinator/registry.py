@@ -48,6 +48,10 @@ log = logging.getLogger("capctl.coordinator.registry")
 
 THROTTLE_WINDOW_S = WINDOW_S
 """Window of the throttling time fractions, in seconds (:mod:`coordinator.throttle`)."""
+NODE_FORGET_S = 86400.0
+"""A node outside the policy whose agent has not been heard of for this long (s) is forgotten: no
+longer counted (it counted only against the cluster budget). A node of the policy never is
+(:meth:`coordinator.registry.Registry.forget_silent`): a dead agent's GPUs keep their caps."""
 OOB_LIMITED = capstates.OOB_LIMITED
 OOB_TOLERANCE_W = 1.0
 """An enforced limit this far or more below the requested one is another limit binding (W; the
