@@ -16,7 +16,7 @@ cluster CA (mTLS, :mod:`capctl.security.tls`): an agent's certificate must carry
 ``admin`` (:mod:`capctl.security.authz`, docs/security.md). Input bounds come from
 :mod:`capctl.security.limits`.
 
-Bounds: messages up to :data:`MAX_MESSAGE_BYTES`; an agent must say hello within
+Bounds: messages in up to :data:`MAX_MESSAGE_BYTES`, out up to :data:`MAX_REPLY_BYTES`; an agent must say hello within
 :data:`HELLO_TIMEOUT_S`; at most :data:`MAX_GPUS_PER_NODE` GPUs and :data:`MAX_JOBS_PER_NODE` jobs
 per node; each agent's outgoing queue holds :data:`OUT_QUEUE_LEN` messages (a stream that falls
 further behind is closed; its node turns stale and counts at its caps).
@@ -45,6 +45,12 @@ log = logging.getLogger("capctl.coordinator.server")
 
 PROTOCOL_VERSION = "capctl.v1"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""Largest message a peer may send this server (bytes): an agent's or an admin's request."""
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+"""Largest message this server sends (bytes): the status of a large cluster (~160 bytes per GPU:
+6 MiB at 40,000 GPUs, measured) went over :data:`MAX_MESSAGE_BYTES` from ~27,000 GPUs on and
+``capctl status`` / ``nodes`` / ``jobs`` failed (RESOURCE_EXHAUSTED; found by a review); the same
+as the admin client's receive limit (``coordinator.client.CHANNEL_OPTIONS``)."""
 HELLO_TIMEOUT_S = 10.0
 MAX_GPUS_PER_NODE = 64
 MAX_JOBS_PER_NODE = 256
@@ -55,7 +61,7 @@ GRACE_S = 2.0
 
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_REPLY_BYTES),
     ("grpc.max_concurrent_streams", 4096),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
