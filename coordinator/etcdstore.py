@@ -5,8 +5,18 @@ Same interface as :class:`coordinator.store.Store` (:class:`coordinator.statesto
 the budget override, the node ledger, an audit trail. Keys, under the site prefix::
 
     <prefix>/state/budget_override   JSON {"budget_w", "policy_budget_w", "time_s"}
-    <prefix>/state/nodes             JSON node ledger {node: {"gpus": {index: [W, W, W, W]}, "seen_s"}}
-    <prefix>/audit/<unix ns>         JSON {"action", "value"}
+    <prefix>/state/nodes_gen         JSON {"gen": g}: the node ledger's generation in force
+    <prefix>/state/nodes/<g>/<k>     JSON node ledger, chunk k: {node: {"gpus": {index: [W, W, W, W]}, "seen_s"}}
+    <prefix>/audit/<unix ns>         JSON {"action", "value"} (admin changes: the budget)
+
+The node ledger is soft state the leader rewrites every 30 s and before increases
+(:data:`coordinator.loop.LEDGER_PERIOD_S`): it is written in chunks of at most
+:data:`LEDGER_CHUNK_BYTES` (etcd takes at most 1.5 MiB per request by default), as a new
+generation whose pointer ``nodes_gen`` is switched, and the older generations deleted, in one last
+transaction: a reader sees one whole ledger, the old or the new (:meth:`EtcdStore.save_nodes`). It
+leaves no audit record. It was one value with a full copy in the audit trail at every write:
+refused by etcd from ~2,500 nodes of 8 GPUs on, and etcd grew by twice the ledger at every
+write until its space quota stopped every write (found by a review).
 
 Every write is fenced by the election (:mod:`coordinator.election`): one etcd transaction that
 succeeds only while the leader key still has this coordinator's term as its create revision, so a
@@ -24,6 +34,10 @@ from coordinator.etcdconn import EtcdConn, EtcdError, b64
 from coordinator.store import StoreError
 
 log = logging.getLogger("capctl.coordinator.etcdstore")
+
+LEDGER_CHUNK_BYTES = 512 * 1024
+"""Most bytes of JSON in one node-ledger key (one etcd request each; etcd's default
+``--max-request-bytes`` is 1.5 MiB, base64 on the JSON gateway included)."""
 
 
 def fence(leadership, what: str) -> list[dict]:
@@ -116,6 +130,11 @@ class EtcdStore:
                                  "value": b64(json.dumps({"action": action, "value": value}))}}
         fenced_txn(self.conn, self.leadership, [op, audit], f"state in {self.path}: write {key}")
 
+    def _range(self, start: str, end: str) -> dict:
+        """A ``request_delete_range`` op of the keys in [``start``, ``end``) under ``<prefix>/state/``."""
+        state = f"{self.prefix}/state/"
+        return {"request_delete_range": {"key": b64(state + start), "range_end": b64(state + end)}}
+
     # -- budget override (as coordinator.store.Store) ----------------------------------------
     def budget_override(self) -> dict | None:
         value = self.get("budget_override")
@@ -130,14 +149,43 @@ class EtcdStore:
 
     # -- node ledger --------------------------------------------------------------------------
     def save_nodes(self, nodes: dict[str, dict]) -> None:
-        """Replace the node ledger (shape: :meth:`coordinator.store.Store.save_nodes`)."""
-        data = {name: {"gpus": {str(i): list(v) for i, v in d["gpus"].items()}, "seen_s": d.get("seen_s", 0.0)}
-                for name, d in nodes.items()}
-        self.put("nodes", data, "node ledger")
+        """Replace the node ledger (shape: :meth:`coordinator.store.Store.save_nodes`): its
+        chunks as a new generation (one fenced transaction each), then the pointer switched to
+        it and every other generation deleted (and the one-key ledger of older releases) in one
+        fenced transaction. A write cut short leaves the old generation in force; its chunks
+        are deleted by the next write."""
+        gen = f"{time.time_ns():020d}"
+        what = f"state in {self.path}: write node ledger"
+        for k, text in enumerate(_ledger_chunks(nodes)):
+            put = {"request_put": {"key": b64(f"{self.prefix}/state/nodes/{gen}/{k:05d}"), "value": b64(text)}}
+            fenced_txn(self.conn, self.leadership, [put], what)
+        pointer = {"request_put": {"key": b64(f"{self.prefix}/state/nodes_gen"), "value": b64(json.dumps({"gen": gen}))}}
+        legacy = {"request_delete_range": {"key": b64(f"{self.prefix}/state/nodes")}}
+        # every other generation: the keys below this one's and above it ('/' + 1 = '0')
+        fenced_txn(self.conn, self.leadership,
+                   [pointer, legacy, self._range("nodes/", f"nodes/{gen}/"), self._range(f"nodes/{gen}0", "nodes0")],
+                   what)
 
     def load_nodes(self) -> dict[str, dict]:
-        """The node ledger; malformed entries are skipped."""
-        value = self.get("nodes") or {}
+        """The node ledger of the generation in force (the one-key ledger of an older release
+        when there is none); malformed entries are skipped."""
+        pointer = self.get("nodes_gen")
+        if isinstance(pointer, dict) and isinstance(pointer.get("gen"), str):
+            value: dict = {}
+            try:
+                kvs = self.conn.get_prefix(f"{self.prefix}/state/nodes/{pointer['gen']}/")
+            except EtcdError as exc:
+                raise StoreError(f"state in {self.path}: read node ledger: {exc}") from None
+            for kv in kvs:
+                try:
+                    chunk = json.loads(kv["value"].decode())
+                except (ValueError, UnicodeDecodeError):
+                    log.warning("%s: not JSON; ignored", kv["key"])
+                    continue
+                if isinstance(chunk, dict):
+                    value.update(chunk)
+        else:
+            value = self.get("nodes") or {}
         out = {}
         for name, entry in (value.items() if isinstance(value, dict) else ()):
             try:
@@ -146,3 +194,21 @@ class EtcdStore:
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("node ledger: malformed entry for %r skipped", name)
         return out
+
+
+def _ledger_chunks(nodes: dict[str, dict]) -> list[str]:
+    """The node ledger ``nodes`` as JSON objects of whole nodes, each at most
+    :data:`LEDGER_CHUNK_BYTES` (a node larger than that alone: 64 GPUs take ~4 KB), nodes by
+    name; one empty object for an empty ledger."""
+    chunks, part, size = [], [], 0
+    for name in sorted(nodes):
+        d = nodes[name]
+        text = json.dumps(name) + ":" + json.dumps(
+            {"gpus": {str(i): list(v) for i, v in d["gpus"].items()}, "seen_s": d.get("seen_s", 0.0)})
+        if part and size + len(text) + 1 > LEDGER_CHUNK_BYTES:
+            chunks.append("{" + ",".join(part) + "}")
+            part, size = [], 0
+        part.append(text)
+        size += len(text) + 1
+    chunks.append("{" + ",".join(part) + "}")
+    return chunks

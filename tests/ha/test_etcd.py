@@ -271,3 +271,66 @@ def test_a_new_leader_whose_file_says_another_budget_keeps_the_admins_override_a
         b.stop()
         a.term = 0
         a._lease_id = 0
+
+
+def _ledger(nodes: int, gpus: int = 8, seen_s: float = 1.0) -> dict:
+    """A node ledger of ``nodes`` nodes x ``gpus`` GPUs (store.save_nodes's shape; W, s)."""
+    return {f"gpu{n:05d}": {"gpus": {i: [200.0 + (n * 8 + i) % 500 + 0.123456789, 200.0, 700.0, 250.0]
+                                     for i in range(gpus)}, "seen_s": seen_s}
+            for n in range(nodes)}
+
+
+def test_a_100k_gpu_node_ledger_is_saved_in_etcd_without_an_audit_copy_and_shrinks(etcd):
+    """The node ledger of 12,500 nodes x 8 GPUs (6.5 MB of JSON) is saved and read back whole,
+    though etcd takes at most 1.5 MiB per request (its default ``--max-request-bytes``): it was
+    one value, and failed from ~1,400 nodes on. Soft state rewritten every 30 s and before
+    increases leaves no audit record (each was a full copy: etcd grew by the ledger's size at
+    every write until its space quota stopped all writes). A smaller ledger leaves no node of the
+    larger one behind; an admin's budget change is still audited."""
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    a = Leadership(conn, "/big", "A", "unix:/a").start()
+    try:
+        wait_until(a.may_send, 10.0, 0.02, "A elected")
+        store = EtcdStore(conn, "/big", a)
+        big = _ledger(12500)
+        store.save_nodes(big)
+        assert store.load_nodes() == big
+        store.save_nodes(big)
+        small = _ledger(3, seen_s=2.0)
+        store.save_nodes(small)
+        assert store.load_nodes() == small
+        assert conn.get_prefix("/big/audit/") == []
+        gens = {kv["key"].split("/")[4] for kv in conn.get_prefix("/big/state/nodes/")}
+        assert len(gens) == 1  # the larger generations' chunks are gone
+        # a write cut short (its chunks, not its pointer) changes nothing; the next write removes it
+        conn.put("/big/state/nodes/99999999999999999999/00000", '{"ghost": {"gpus": {}, "seen_s": 3.0}}')
+        conn.put("/big/state/nodes/00000000000000000001/00000", '{"ghost": {"gpus": {}, "seen_s": 3.0}}')
+        assert store.load_nodes() == small
+        store.save_nodes(small)
+        assert len({kv["key"].split("/")[4] for kv in conn.get_prefix("/big/state/nodes/")}) == 1
+        assert store.load_nodes() == small
+        store.set_budget_override(2500.0, 2800.0)
+        audits = conn.get_prefix("/big/audit/")
+        assert len(audits) == 1 and b"budget set" in audits[0]["value"]
+    finally:
+        a.stop()
+
+
+def test_a_node_ledger_of_an_older_release_is_read_then_replaced(etcd):
+    """The one-key ledger (``<prefix>/state/nodes``) an older release wrote is what a new leader
+    reads until it writes its own; its first write removes it."""
+    import json
+
+    conn = EtcdConn(parse_endpoints(etcd.endpoints))
+    old = {"n1": {"gpus": {"0": [300.0, 200.0, 700.0, 250.0]}, "seen_s": 1.0}}
+    conn.put("/legacy/state/nodes", json.dumps(old))
+    a = Leadership(conn, "/legacy", "A", "unix:/a").start()
+    try:
+        wait_until(a.may_send, 10.0, 0.02, "A elected")
+        store = EtcdStore(conn, "/legacy", a)
+        assert store.load_nodes() == {"n1": {"gpus": {0: [300.0, 200.0, 700.0, 250.0]}, "seen_s": 1.0}}
+        new = _ledger(2)
+        store.save_nodes(new)
+        assert conn.get("/legacy/state/nodes") is None and store.load_nodes() == new
+    finally:
+        a.stop()
