@@ -90,6 +90,13 @@ def inlet_at(scn: Scenario, t_s: float) -> np.ndarray:
 GPU_STREAM = 7
 """Second word of the seed of the GPUs' random stream (hot set, speed; :func:`build_scenario`),
 apart from the job timeline's (the seed alone)."""
+HOT_STREAM = 8
+"""Second word of the seed of the hot GPUs' thermal resistances (:func:`_make_node`)."""
+EFFICIENCY_STREAM = 9
+"""Second word of the seed of the GPUs' power factors (``efficiency``, :func:`build_scenario`).
+Each stream is ``default_rng([seed, STREAM])``: they were ``seed + 1`` and ``seed + 2``, so seed
+s's hot resistances were drawn from seed s + 1's job-timeline stream and "three seeds" shared
+draws (found by a review)."""
 
 
 def build_scenario(spec, policy) -> Scenario:
@@ -128,7 +135,7 @@ def build_scenario(spec, policy) -> Scenario:
         speed = np.ones(topo.n_gpus)
     power_factor = None
     if spec.efficiency is not None:
-        power_factor = efficiency_factors(spec.efficiency, topo.n_gpus, np.random.default_rng(spec.seed + 2))
+        power_factor = efficiency_factors(spec.efficiency, topo.n_gpus, np.random.default_rng([int(spec.seed), EFFICIENCY_STREAM]))
     return Scenario(spec, policy, topo, jobs, prof, base, hot, speed, power_factor)
 
 
@@ -159,7 +166,7 @@ def _make_node(scn: Scenario):
     node = SimNode.create(None, gpus=scn.topo.n_gpus, model=scn.profile.name, inlet_c=inlet_at(scn, 0.0),
                           seed=int(spec.seed), manual_clock=True, **over)
     if scn.hot_gpus.size:
-        rng = np.random.default_rng(spec.seed + 1)
+        rng = np.random.default_rng([int(spec.seed), HOT_STREAM])
         lo, hi = spec.hot_resistance_c_per_w
         for g in scn.hot_gpus:
             r = float(rng.uniform(lo, hi))
