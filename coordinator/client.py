@@ -68,6 +68,10 @@ def map_rpc_error(err: grpc.RpcError, address: str) -> CapctlError:
             return UnreachableError(f"{address} answers but is no gRPC server (an HTTP/1 endpoint, e.g. the "
                                     "coordinator's metrics port?); give the coordinator's --listen address or "
                                     "its admin socket")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:  # (it may answer, only later: a large cluster's status)
+            return UnreachableError(f"coordinator at {address} did not answer in time (DEADLINE_EXCEEDED): {details}; "
+                                    "is capctl-coordinator running there? A large cluster's status may take "
+                                    "longer: --timeout SECONDS")
         return UnreachableError(f"coordinator at {address} unreachable ({code.name}): {details}; is capctl-coordinator "
                                 f"running there? Another address: --coordinator ADDR or $CAPCTL_COORDINATOR")
     if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):

@@ -15,15 +15,16 @@ or loopback. Unix-socket targets always use a plain channel (their file mode is 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
 import grpc
 
 from capctl.errors import UserInputError
-from coordinator.client import AdminClient, coordinator_address
+from coordinator.client import CHANNEL_OPTIONS, DEFAULT_TIMEOUT_S, AdminClient, coordinator_address
 
-_CONNECTION: dict = {"args": None, "token_file": None}
+_CONNECTION: dict = {"args": None, "token_file": None, "timeout_s": None}
 """The parsed command line (its TLS flags are read when a channel is made) and the token file
 (:func:`configure`); the environment otherwise."""
 
@@ -43,10 +44,35 @@ def add_connection_arguments(parser, *, suppress: bool = False) -> None:
                             ("--tls-key", "its private key (PEM)"), ("--tls-server-name", "name to verify"),
                             ("--admin-token-file", "root-only file with the coordinator's admin token")):
             g.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME", default=argparse.SUPPRESS, help=help_)
+        g.add_argument("--timeout", metavar="S", default=argparse.SUPPRESS, help=_TIMEOUT_HELP)
         return
     add_tls_arguments(parser, what="host:port coordinator addresses")
     parser.add_argument("--admin-token-file", metavar="FILE", default=None,
                         help="root-only file with the coordinator's admin token (default $CAPCTL_ADMIN_TOKEN_FILE)")
+    parser.add_argument("--timeout", metavar="S", default=None, help=_TIMEOUT_HELP)
+
+
+_TIMEOUT_HELP = (f"deadline of each call to the coordinator, seconds (default $CAPCTL_TIMEOUT_S or "
+                 f"{DEFAULT_TIMEOUT_S:g}; a large cluster's status takes longer)")
+MAX_TIMEOUT_S = 3600.0
+"""Longest ``--timeout`` taken (s)."""
+
+
+def timeout_s(text: str | None, source: str = "--timeout") -> float:
+    """The call deadline ``text`` (s) of ``source`` (a flag or variable); None: the default.
+
+    Raises:
+        UserInputError: not a number of seconds in (0, :data:`MAX_TIMEOUT_S`].
+    """
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= MAX_TIMEOUT_S:  # (NaN fails too)
+        raise UserInputError(f"{source} {text!r}: need seconds, more than 0 and at most {MAX_TIMEOUT_S:g}")
+    return value
 
 
 def configure(args) -> None:
@@ -55,6 +81,7 @@ def configure(args) -> None:
     never connects (``policy validate``, ``sim``, ``install``) works whatever they say (a partial
     ``$CAPCTL_TLS_*`` setting refused them all; found by a review)."""
     _CONNECTION["args"] = args
+    _CONNECTION["timeout_s"] = getattr(args, "timeout", None)  # (checked when a command connects, as TLS)
     _CONNECTION["token_file"] = getattr(args, "admin_token_file", None) or os.environ.get("CAPCTL_ADMIN_TOKEN_FILE") or None
 
 
@@ -93,12 +120,14 @@ def _channel(target: str, credentials):
     from capctl.security import tls as tlsmod
 
     tls_config = tlsmod.tls_from_args(_CONNECTION["args"], use_env=True)  # (UserInputError: a partial setting)
-    options: list = []
+    # the client's own limits (CHANNEL_OPTIONS: a large cluster's status is more than gRPC's
+    # default 4 MiB; this channel had none, so capctl status failed there: found by a review)
+    options: list = list(CHANNEL_OPTIONS)
     if credentials is None and tls_config is not None and not tlsmod.is_unix_target(target):
         credentials = tlsmod.channel_credentials(tls_config)
-        options = tlsmod.channel_options(tls_config)
+        options += tlsmod.channel_options(tls_config)
     channel = (grpc.secure_channel(target, credentials, options=options) if credentials
-               else grpc.insecure_channel(target))
+               else grpc.insecure_channel(target, options=options))
     token_file = _CONNECTION["token_file"]
     if token_file:
         from capctl.security.authz import bearer_metadata, load_token_file
@@ -120,7 +149,10 @@ def admin_client(address: str | None = None) -> Iterator[AdminClient]:
         CapctlError subclasses (see :func:`coordinator.client.map_rpc_error`) for gRPC failures.
     """
     target = coordinator_address(address)
-    client = AdminClient(target, channel=_channel(target, None))
+    flag = _CONNECTION["timeout_s"]
+    deadline_s = (timeout_s(flag) if flag is not None
+                  else timeout_s(os.environ.get("CAPCTL_TIMEOUT_S") or None, "$CAPCTL_TIMEOUT_S"))
+    client = AdminClient(target, timeout_s=deadline_s, channel=_channel(target, None))
     try:
         yield client
     finally:
