@@ -780,10 +780,11 @@ class Coordinator:
         )
         self.view = LazyView(functools.partial(build_view, snap), tick_s, plans_sent)
 
-    def status_reply(self) -> pb.StatusReply:
-        """The latest interval's status (a copy)."""
+    def status_reply(self, view=None) -> pb.StatusReply:
+        """The latest interval's status (a copy); ``view``: that of an interval's view taken
+        before (the admin service builds it off the event loop, then asks for its reply)."""
         reply = pb.StatusReply()
-        reply.CopyFrom(self.view.status)
+        reply.CopyFrom((self.view if view is None else view).status)
         # settings changed by an admin since the interval show at once
         reply.budget_w = self.policy.budget_w
         reply.interval_s = self.policy.interval_s

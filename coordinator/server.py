@@ -445,14 +445,26 @@ class AdminServicer(pb_grpc.AdminServicer):
             )
         log.info("%s by %s (%s)", what, context.peer() or "?", how)  # audit line; never a secret
 
+    async def _status(self):
+        """The status reply; the interval's view is built off the event loop when it is not yet
+        (a large cluster's takes seconds: ~40 us per GPU, bench/interval_cost.py's ``view``), so
+        the loop keeps taking reports and acknowledgements meanwhile (it was built on the loop:
+        every ``capctl status`` held the control loop that long; found by a review)."""
+        view = getattr(self.coord, "view", None)
+        resolve = getattr(view, "resolve", None)
+        if resolve is None:  # (a View already built)
+            return self.coord.status_reply()
+        await asyncio.to_thread(resolve)
+        return self.coord.status_reply(view)
+
     async def Status(self, request, context):  # noqa: N802
-        return self.coord.status_reply()
+        return await self._status()
 
     async def Nodes(self, request, context):  # noqa: N802
-        return self.coord.status_reply()
+        return await self._status()
 
     async def Jobs(self, request, context):  # noqa: N802
-        return self.coord.status_reply()
+        return await self._status()
 
     async def Explain(self, request, context):  # noqa: N802
         reply = await self.coord.explain_async(request.job_id)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -32,8 +33,8 @@ class _Coord:
     def __init__(self, reply) -> None:
         self.reply = reply
 
-    def status_reply(self):
-        return self.reply
+    def status_reply(self, view=None):
+        return self.reply if view is None else view.status
 
 
 def _big_status(pb):
@@ -119,7 +120,7 @@ class _SlowCoord(_Coord):
         super().__init__(reply)
         self.delay_s = delay_s
 
-    def status_reply(self):
+    def status_reply(self, view=None):
         time.sleep(self.delay_s)
         return self.reply
 
@@ -148,3 +149,41 @@ def test_timeout_flag_sets_each_calls_deadline_and_a_late_answer_says_so(tmp_pat
     out = _cli("policy", "validate", str(REPO / "examples" / "policies" / "lab-4node.yaml"),
                env={"CAPCTL_TIMEOUT_S": "soon"})
     assert out.returncode == 0 and "CAPCTL_TIMEOUT_S" not in out.stderr, out
+
+
+def test_a_status_view_is_built_off_the_event_loop(tmp_path):
+    """A large cluster's view takes seconds to build (bench/interval_cost.py: ~40 us per GPU);
+    the admin service builds it in a worker thread, so the event loop (reports, acknowledgements:
+    here a health check on the same server) keeps answering meanwhile, and the reply is the
+    view's."""
+    require(importlib_ok(), "generated gRPC code capctl.v1 missing (make build)")
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from capctl.v1 import capctl_pb2 as pb
+    from coordinator.client import AdminClient
+    from coordinator.view import LazyView
+
+    built = threading.Event()
+
+    def build():
+        time.sleep(1.5)  # (sleeps: releases the GIL, as the view's numpy work partly does)
+        built.set()
+        return types.SimpleNamespace(status=pb.StatusReply(budget_w=4321.0))
+
+    coord = _Coord(pb.StatusReply())
+    coord.view = LazyView(build, 0.0, 0)
+    address = f"unix:{tmp_path}/admin.sock"
+    with _served(coord, address):
+        box: dict = {}
+        caller = threading.Thread(target=lambda: box.update(st=AdminClient(address, timeout_s=30.0).status()))
+        caller.start()
+        time.sleep(0.3)  # the status call is building
+        with grpc.insecure_channel(address) as ch:
+            t0 = time.monotonic()
+            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+            took_s = time.monotonic() - t0
+        assert not built.is_set() and took_s < 0.5, took_s  # answered while the view was still building
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        caller.join(10)
+        assert box["st"].budget_w == 4321.0
