@@ -996,12 +996,12 @@ class Coordinator:
         cannot save it still refuse), and is accepted with the same warning as such a reload."""
         need = self._minimum_needed_w()
         current = self.policy.budget_w
-        if budget_w < need and budget_w < current:
+        if budget_w < need - NEED_TOLERANCE_W and budget_w < current:
             return pb.SetBudgetReply(
                 ok=False, budget_w=current, deficit_w=need - budget_w,
-                message=(f"refused: {format_watts(budget_w)} W is below the {format_watts(need)} W the cluster needs "
-                         f"at least (live GPUs at their minimum cap, stale nodes at their held caps); deficit "
-                         f"{format_watts(need - budget_w)} W; budget stays {format_watts(current)} W"),
+                message=(f"refused: {format_watts(budget_w)} W is below the {format_watts(_up_w(need))} W the "
+                         f"cluster needs at least (live GPUs at their minimum cap, stale nodes at their held caps); "
+                         f"deficit {format_watts(max(0.01, _up_w(need - budget_w)))} W; budget stays {format_watts(current)} W"),
             )
         try:
             new_policy = self.file_policy.with_budget(budget_w)
@@ -1435,6 +1435,17 @@ def _domain_draw_w(tally: _Tally, members) -> float:
     if known and all(k in dead for k in known):
         return math.nan
     return sum(draw.get(k, 0.0) for k in members)
+
+
+NEED_TOLERANCE_W = 1e-6
+"""A budget this close below what the cluster needs at least (W) is not refused: the need is a sum
+of caps, whose last digits are float noise."""
+
+
+def _up_w(watts: float) -> float:
+    """``watts`` rounded up to 0.01 W, for a message (a sum of caps read as 2243.0950000000003 W;
+    found by a try-out); up, so that a need never reads as the budget it refuses."""
+    return math.ceil(watts * 100.0 - 1e-6) / 100.0
 
 
 def _deficit_from_message(text: str) -> float:

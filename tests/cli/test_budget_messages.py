@@ -133,3 +133,26 @@ def test_a_negative_budget_is_refused_as_a_value_not_as_an_unknown_option(text):
                           "--coordinator", "unix:/nonexistent/capctl.sock"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip() == f"capctl: WATTS {text!r}: give a finite number of watts > 0"
+
+
+def test_a_refused_budget_names_the_need_and_deficit_without_float_noise(tmp_path):
+    """A need that is a sum of caps (2243.0950000000003 W, found by a try-out) is shown rounded
+    up to 0.01 W, so it still reads above the refused budget, and the deficit is never 0 W."""
+    import asyncio
+
+    from coordinator import loop
+    from tests.coordinator.conftest import write_policy
+
+    path = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=3000.0)
+    coord = loop.Coordinator(load_policy(str(path)), str(path))
+    for need, budget, shown_need, shown_deficit in ((2243.0950000000003, 2243.09, "2243.1", "0.01"),
+                                                    (2500.004, 2500.0, "2500.01", "0.01"),
+                                                    (1600.0, 1000.0, "1600", "600")):
+        coord._minimum_needed_w = lambda need=need: need
+        reply = asyncio.run(coord.set_budget(budget))
+        assert not reply.ok and reply.deficit_w == pytest.approx(need - budget)
+        assert (f"is below the {shown_need} W the cluster needs at least" in reply.message
+                and f"deficit {shown_deficit} W;" in reply.message), reply.message
+        assert "0000" not in reply.message.replace("1000", "").replace("2000", "").replace("3000", "")
+    coord._minimum_needed_w = lambda: 2500.0 + 1e-9  # float noise above a budget equal to the need
+    assert asyncio.run(coord.set_budget(2500.0)).ok
