@@ -128,6 +128,7 @@ class Coordinator:
         self.persistent_alerts: dict[str, str] = {}
         if store_error:
             self.persistent_alerts["store"] = f"state database: {store_error}; running on in-memory state"
+        policy = self._restore_reloaded(policy)
         # (a coordinator sharing its store with others, HA, keeps an override its file disagrees
         # with: a standby starting with another file deleted the leader's override, found by a review)
         self.policy = self._apply_override(policy, takeover=bool(getattr(store, "shared", False)))
@@ -163,6 +164,55 @@ class Coordinator:
         self._warned: set = set()  # keys of the watch alerts already logged (see _watch_alerts)
         self.ha = None  # coordinator.election.Leadership when coordinators run in HA on etcd (daemon)
         self._fresh_streams: set = set()  # HA: nodes whose first telemetry on a new stream wakes the loop
+
+    def _restore_reloaded(self, policy):
+        """The policy in force at start: the file an admin loaded with ``policy reload FILE``
+        (persisted, :data:`RELOADED_KEY`) when it is not the start-up file ``policy``'s, else
+        ``policy``. Before, a restart went back to the start-up file without a word, with its
+        own domain limits (a PDU limit an admin had added was gone: its PDU 2,211 W on a
+        1,000 W limit in the journal; found by a try-out). A reloaded file that no longer loads
+        leaves the start-up file in force and a persistent alert naming both. Not in high
+        availability (there each coordinator runs its own start file: another one is refused)."""
+        store = self.store
+        if store is None or not store.ok or getattr(store, "shared", False):
+            return policy
+        try:
+            saved = store.get(RELOADED_KEY)
+        except StoreError as exc:
+            log.error("%s", exc)
+            return policy
+        path = saved.get("path") if isinstance(saved, dict) else None
+        if not isinstance(path, str) or not path or _same_file(path, self.policy_path):
+            return policy
+        from capctl.policy import load_policy
+
+        try:
+            reloaded = load_policy(path)
+        except Exception as exc:  # noqa: BLE001 (PolicyError, a file gone: never a crash at start)
+            self.persistent_alerts["policy"] = (
+                f"policy {path} (loaded by an admin with policy reload) does not load now: {_first_line(exc)}; "
+                f"running the start-up file {self.policy_path or '(embedded default)'}, whose limits may be "
+                f"higher: fix it and reload it, or reload the start-up file to make it the one in force")
+            log.error("%s", self.persistent_alerts["policy"])
+            return policy
+        log.warning("policy %s in force, loaded by an admin with policy reload (not the start-up file %s); "
+                    "capctl policy reload %s makes the start-up file the one in force again",
+                    path, self.policy_path or "(embedded default)", self.policy_path or "FILE")
+        self.file_policy, self.policy_path = reloaded, path
+        return reloaded
+
+    def _remember_reloaded(self, path: str) -> str:
+        """Persist ``path`` as the file in force (see :meth:`_restore_reloaded`); "" or a warning
+        for the reply when it could not be saved."""
+        store = self.store
+        if store is None or not store.ok or getattr(store, "shared", False):
+            return ""
+        try:
+            store.put(RELOADED_KEY, {"path": os.path.abspath(path), "time_s": time.time()}, "policy reload")
+        except StoreError as exc:
+            self.persistent_alerts["store"] = f"policy {path} in force but NOT persisted: {exc}"
+            return f"; WARNING: not persisted ({exc}): a restart runs the start-up file"
+        return ""
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -315,6 +365,29 @@ class Coordinator:
             self.store_io.close()
 
     # -- agent sessions -----------------------------------------------------------------------
+    def claim_problem(self, hello, session) -> str:
+        """Why ``hello`` may not take its node's stream ("" when it may): another agent holds an
+        open stream for that node name, reports (within the lease), and its GPUs have other UUIDs
+        (a second agent started with the same ``--node``, e.g. a copied configuration). Before, each
+        hello replaced the other's stream, and the newcomer applied that node's plans to its own
+        GPUs, which the coordinator counted under their real node at their old caps: 4,641 W on a
+        4,000 W budget for 2 s in the simulated driver's journal (found by a try-out). An agent that
+        restarts has the same GPUs, and a node whose stream is silent past the lease (a dead peer)
+        is taken over as before."""
+        node = self.registry.nodes.get(hello.node)
+        if node is None or node.session is None or node.session is session:
+            return ""
+        if node.stale(self.registry.clock(), self.lease_s):
+            return ""
+        held = {g.uuid for g in node.gpus.values() if g.uuid}
+        new = {g.uuid for g in hello.gpus if g.uuid}
+        if not held or not new or held == new:
+            return ""
+        return (f"node {hello.node} is already served by an agent at {node.session.peer} reporting other GPUs "
+                f"({', '.join(sorted(held)[:2])}{', ...' if len(held) > 2 else ''}; this one has "
+                f"{', '.join(sorted(new)[:2])}{', ...' if len(new) > 2 else ''}): two agents claim one node name "
+                f"(a copied --node?); this one is refused while the other reports")
+
     def attach(self, hello, session) -> None:
         """A (re)connected agent said hello: replace any older stream of that node, rebuild state."""
         node = self.registry.nodes.get(hello.node)
@@ -1054,6 +1127,7 @@ class Coordinator:
                                         message="policy rejected; the previous one stays")
         self.file_policy = new
         self.policy_path = target
+        saved_note = self._remember_reloaded(target)
         self.persistent_alerts.pop("policy", None)  # (a file that failed to load at a takeover: it loads now)
         self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: the file's rule now)
         self.persistent_alerts.pop("etcd-data", None)  # (the admin chose the policy in force)
@@ -1066,7 +1140,7 @@ class Coordinator:
         msg = f"policy {target} loaded: budget {format_watts(self.policy.budget_w)} W, interval {self.policy.interval_s:g} s"
         if self.policy.budget_w != new.budget_w:
             msg += f" (budget set by an admin; the file says {format_watts(new.budget_w)} W)"
-        msg += self._below_minimum_warning()
+        msg += self._below_minimum_warning() + saved_note
         log.info("%s", msg)
         self.wake()
         return pb.ReloadPolicyReply(ok=True, message=msg)
@@ -1435,6 +1509,22 @@ def _domain_draw_w(tally: _Tally, members) -> float:
     if known and all(k in dead for k in known):
         return math.nan
     return sum(draw.get(k, 0.0) for k in members)
+
+
+RELOADED_KEY = "policy_reloaded"
+"""State-store key of the policy file an admin made the one in force (``{"path", "time_s"}``)."""
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file (the same absolute path; "" never)."""
+    return bool(a) and bool(b) and os.path.abspath(a) == os.path.abspath(b)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first error of ``exc`` (a PolicyError lists several), one line."""
+    errors = getattr(exc, "errors", None)
+    text = str(errors[0]) if errors else str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 NEED_TOLERANCE_W = 1e-6

@@ -310,6 +310,11 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"AgentHello.node {hello.node[:64]!r}: {problem}")
                 return
         session = AgentSession(hello.node, context.peer())
+        problem = coord.claim_problem(hello, session)
+        if problem:
+            log.warning("AgentLink from %s refused: %s", context.peer(), problem)
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, problem)
+            return
         coord.attach(hello, session)
         tasks: list[asyncio.Task] = []
         try:

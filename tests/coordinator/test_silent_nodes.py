@@ -51,3 +51,40 @@ def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_
         assert sum(cl.sims["n2"].read(i)["limit_w"] for i in range(4)) == pytest.approx(n2_w)  # nobody touched it
         check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
         assert check.ok, check.describe()
+
+
+def test_a_second_agent_under_a_node_name_in_use_is_refused_and_the_budget_holds(tmp_path):
+    """A second agent started as n2 on n1's GPUs (a copied ``--node``) while n2's own agent
+    reports: before, each hello replaced the other's stream, the impostor applied n2's plans to
+    n1's GPUs (counted under n1 at their old caps) and the journal showed 4,641 W on a 4,000 W
+    budget for 2 s (found by a try-out). Now the newcomer is refused, says why, and n2 stays
+    served by its own agent; the sum of enforced limits stays within the budget at every instant."""
+    from capctl.demo.processes import start_agent
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+    from tests.support.processes import Cluster
+
+    budget_w = 4000.0
+    with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget_w, interval_s=0.5, lease_s=3.0) as cl:
+        for name in ("n1", "n2"):
+            for i in range(4):
+                cl.sims[name].set_load(i, 650.0)
+        assert cl.agent("n1").client().job_start("J1", ["0", "1"]).ok
+        assert cl.agent("n2").client().job_start("J2", ["0", "1", "2", "3"]).ok
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: c.status().allocated_w > 0.9 * budget_w, 20, "the budget in use")
+            uuids = {g.uuid for n in c.status().nodes if n.name == "n2" for g in n.gpus}
+            since_ns = time.monotonic_ns()
+            impostor = cl.group.add(start_agent(tmp_path / "impostor", "n2", cl.coordinator.address,
+                                                sim_env=cl.sims["n1"].env(), policy=cl.policy_path,
+                                                reconnect_max_s=1.0))
+            wait_for(lambda: "two agents claim one node name" in impostor.log_tail(400), 20, "the impostor refused")
+            time.sleep(3.0)  # it retries: refused each time
+            st = c.status()
+            n2 = next(n for n in st.nodes if n.name == "n2")
+            assert not n2.stale and {g.uuid for g in n2.gpus} == uuids
+            assert not [a for a in st.alerts if "two agents claim node" in a], list(st.alerts)  # no stream replaced
+            assert "ALREADY_EXISTS" in impostor.log_tail(400) and "Traceback" not in impostor.log_tail(400)
+        impostor.stop()
+        check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+        assert check.ok, check.describe()

@@ -1,0 +1,68 @@
+"""A policy file an admin loads with ``capctl policy reload FILE`` stays in force across coordinator
+restarts (persisted in the state database, as a budget override), against a real coordinator
+process restarted with its unit's command line (found by a try-out: a restart went back to the
+``--policy`` file without a word, and the PDU limit the reload had added was gone: its PDU at
+2,211 W on a 1,000 W limit in the simulated driver's journal)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.coordinator.conftest import Coordinator, importlib_ok, require, wait_for, write_policy
+
+pytestmark = pytest.mark.integration
+
+
+def _domains(client) -> dict:
+    return {d.name: d.limit_w for d in client.status().domains}
+
+
+def test_a_reloaded_policy_stays_in_force_across_restarts_and_one_that_no_longer_loads_is_an_alert(tmp_path):
+    require(importlib_ok(), "generated gRPC code capctl.v1 missing (make build)")
+    start = write_policy(tmp_path / "start.yaml", nodes=["n1", "n2"], budget_w=3000.0)
+    live = write_policy(tmp_path / "live.yaml", nodes=["n1", "n2"], budget_w=3000.0, pdus={"pdu-a": (["n1"], 1000.0)})
+    state = tmp_path / "state"
+    coord = Coordinator(tmp_path, start, state_dir=state)
+    try:
+        with coord.client() as c:
+            assert "pdu-a" not in _domains(c)
+            r = c.reload_policy(str(live))
+            assert r.ok and "WARNING" not in r.message, r.message
+            wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force")
+    finally:
+        coord.stop(signal.SIGKILL)
+    coord = Coordinator(tmp_path, start, state_dir=state)  # the unit's command line again
+    try:
+        with coord.client() as c:
+            wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force after the restart")
+            st = c.status()
+            assert st.policy_path == str(live)
+            assert not [a for a in st.alerts if "does not load" in a], list(st.alerts)
+            assert f"policy {live} in force, loaded by an admin with policy reload" in coord.log()
+            r = c.reload_policy()  # without FILE: the file in force, re-read
+            assert r.ok and f"policy {live} loaded" in r.message, r.message
+        live.write_text(live.read_text().replace("limit_w: 1000", "limit_w: lots"))
+    finally:
+        coord.stop()
+    coord = Coordinator(tmp_path, start, state_dir=state)
+    try:
+        with coord.client() as c:
+            st = c.status()
+            assert st.policy_path == str(start) and "pdu-a" not in {d.name for d in st.domains}
+            alerts = [a for a in st.alerts if a.startswith(f"policy {live}")]
+            assert len(alerts) == 1 and "does not load now" in alerts[0] and str(start) in alerts[0], list(st.alerts)
+            assert "limit_w" in alerts[0]  # the file's first error
+            r = c.reload_policy(str(start))  # the start-up file made the one in force: alert gone
+            assert r.ok, r.message
+            wait_for(lambda: not [a for a in c.status().alerts if a.startswith(f"policy {live}")], 5, "alert cleared")
+    finally:
+        coord.stop()
+    coord = Coordinator(tmp_path, start, state_dir=state)
+    try:
+        with coord.client() as c:
+            st = c.status()
+            assert st.policy_path == str(start) and not [a for a in st.alerts if "does not load" in a]
+    finally:
+        coord.stop()
