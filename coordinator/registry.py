@@ -290,9 +290,13 @@ def reason_flags(reasons: tuple) -> tuple[bool, bool, bool]:
 def stuck_slowdown(reasons) -> bool:
     """A clocks-event-reason set whose slowdown no power cap lifts: a hardware slowdown
     (``HW_SLOWDOWN``, e.g. an external power-brake or a failing part) without a thermal reason
-    (a thermal slowdown is one power can fix by cooling the GPU; NVML clocks event reasons)."""
+    (a thermal slowdown is one power can fix by cooling the GPU) and without ``SW_POWER_CAP``
+    (the power limit holds the clock too: more watts raise it, up to where the slowdown holds it;
+    such a GPU was held at its cap as a straggler, at 1,455 MHz where ~494 W would have given its
+    1,782 MHz, found by a try-out; NVML clocks event reasons)."""
     up = [r.upper() for r in reasons]
-    return any("HW_SLOWDOWN" in r for r in up) and not any("THERMAL" in r for r in up)
+    return (any("HW_SLOWDOWN" in r for r in up) and not any("THERMAL" in r for r in up)
+            and "SW_POWER_CAP" not in up)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,8 +150,10 @@ static op_t operating_point(const capsim_gpu *g, double enforced_w, int throttle
             fs = quantize_down(fs);
         if (fs < fmin)
             fs = fmin;
-        if (fs < f)
+        if (fs < f) { /* the slowdown holds the clock, not the power limit: only it is reported */
             f = fs;
+            o.reasons &= ~(uint64_t)R_SW_POWER_CAP;
+        }
         o.reasons |= R_HW_SLOWDOWN;
     }
     double r = f / fmax;

@@ -302,3 +302,45 @@ def test_an_agent_restarted_on_constraints_that_contradict_the_limit_raises_noth
             assert "capctl bug" not in _gpus(c.status())[3].detail
             check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
             assert check.ok, check.describe()
+
+
+def test_a_gpu_held_by_its_cap_and_a_hw_slowdown_is_raised_to_where_the_slowdown_holds_it(tmp_path):
+    """A GPU whose hardware slowdown holds its clock at 0.9 of its maximum (1,782 MHz) while its cap
+    holds it lower (reasons SW_POWER_CAP and HW_SLOWDOWN): more watts raise its clock, so it is no
+    straggler (found by a try-out: it was flagged and held at its 312 W cap and 1,455 MHz, its job
+    at that pace, while the budget was raised and watts went unallocated). Once raised to where the
+    slowdown holds it (the cap no longer binds) it is one, held near its draw, its job-mates at
+    its pace."""
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from coordinator.client import AdminClient
+
+    with Cluster(tmp_path, {"n1": 4}, budget_w=4 * 312.0, interval_s=0.5, lease_s=3.0) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
+            wait_for(lambda: all(sim.read(i)["limit_w"] < 330 for i in range(4)), 20, "every GPU capped")
+            sim.inject(0, "stuck_slowdown", 0.9)
+            max_mhz = sim.read(0)["max_sm_clock_mhz"]
+            time.sleep(3.0)
+            g0 = _gpus(c.status())[0]
+            assert "SW_POWER_CAP" in g0.clocks_event_reasons and "HW_SLOWDOWN" in g0.clocks_event_reasons, g0
+            assert "STRAGGLER" not in g0.flags, g0  # the cap holds it: power helps
+            assert c.set_budget(4 * 700.0).ok
+
+            def at_the_slowdown():  # every GPU at the stuck clock, GPU 0 raised well above its 312 W
+                clocks = [sim.read(i)["sm_clock_mhz"] for i in range(4)]
+                return (min(clocks) >= 0.9 * max_mhz - 45 and sim.read(0)["limit_w"] > 450.0) or None
+            wait_for(at_the_slowdown, 20, f"the job at GPU 0's slowdown clock ({0.9 * max_mhz:.0f} MHz)")
+
+            def held():
+                g = _gpus(c.status())[0]
+                return g if "STRAGGLER" in g.flags and "HW slowdown" in g.detail else None
+            wait_for(held, 20, "GPU 0 a straggler once the cap no longer binds")
+            clocks = [sim.read(i)["sm_clock_mhz"] for i in range(4)]
+            assert max(clocks) <= sim.read(0)["sm_clock_mhz"] + 45, clocks  # job-mates at its pace
