@@ -123,3 +123,19 @@ def test_token_never_reaches_the_log(tmp_path, caplog):
     assert "<redacted>" in caplog.text and "Secret(<hidden>)" in caplog.text
     pem = "x -----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMG\n-----END PRIVATE KEY----- y"
     assert redact(pem) == "x <redacted> y"
+
+
+def test_redaction_masks_secrets_not_a_yaml_errors_words():
+    """``token: found`` is YAML's own error text ("while scanning for the next token: found
+    character ..."): it reached the coordinator's log as ``token: <redacted>`` (found by a try-out).
+    A value after ``:`` is masked when it looks like a secret; after ``=`` always."""
+    from capctl.security.redact import redact
+
+    yaml_error = ("p.yaml:3:1: malformed YAML: while scanning for the next token: found character '\\t' "
+                  "that cannot start any token")
+    assert redact(yaml_error) == yaml_error
+    assert redact("secret: character") == "secret: character"
+    assert redact("token=abc") == "token=<redacted>"
+    assert redact("token: Zx9aQ2LmT0kP-4") == "token: <redacted>"
+    assert redact("password: hunter2xyz") == "password: <redacted>"
+    assert redact("admin token: " + "q" * 24) == "admin token: <redacted>"
