@@ -309,8 +309,9 @@ class _Dual:
             pred = float(grad @ (lam_new - lam))
             if pred >= 0:  # projection spoiled the Newton direction: damp more
                 break
-            ev = self.evaluate(lam_new, sv)
-            if ev[4] <= dual + 1e-4 * pred:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # (see extend: not accepted)
+                ev = self.evaluate(lam_new, sv)
+            if ev[4] <= dual + 1e-4 * pred:  # (False for a NaN dual)
                 return step, lam_new, ev
             if -pred <= 1e-13 * max(1.0, abs(dual)):
                 # the decrease is below the resolution of the dual value: accept if the KKT
@@ -327,8 +328,12 @@ class _Dual:
         a range of prices the dual is linear there and the step too short. Returns (lam, ev)."""
         for _ex in range(30):
             lam_x = np.maximum(lam + 4.0 * (lam_new - lam), 0.0)
-            ev_x = self.evaluate(lam_x, ev[0])
-            if not ev_x[4] < ev[4]:
+            # far out (x4 per try) prices overflow the jobs' rate derivatives: such a point is
+            # not a decrease (inf or NaN dual), the extension ends, quietly (numpy's overflow
+            # warnings reached capctl sim's output at 0.3 x TDP; found by a try-out)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                ev_x = self.evaluate(lam_x, ev[0])
+            if not (np.isfinite(ev_x[4]) and ev_x[4] < ev[4]):
                 break
             lam_new, ev = lam_x, ev_x
         return lam_new, ev

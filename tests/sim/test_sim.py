@@ -493,3 +493,31 @@ def test_a_refused_loss_is_not_compared_by_its_default(tmp_path, capsys):
     rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
     err = capsys.readouterr().err
     assert rc == 1 and "gpus.speed.max_loss: 0.99 is invalid" in err and "0.22" not in err, err
+
+
+def test_a_hard_budget_solves_without_numeric_overflow(tmp_path):
+    """0.3 x TDP on 32 H100 (6,720 W): the fast solver's step extension tried prices far enough out
+    to overflow the jobs' rate derivatives, and numpy's overflow warnings reached ``capctl sim``'s
+    output (found by a try-out). Run with every floating-point overflow and invalid operation
+    raised: the solve stays finite."""
+    import numpy as np
+
+    from capctl.policy import load_policy
+    from capctl.sim import cluster, engine
+
+    (tmp_path / "c.yaml").write_text(
+        "seed: 5\nduration_s: 150\ngpu_model: H100-SXM\ngpus_per_node: 8\nracks:\n"
+        "  - {name: r1, nodes: \"n[1-2]\", inlet_c: [22, 34]}\n  - {name: r2, nodes: \"n[3-4]\", inlet_c: [25, 38]}\n"
+        "gpus: {speed: none, efficiency: {mean_loss: 0.08, max_loss: 0.22}, hot_fraction: 0.1}\n"
+        "workload:\n  curves: default\n"
+        "  jobs: {sizes_gpus: [8, 16], size_weights: [1, 1], duration_s: [60, 200], occupancy: 1.0}\n")
+    (tmp_path / "p.yaml").write_text("version: 1\nbudget_w: 6720\ninterval_s: 2\ndomains:\n  name: c\n"
+                                     "  gpu_model: H100-SXM\n  gpus_per_node: 8\n  nodes: \"n[1-4]\"\n")
+    spec = cluster.load_cluster(tmp_path / "c.yaml")
+    policy = load_policy(str(tmp_path / "p.yaml"))
+    with np.errstate(over="raise", invalid="raise"):
+        for seed in (5, 1):
+            from dataclasses import replace
+
+            run = engine.run_policy(engine.build_scenario(replace(spec, seed=seed), policy), "capctl")
+            assert run.throughput > 0 and run.max_overshoot_w <= 1e-6
