@@ -69,6 +69,9 @@ MAX_MISMATCH = 20.0
 """Most the measured slope lowers the model's (factor; module docstring, "Stability"): the fake
 agent's curve (the allocator's H100 prior) is 11x steeper than the cube law's bound at 250 W (44x
 at 210 W, pace 0.12); below it a bad reading cannot make the step vanish."""
+MAX_CLOCK_PACE = 0.99
+"""A pace at or above this is the GPU's maximum clock (:func:`_op_w`: below its cap, the cap is not
+its operating point)."""
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
@@ -124,7 +127,7 @@ def job_arrays(keys, pace, at_w, draw_w, meas_w, lo_w, max_w, thermal_w) -> _Job
     :func:`slope_w`, :func:`loop_slope_w` and :class:`_Job`'s rules per GPU: identical floats
     (``np.fmax`` where Python's ``max`` keeps its first argument against a NaN). Assumes finite
     ``lo_w`` / ``max_w`` (validated limits); a NaN or infinite thermal ceiling is none."""
-    op = np.where((pace >= 0.99) & (0.0 < draw_w) & (draw_w < at_w), draw_w, at_w)
+    op = np.where((pace >= MAX_CLOCK_PACE) & (0.0 < draw_w) & (draw_w < at_w), draw_w, at_w)
     with np.errstate(invalid="ignore", divide="ignore"):
         model = 3.0 * op / np.maximum(pace, 0.05)
         measured = (meas_w > 0.0) & np.isfinite(meas_w)
@@ -183,8 +186,12 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         caps = None
         j = prepared[job] if prepared is not None and job in prepared else _prepare(members)  # once per job
-        # more watts help only if the pace-setter can take them (not held at its ceiling)
-        total = solve_w + (avail if j.hi[slowest.key] - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
+        # more watts help only if the pace-setter can take them: not held at its ceiling, and its
+        # clock below its maximum (at it, below its cap, the job is saturated: watts buy nothing;
+        # granted anyway, they raised it to its ceiling, where none was granted, so it fell back
+        # to the solve's caps: a cap turning every interval, 674 <-> 700 W; found by a try-out)
+        total = solve_w + (avail if (j.hi[slowest.key] - slowest.observed_w > AT_CAP_TOLERANCE_W
+                                     and slowest.pace < MAX_CLOCK_PACE) else 0.0)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total, j)
         elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU
@@ -241,7 +248,7 @@ def _op_w(g) -> float:
     """The power (W) at which ``g``'s pace was measured: its enforced limit when the cap sets its
     clock, its draw when it runs at its maximum clock below the cap (the cap is not its operating
     point then: stepping from it would hand the GPU watts it does not use)."""
-    if g.pace >= 0.99 and 0.0 < g.draw_w < g.pace_at_w:
+    if g.pace >= MAX_CLOCK_PACE and 0.0 < g.draw_w < g.pace_at_w:
         return g.draw_w
     return g.pace_at_w
 

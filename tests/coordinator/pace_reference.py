@@ -1,5 +1,6 @@
-"""Reference (per-GPU, dict-based) implementation of coordinator.paceloop.correct as of c72c806,
-kept verbatim for the equivalence test (tests/coordinator/test_pace_equivalence.py): the module
+"""Reference (per-GPU, dict-based) implementation of coordinator.paceloop.correct as of c72c806
+(and the headroom rule of 6 Dec 2026: none for a job whose pace-setter is at its maximum clock),
+kept for the equivalence test (tests/coordinator/test_pace_equivalence.py): the module
 under test must give the same caps to 1e-9. Not used by the coordinator."""
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ MAX_MISMATCH = 20.0
 """Most the measured slope lowers the model's (factor; module docstring, "Stability"): the fake
 agent's curve (the allocator's H100 prior) is 11x steeper than the cube law's bound at 250 W (44x
 at 210 W, pace 0.12); below it a bad reading cannot make the step vanish."""
+MAX_CLOCK_PACE = 0.99
+"""A pace at or above this is the GPU's maximum clock."""
 AT_CAP_TOLERANCE_W = 1.0
 """A pace sample is of the current operating point when taken at the GPU's current enforced limit
 (within this, W): a step from an older sample would apply the same correction twice (loop delay)."""
@@ -97,8 +100,10 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
         avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
         current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
         caps = None
-        # more watts help only if the pace-setter can take them (not held at its ceiling)
-        total = solve_w + (avail if _hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W else 0.0)
+        # more watts help only if the pace-setter can take them (not held at its ceiling, below
+        # its maximum clock)
+        total = solve_w + (avail if (_hi(slowest) - slowest.observed_w > AT_CAP_TOLERANCE_W
+                                     and slowest.pace < MAX_CLOCK_PACE) else 0.0)
         if current and max(paces) - min(paces) > PACE_DEADBAND:
             caps = _split(members, total)
         elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU

@@ -75,3 +75,30 @@ def test_curve_kind_generic_until_learned():
     unknown = GpuModel("NVIDIA B200", 200.0, 1000.0)
     known = GpuModel("NVIDIA H100 80GB HBM3", 200.0, 700.0)
     assert unknown.kind == "generic" and known.kind == "prior"
+
+
+def test_a_saturated_job_takes_no_headroom():
+    """A job whose GPUs run at their maximum clock below their caps (pace 1.0, drawing 650 W under
+    674 W) gains nothing from watts: the headroom the solve left is not granted to it. It was
+    (the pace-setter below its ceiling), which raised it to its ceiling; at the ceiling none was
+    granted and it fell back to the solve's caps: a cap turning every interval, 674 <-> 700 W on
+    real agents (found by two try-outs)."""
+    granted = []
+
+    def extra_w(members, caps=None):
+        if caps is None:
+            granted.append(100.0)
+            return 100.0
+        return 0.0
+
+    for cap_w in (674.0, 700.0):  # the two states of the cycle: each keeps the solve's caps
+        gpus = [_gpu(i, cap_w, 580.0) for i in range(2)]
+        for g in gpus:
+            g.draw_w = 650.0
+        assert all(g.pace == 1.0 for g in gpus)
+        moved = paceloop.correct(gpus, {g.key: 674.0 for g in gpus}, {"J": 1.0}, extra_w)
+        assert all(moved.get(g.key, 674.0) == pytest.approx(674.0) for g in gpus), (cap_w, moved)
+    # a job its caps hold (pace below 1) does take the headroom
+    gpus = [_gpu(i, 500.0, 580.0) for i in range(2)]
+    moved = paceloop.correct(gpus, {g.key: 500.0 for g in gpus}, {"J": 1.0}, extra_w)
+    assert sum(moved.values()) == pytest.approx(1100.0)

@@ -116,6 +116,9 @@ class _Coord:
     def may_send(self):
         return True
 
+    def claim_problem(self, hello, session):
+        return ""  # (no other agent claims the node)
+
     def attach(self, hello, session):
         self.attached.append(hello.node)
 
