@@ -851,7 +851,30 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     deficit = {n: float(result.domain_deficit_w[d]) for d, n in enumerate(dnames)}
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
-                       [str(a) for a in result.alerts], solve_s, getattr(result, "solver", "fast"), grants)
+                       _reserve_named([str(a) for a in result.alerts], inputs.domains), solve_s,
+                       getattr(result, "solver", "fast"), grants)
+
+
+def _reserve_named(alerts: list[str], domains: list[dict]) -> list[str]:
+    """``alerts`` with a domain's limit, where watts of it are held for policy nodes that have
+    not reported (:func:`with_reserve`: ``reserved_w``), written as the policy's limit less those:
+    the allocator sees the lowered limit and said ``limit 0.0 W below the sum of minimum caps`` of
+    a 2,400 W PDU (found by a try-out)."""
+    held = {d["name"]: d for d in domains if d.get("reserved_w")}
+    if not held:
+        return alerts
+    out = []
+    for a in alerts:
+        name = a[len("domain "):].split(":", 1)[0] if a.startswith("domain ") else ""
+        d = held.get(name)
+        if d is not None and f"domain {name}: limit " in a:
+            r = float(d["reserved_w"])
+            lim = float(d["limit_w"])
+            a = a.replace(f"domain {name}: limit {lim:.1f} W",
+                          f"domain {name}: limit {lim + r:.1f} W less {r:.1f} W held for policy nodes that have "
+                          f"not reported = {lim:.1f} W", 1)
+        out.append(a)
+    return out
 
 
 OOB_LIMIT = "oob_limit"

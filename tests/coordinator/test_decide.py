@@ -268,3 +268,15 @@ def test_deciding_reads_no_clock(monkeypatch):
     d = decide.decide(obs)
     assert decide.plan_increases(d, obs.state) == {}
     assert d.now == NOW
+
+
+def test_a_deficit_under_a_reserve_names_the_policys_limit_and_what_is_held():
+    """A PDU whose limit the reserve of an unreported node takes below its GPUs' minimums: the
+    alert names the policy's limit, the watts held and what is left (it said "limit 0.0 W below
+    the sum of minimum caps" of a 2,400 W PDU; found by a try-out)."""
+    policy = parse_policy(policy_text(3000.0, nodes="node1,node2,node3", pdu_w=1500.0))
+    reg = registry(node1=[300.0, 300.0], node2=[300.0, 300.0])
+    d = decide.decide(snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0))
+    alerts = [a for a in d.alerts if a.startswith("domain pdu-a:")]
+    assert alerts and "limit 1500.0 W less 1400.0 W held for policy nodes that have not reported = 100.0 W " \
+        "below the sum of minimum caps" in alerts[0], d.alerts
