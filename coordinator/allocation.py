@@ -1278,6 +1278,16 @@ def _gpu_indices(c: InputColumns, job_index: dict, dom_index: dict) -> tuple[np.
     return job_of, dom_of
 
 
+def maximum_draw_w(inputs: SolveInputs) -> float:
+    """Watts the cluster may draw at most (W): live GPUs at their maximum limit, fixed ones at their
+    accounted cap, and what is counted for policy nodes that have not reported
+    (``reserved_w``, :func:`unreported_reserve`); 0 with no GPU known."""
+    if not len(inputs.gpus):
+        return 0.0
+    c = columns_of(inputs)
+    return float(np.sum(np.where(c.fixed, c.accounted_w, c.max_cap_w))) + float(sum(inputs.reserved_w.values()))
+
+
 def minimum_needed_w(inputs: SolveInputs) -> float:
     """Watts the cluster needs at least: live GPUs at their minimum cap, fixed ones at their
     accounted cap (what a budget below would leave in deficit)."""

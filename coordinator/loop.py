@@ -1097,10 +1097,23 @@ class Coordinator:
         self.policy = new_policy
         self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: settled)
         self.persistent_alerts.pop("etcd-data", None)  # (the admin set the budget again)
-        msg += self._below_minimum_warning(need)
+        msg += self._below_minimum_warning(need) + self._above_maximum_warning(budget_w)
         log.info("%s", msg)
         self.wake()
         return pb.SetBudgetReply(ok=True, budget_w=budget_w, deficit_w=max(0.0, need - budget_w), message=msg)
+
+    def _above_maximum_warning(self, budget_w: float) -> str:
+        """"; WARNING: ..." when ``budget_w`` (W) is more than the policy's nodes may draw at all
+        (:func:`coordinator.allocation.maximum_draw_w`): a typo (40,000 W for 5,600 W of GPUs) was
+        taken without a word (found by a try-out); "" otherwise or with no GPU known."""
+        inputs = allocation.build_inputs(self.registry, self.models, self.policy, self.registry.clock(),
+                                         self.lease_s, self.ack_memory_s())
+        most = allocation.maximum_draw_w(inputs)
+        if not most or budget_w <= most + 1e-6:
+            return ""
+        return (f"; WARNING: {format_watts(budget_w)} W is more than the {format_watts(_up_w(most))} W the policy's "
+                f"nodes may draw at their maximum limits (its known GPUs, and the declared maximum of nodes that "
+                f"have not reported): this budget limits nothing")
 
     async def reload_policy(self, path: str) -> pb.ReloadPolicyReply:
         """Load and validate a policy file; on success it replaces the policy, else nothing changes."""

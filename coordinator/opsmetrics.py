@@ -1,6 +1,6 @@
 """The coordinator's operational metrics, beside the per-interval ones of :mod:`coordinator.metrics`:
 build info and process metrics (:mod:`capctl.capmetrics`), ``capctl_policy_reloads_total{result}``
-(SIGHUP reloads), per-GPU cap state (for the GPUs the policy's ``metrics.per_gpu_series`` selects,
+(SIGHUP and admin reloads), per-GPU cap state (for the GPUs the policy's ``metrics.per_gpu_series`` selects,
 :func:`exported_gpus`), GPUs per cap state, and lingering per-job series.
 
 Per-job series linger: a job's ``capctl_job_*`` series keep their last values for
@@ -29,7 +29,7 @@ class OpsMetrics:
     def __init__(self, registry) -> None:
         self.registry = registry
         capmetrics.register_process_metrics(registry)
-        self.reloads = Counter("capctl_policy_reloads", "Policy reloads on SIGHUP, by result (ok, error).",
+        self.reloads = Counter("capctl_policy_reloads", "Policy reloads (SIGHUP or capctl policy reload), by result (ok, error).",
                                ["result"], registry=registry)
         for result in ("ok", "error"):
             self.reloads.labels(result=result)

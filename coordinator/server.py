@@ -508,11 +508,20 @@ class AdminServicer(pb_grpc.AdminServicer):
         problem = limits.validate_policy_path(request.path)
         if problem:
             log.warning("policy reload by %s refused: %s", context.peer() or "?", problem)
+            self._count_reload("error")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         reply = await self.coord.reload_policy(request.path)
         if not reply.ok:  # the reason, not only the audit line (the CLI gets the same text)
             log.warning("policy reload by %s refused: %s", context.peer() or "?", refusal_text(reply))
+        self._count_reload("ok" if reply.ok else "error")
         return reply
+
+    def _count_reload(self, result: str) -> None:
+        """``capctl_policy_reloads_total{result}``, as SIGHUP's (it counted SIGHUP only, so the
+        alert on failed reloads missed ``capctl policy reload``; found by a try-out)."""
+        ops = getattr(getattr(self.coord, "metrics", None), "ops", None)
+        if ops is not None:
+            ops.reloaded(result)
 
 
 # ---------------------------------------------------------------------------------------------

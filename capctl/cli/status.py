@@ -249,7 +249,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="budget_command", metavar="ACTION")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output (docs/cli.md)")
     s = sub.add_parser("set", help="set the cluster budget in watts (persists across coordinator restarts)")
-    s.add_argument("watts", metavar="WATTS", help="budget in watts (suffix kW/MW allowed)")
+    s.add_argument("watts", metavar="WATTS", help="budget in watts (suffix W, kW, MW or mW allowed: 17.9kW; mw and Mw are refused as ambiguous)")
     # "-5W" is a (refused) budget, not an unknown option: argparse's own test for negative numbers
     # (Python 3.11 argparse attribute) would let only "-5" through and say "WATTS is required"
     s._negative_number_matcher = re.compile(r"^-\.?\d")

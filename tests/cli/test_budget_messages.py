@@ -156,3 +156,28 @@ def test_a_refused_budget_names_the_need_and_deficit_without_float_noise(tmp_pat
         assert "0000" not in reply.message.replace("1000", "").replace("2000", "").replace("3000", "")
     coord._minimum_needed_w = lambda: 2500.0 + 1e-9  # float noise above a budget equal to the need
     assert asyncio.run(coord.set_budget(2500.0)).ok
+
+
+def test_a_budget_above_what_the_nodes_may_draw_is_taken_with_a_warning(tmp_path):
+    """``budget set 40000`` for GPUs that draw 5,600 W at most was taken without a word (a typo;
+    found by a try-out): it is taken (a budget may be raised ahead of new nodes) and says it limits
+    nothing; within what they may draw, no warning."""
+    import asyncio
+
+    from coordinator import allocation, loop
+    from tests.coordinator.conftest import write_policy
+
+    path = write_policy(tmp_path / "policy.yaml", nodes=["n1"], budget_w=3000.0)
+    coord = loop.Coordinator(load_policy(str(path)), str(path))
+    coord._minimum_needed_w = lambda: 800.0
+    real = allocation.maximum_draw_w
+    try:
+        allocation.maximum_draw_w = lambda inputs: 5600.0
+        r = asyncio.run(coord.set_budget(40000.0))
+        assert r.ok and "WARNING: 40000 W is more than the 5600 W the policy's nodes may draw" in r.message, r.message
+        r = asyncio.run(coord.set_budget(5000.0))
+        assert r.ok and "limits nothing" not in r.message, r.message
+        allocation.maximum_draw_w = lambda inputs: 0.0  # no GPU known yet: nothing to say
+        assert "limits nothing" not in asyncio.run(coord.set_budget(40000.0)).message
+    finally:
+        allocation.maximum_draw_w = real

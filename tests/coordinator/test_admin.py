@@ -171,6 +171,27 @@ def test_metrics_endpoint_parses(cluster):
     assert not missing, missing
 
 
+def test_admin_reloads_are_counted_as_sighups_are(cluster):
+    """``capctl_policy_reloads_total{result}`` counts ``capctl policy reload`` too: it counted SIGHUP
+    only, so the alert on failed reloads (docs/metrics.md) missed the CLI's (found by a try-out)."""
+    coord, policy, _ = cluster
+    url = f"http://127.0.0.1:{coord.metrics_port}/metrics"
+
+    def counts():
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        fam = next(f for f in text_string_to_metric_families(text) if f.name == "capctl_policy_reloads")
+        return {s.labels["result"]: s.value for s in fam.samples if s.name.endswith("_total")}
+    before = counts()
+    good = policy.read_text()
+    with coord.client() as c:
+        policy.write_text(good.replace("budget_w: 3000", "budget_w: lots"))
+        assert not c.reload_policy().ok
+        policy.write_text(good)
+        assert c.reload_policy().ok
+    after = counts()
+    assert after["error"] == before["error"] + 1 and after["ok"] == before["ok"] + 1
+
+
 def test_reflection_health_and_protocol_version(cluster):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 

@@ -280,3 +280,13 @@ def test_a_deficit_under_a_reserve_names_the_policys_limit_and_what_is_held():
     alerts = [a for a in d.alerts if a.startswith("domain pdu-a:")]
     assert alerts and "limit 1500.0 W less 1400.0 W held for policy nodes that have not reported = 100.0 W " \
         "below the sum of minimum caps" in alerts[0], d.alerts
+
+
+def test_the_most_the_nodes_may_draw_counts_unreported_nodes_at_their_reserve():
+    from coordinator import allocation
+
+    policy = parse_policy(policy_text(3000.0, nodes="node1,node2,node3", pdu_w=2500.0))
+    reg = registry(node1=[300.0, 300.0], node2=[300.0, 300.0])
+    inputs = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0).problem.inputs
+    most = sum(g.max_cap_w for g in inputs.gpus)
+    assert most == 4 * 700.0 and allocation.maximum_draw_w(inputs) == most + 1400.0  # node3: 2 x 700 W declared
