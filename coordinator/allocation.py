@@ -538,6 +538,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
+    strag_pos += _oob_below_minimum(c, lo, oob_now & ~fixed & fresh, straggler)
     pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler)
     # each GPU's measured slope of power over pace (coordinator.paceslope; its state is the models')
     tracker = getattr(models, "pace_slopes", None)
@@ -780,6 +781,23 @@ def straggler_reason(g, now_mono: float) -> str:
         return ""
     return (f"HW slowdown: SM clock held at {g.sm_clock_mhz} of {g.max_sm_clock_mhz} MHz at any cap "
             f"({', '.join(g.reasons)})")
+
+
+def _oob_below_minimum(c, lo: np.ndarray, oob_now: np.ndarray, straggler: dict) -> list:
+    """The GPUs an out-of-band limit holds below their minimum cap ``lo`` [G] (W; ``oob_now`` [G]:
+    such a limit binds now, fresh sample): no cap the coordinator may plan moves their pace, so
+    they are stragglers (added to ``straggler``, position -> reason; returned), held there, their
+    job-mates paced to them. Planned at their minimum they were taken to reach the pace of 200 W
+    while 5 W held them at 345 MHz: a job-mate stayed at 700 W and 1,980 MHz (found by a try-out)."""
+    enforced = c["enforced_w"]
+    out = []
+    for i in np.nonzero(oob_now & (enforced < lo - OOB_TOLERANCE_W) & (c["max_sm_clock_mhz"] > 0))[0].tolist():
+        if not straggler.get(i):
+            straggler[i] = (f"out-of-band limit: enforced {enforced[i]:.0f} W, below its minimum cap {lo[i]:.0f} W "
+                            f"(SM clock {c['sm_clock_mhz'][i]:.0f} of {c['max_sm_clock_mhz'][i]:.0f} MHz): no cap moves "
+                            f"its pace")
+            out.append(i)
+    return out
 
 
 _PACE_REASONS: dict[tuple, tuple[bool, bool]] = {}

@@ -344,3 +344,37 @@ def test_a_gpu_held_by_its_cap_and_a_hw_slowdown_is_raised_to_where_the_slowdown
             wait_for(held, 20, "GPU 0 a straggler once the cap no longer binds")
             clocks = [sim.read(i)["sm_clock_mhz"] for i in range(4)]
             assert max(clocks) <= sim.read(0)["sm_clock_mhz"] + 45, clocks  # job-mates at its pace
+
+
+@pytest.mark.parametrize("oob_w", [5.0, 150.0])
+def test_an_out_of_band_limit_below_the_minimum_cap_makes_a_straggler_its_job_mates_pace_to(tmp_path, oob_w):
+    """An out-of-band limit below the GPU's minimum cap (200 W): no cap the coordinator may plan
+    moves its pace. It was planned at its minimum as if that set its pace, and its job-mate stayed
+    at 700 W and 1,980 MHz while it ran at 345 MHz, ``explain`` saying the mates were paced to it
+    (found by a try-out). Now it is a STRAGGLER with the reason and its job-mate comes down to its
+    pace."""
+    try:
+        from tests.support.processes import Cluster
+    except ImportError as exc:
+        require(False, f"tests.support.processes unavailable: {exc}")
+    from coordinator.client import AdminClient
+
+    with Cluster(tmp_path, {"n1": 4}, budget_w=0.85 * 700.0 * 4, interval_s=0.5, lease_s=3.0) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("J", ["1", "2"]).ok
+            time.sleep(2.0)
+            sim.inject(1, "oob_limit", oob_w)
+
+            def paced():  # the mate at the straggler's pace, or as near as its minimum cap allows
+                g = _gpus(c.status())
+                slow = sim.read(1)["sm_clock_mhz"]
+                mate = sim.read(2)
+                return (g if "STRAGGLER" in g[1].flags and "out-of-band" in g[1].detail
+                        and (mate["sm_clock_mhz"] <= slow + 45 or mate["limit_w"] <= 200.0 + 0.5) else None)
+            wait_for(paced, 20, "GPU 1 a straggler, its job-mate at its pace (or its minimum cap)")
+            text = c.explain("J").text
+            assert "STRAGGLER" in text and "out-of-band limit" in text
