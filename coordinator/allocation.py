@@ -227,6 +227,7 @@ class SolveInputs:
     limited_pos: list | None = None  # per limited domain: positions of its GPUs in ``gpus`` (sorted)
     spread_spare: bool = False  # the policy's spread_spare_watts (:func:`spread_spare`)
     reserved_w: dict = dataclasses.field(default_factory=dict)  # unreported policy node -> W counted (unreported_reserve)
+    claims: dict = dataclasses.field(default_factory=dict)  # node -> why a second agent claiming it was refused
     _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
@@ -422,16 +423,25 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     cols.idle_target_w = np.where(job >= 0, 0.0, cols.idle_target_w)
     # jobs whose GPUs are all unknown to the registry cannot be allocated
     jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
-    reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"])
+    claims = registry.claims_refused(now_mono, CLAIM_HOLD_S)
+    reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"], claims)
     if reserved:  # the limits less what the silent nodes may draw (rare: the cached structure is not used)
         domains, limited, positions = with_reserve(domains, policy, reserved), None, None
     return SolveInputs(gpus=GpuRows(cols), jobs=jobs, domains=domains, objective=policy.objective,
                        slew_w=policy.slew_w, node_domain=node_domain, domain_members=members, limited=limited,
                        limited_pos=positions, spread_spare=bool(getattr(policy, "spread_spare_watts", False)),
-                       reserved_w=reserved)
+                       reserved_w=reserved, claims=claims)
 
 
-def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: np.ndarray) -> dict[str, float]:
+CLAIM_HOLD_S = 360.0
+"""A node a second agent claimed (its hello refused: another agent serves that name with other
+GPUs) is counted once more at the most it may draw until this long (s) after the last refused
+hello: that agent's GPUs are real and at caps no plan sets. Longer than the agent's largest
+reconnect backoff (``capctl-agent --reconnect-max-s``, at most 300 s), so a retrying agent keeps it."""
+
+
+def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: np.ndarray,
+                       claimed=()) -> dict[str, float]:
     """Node -> W of every node the policy lists that the registry has no GPU of (its agent never
     said hello to this coordinator and no node ledger named it): what it may draw at most, the
     larger of :func:`declared_draw_w` (the policy's ``gpus_per_node`` x its ``gpu_model``'s
@@ -439,6 +449,9 @@ def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: 
     limits ``max_cap_w`` [G] W, ``node_of`` [G] its position in ``topology``; at most
     :data:`capctl.devicedata.MAX_SANE_LIMIT_W` a GPU). {} when every policy node is known; a node
     with neither figure (no known node, nothing declared) is left out (nothing to allocate then).
+    The nodes ``claimed`` (a second agent's hello refused for them, :data:`CLAIM_HOLD_S`) are
+    counted so too, on top of their known GPUs (the refused agent's GPUs: 4,730 W on a 4,000 W
+    budget when it was not, found by a try-out).
 
     Why: such a node may be running at any cap: an agent killed with -9 leaves its GPUs at the
     caps it last set, and a coordinator whose state was lost (a new ``--state-dir``, etcd rebuilt)
@@ -448,7 +461,8 @@ def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: 
     was undercounted (7,000 W on a 6,200 W budget, a second try-out). Removing a node that is gone
     for good from the policy releases its watts."""
     known = {name for name, indices in topology if indices}  # (an agent that reports no GPU: none known, as decide says)
-    missing = sorted({name for name in policy.domains.all_nodes() if name not in known})
+    # ``claimed``: nodes a second agent claims (Registry.claims_refused): its GPUs too, on top
+    missing = sorted({name for name in policy.domains.all_nodes() if name not in known} | set(claimed))
     if not missing:
         return {}
     largest_w = 0.0

@@ -32,6 +32,8 @@ DEFAULT_COORDINATOR = "unix:/run/capctl/coordinator.sock"
 
 DEFAULT_TIMEOUT_S = 5.0
 """Deadline of one admin RPC in seconds."""
+CHANGES = frozenset({"SetBudget", "ReloadPolicy"})
+"""Admin RPCs that change the coordinator's state (a late answer may follow an applied change)."""
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -130,6 +132,13 @@ class AdminClient:
             if method != "Status" and err.code() == grpc.StatusCode.UNIMPLEMENTED and self._is_coordinator():
                 raise CapctlError(f"coordinator at {self.address} does not implement {method} "
                                   "(an older capctl-coordinator?)") from None
+            if method in CHANGES and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # the request may have reached it: "did not answer" read as "nothing changed" and a
+                # script retried or assumed the old budget (found by a try-out)
+                raise UnreachableError(f"coordinator at {self.address} did not answer {method} within "
+                                       f"{self.timeout_s:g} s: the change may have been applied (and saved); see "
+                                       "capctl status before trying again (--timeout SECONDS for a slow "
+                                       "coordinator)") from None
             raise map_rpc_error(err, self.address) from None
 
     def _is_coordinator(self) -> bool:

@@ -361,6 +361,8 @@ def plan(solution: Solution, obs: Observations) -> Decision:
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)
     alerts = (list(solution.alerts)
               + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases, inputs.reserved_w)
+              + [f"two agents claim node {n}: {why}; the refused agent's GPUs counted at "
+                 f"{inputs.reserved_w.get(n, 0.0):.0f} W more until it stops trying" for n, why in sorted(inputs.claims.items())]
               + _deficit_alerts(solution.out, solution.alerts))
     return Decision(
         now=obs.now, mode=mode, desired_w=dict(zip(keys, pa.desired_w.tolist())), safe_caps=safe_caps,

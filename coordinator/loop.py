@@ -118,6 +118,7 @@ class Coordinator:
         self.models = Models()
         self.file_policy = policy
         self.policy_path = policy_path
+        self.start_policy_path = policy_path  # the --policy file (policy_path: the file in force)
         self.store = store
         # etcd stores: their calls run in one worker thread, never on the event loop (coordinator.storeio)
         self.store_io = StoreIO() if blocking(store) or blocking(self.finished) else None
@@ -128,10 +129,13 @@ class Coordinator:
         self.persistent_alerts: dict[str, str] = {}
         if store_error:
             self.persistent_alerts["store"] = f"state database: {store_error}; running on in-memory state"
+        self._fell_back = False  # the reloaded file in force did not load at start (_restore_reloaded)
         policy = self._restore_reloaded(policy)
         # (a coordinator sharing its store with others, HA, keeps an override its file disagrees
         # with: a standby starting with another file deleted the leader's override, found by a review)
-        self.policy = self._apply_override(policy, takeover=bool(getattr(store, "shared", False)))
+        # (after a fallback to the start-up file the override was set under the reloaded one: kept,
+        # the lower in force, as at a takeover; the start file's budget deleted it, found by a try-out)
+        self.policy = self._apply_override(policy, takeover=bool(getattr(store, "shared", False)) or self._fell_back)
         self._ledger_mono = -math.inf
         self._ledger_nodes: frozenset = frozenset()
         self._ledger_w: dict = {}  # (node, GPU index) -> the W the saved ledger counts it at
@@ -194,6 +198,7 @@ class Coordinator:
                 f"running the start-up file {self.policy_path or '(embedded default)'}, whose limits may be "
                 f"higher: fix it and reload it, or reload the start-up file to make it the one in force")
             log.error("%s", self.persistent_alerts["policy"])
+            self._fell_back = True
             return policy
         log.warning("policy %s in force, loaded by an admin with policy reload (not the start-up file %s); "
                     "capctl policy reload %s makes the start-up file the one in force again",
@@ -207,8 +212,11 @@ class Coordinator:
         store = self.store
         if store is None or not store.ok or getattr(store, "shared", False):
             return ""
+        # the start-up file reloaded: no record (it pinned its path, and a later --policy was ignored)
+        value = None if _same_file(path, self.start_policy_path) else {"path": os.path.abspath(path),
+                                                                         "time_s": time.time()}
         try:
-            store.put(RELOADED_KEY, {"path": os.path.abspath(path), "time_s": time.time()}, "policy reload")
+            store.put(RELOADED_KEY, value, "policy reload")
         except StoreError as exc:
             self.persistent_alerts["store"] = f"policy {path} in force but NOT persisted: {exc}"
             return f"; WARNING: not persisted ({exc}): a restart runs the start-up file"
@@ -373,15 +381,39 @@ class Coordinator:
         GPUs, which the coordinator counted under their real node at their old caps: 4,641 W on a
         4,000 W budget for 2 s in the simulated driver's journal (found by a try-out). An agent that
         restarts has the same GPUs, and a node whose stream is silent past the lease (a dead peer)
-        is taken over as before."""
-        node = self.registry.nodes.get(hello.node)
-        if node is None or node.session is None or node.session is session:
+        is taken over as before. Also refused: a hello whose GPUs another reporting node serves
+        (an agent started with another node's name on them: a second try-out took a node whose
+        agent was stopped past its lease). A refusal is kept in the registry
+        (:meth:`~coordinator.registry.Registry.refuse_claim`): the refused agent's GPUs are real and
+        are counted once more at the most the node may draw (:data:`coordinator.allocation.CLAIM_HOLD_S`),
+        whichever agent said hello first (after a coordinator restart the wrong one may)."""
+        problem = self._claim_clash(hello, session)
+        if problem:
+            self.registry.refuse_claim(hello.node, problem)
+        return problem
+
+    def _claim_clash(self, hello, session) -> str:
+        """:meth:`claim_problem`'s rule: the hello's GPUs (UUIDs) against those of the agent that
+        serves its node name and reports, and against every other reporting node's (GPUs already
+        served under another name: an agent started with another node's name on them)."""
+        reg = self.registry
+        now = reg.clock()
+        new = {g.uuid for g in hello.gpus if g.uuid}
+        if not new:
             return ""
-        if node.stale(self.registry.clock(), self.lease_s):
+        for name, other in reg.nodes.items():
+            if name == hello.node or other.session is None or other.stale(now, self.lease_s):
+                continue
+            theirs = new & {g.uuid for g in other.gpus.values() if g.uuid}
+            if theirs:
+                return (f"its GPUs ({', '.join(sorted(theirs)[:2])}{', ...' if len(theirs) > 2 else ''}) are served "
+                        f"as node {name} by the agent at {other.session.peer}: two agents on one node's GPUs "
+                        f"(a copied --node?); this one is refused while the other reports")
+        node = reg.nodes.get(hello.node)
+        if node is None or node.session is None or node.session is session or node.stale(now, self.lease_s):
             return ""
         held = {g.uuid for g in node.gpus.values() if g.uuid}
-        new = {g.uuid for g in hello.gpus if g.uuid}
-        if not held or not new or held == new:
+        if not held or held == new:
             return ""
         return (f"node {hello.node} is already served by an agent at {node.session.peer} reporting other GPUs "
                 f"({', '.join(sorted(held)[:2])}{', ...' if len(held) > 2 else ''}; this one has "

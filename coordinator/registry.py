@@ -329,6 +329,7 @@ class Registry:
         self._table_cache: tuple | None = None  # (topology, keys, node_of) of gpu_table()
         self._hellos = 0  # hellos so far: a hello rewrites its GPUs' static facts (gpu_table's static columns)
         self._static_cache: tuple | None = None  # (hellos, records, static columns) of gpu_table()
+        self.refused_claims: dict[str, tuple[float, str]] = {}  # node -> (last refused hello, mono s; why)
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -607,6 +608,19 @@ class Registry:
             del self.nodes[name]
             self.events.append(f"forgot {name}: silent for more than {forget_s:.0f} s")
         return gone
+
+    def refuse_claim(self, node_name: str, why: str) -> None:
+        """A hello for ``node_name`` was refused: another agent serves that name (see
+        :meth:`coordinator.loop.Coordinator.claim_problem`); kept for :meth:`claims_refused`."""
+        self.refused_claims[node_name] = (self.clock(), why)
+        self.events.append(f"claim refused {node_name}")
+
+    def claims_refused(self, now_mono: float, hold_s: float) -> dict[str, str]:
+        """Node -> why, of the nodes a hello was refused for within the last ``hold_s`` seconds
+        (older ones are dropped): the refused agent's GPUs are real, uncounted, at caps no plan sets."""
+        for name in [n for n, (t, _) in self.refused_claims.items() if now_mono - t > hold_s]:
+            del self.refused_claims[name]
+        return {n: why for n, (_, why) in self.refused_claims.items()}
 
     # -- queries ------------------------------------------------------------------------------
     def replacements(self, window_s: float, now_mono: float | None = None) -> dict[str, int]:

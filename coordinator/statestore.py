@@ -22,6 +22,13 @@ class StateStore(Protocol):
 
     def close(self) -> None: ...
 
+    def get(self, key: str):
+        """The JSON value stored under ``key`` (a setting: e.g. the policy file an admin made the
+        one in force, ``coordinator.loop.RELOADED_KEY``), or None."""
+
+    def put(self, key: str, value, action: str) -> None:
+        """Store the JSON ``value`` under ``key`` (None deletes it), with an audit record ``action``."""
+
     def budget_override(self) -> dict | None:
         """``{"budget_w", "policy_budget_w", "time_s"}`` or None."""
 

@@ -18,7 +18,7 @@ _PATTERNS = (
     re.compile(r"(?i)((?:token|password|secret)\s*([=:])\s*)([^\s'\",;]+)"),
 )
 _SECRET_LIKE = re.compile(r"^(?=.{8,})(?=.*[^a-z]).*$|^.{16,}$")
-"""A value after ``token:`` that looks like a secret: 8+ characters with one that is no lower-case
+"""A value after ``token:`` (not ``password:`` or ``secret:``, always masked) that looks like a secret: 8+ characters with one that is no lower-case
 letter, or 16+ characters. ``token: found`` is YAML's "while scanning for the next token: found
 character ..." (the policy's own error, masked in the log as ``token: <redacted>``; found by a
 try-out); after ``=`` every value is masked."""
@@ -26,14 +26,14 @@ try-out); after ``=`` every value is masked."""
 
 def _mask_value(m: re.Match) -> str:
     key, sep, value = m.group(1), m.group(2), m.group(3)
-    if sep == ":" and not _SECRET_LIKE.match(value):
-        return m.group(0)
+    if sep == ":" and key.lower().startswith("token") and not _SECRET_LIKE.match(value):
+        return m.group(0)  # (only "token:" is YAML's word too; a password or secret is always masked)
     return key + MASK
 
 
 def redact(text: str) -> str:
-    """``text`` with bearer tokens, ``token=...``-style values (after ``:`` those that look like a
-    secret, :data:`_SECRET_LIKE`) and private keys replaced by ``<redacted>``."""
+    """``text`` with bearer tokens, ``token=...``-style values (after ``token:`` those that look like
+    a secret, :data:`_SECRET_LIKE`) and private keys replaced by ``<redacted>``."""
     text = _PATTERNS[0].sub(lambda m: m.group(1) + MASK, text)
     text = _PATTERNS[1].sub(MASK, text)
     return _PATTERNS[2].sub(_mask_value, text)

@@ -187,3 +187,38 @@ def test_a_status_view_is_built_off_the_event_loop(tmp_path):
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         caller.join(10)
         assert box["st"].budget_w == 4321.0
+
+
+class _SlowAdminCoord(_Coord):
+    """Applies a budget, then answers after ``delay_s`` (a coordinator busy with a large cluster)."""
+
+    def __init__(self, delay_s: float) -> None:
+        from capctl.v1 import capctl_pb2 as pb
+
+        super().__init__(pb.StatusReply())
+        self.pb, self.delay_s, self.applied = pb, delay_s, []
+        self.policy = types.SimpleNamespace(domains=types.SimpleNamespace(nodes=["n1"], children=[]))
+
+    def may_send(self):
+        return True
+
+    async def set_budget(self, budget_w):
+        self.applied.append(budget_w)
+        await asyncio.sleep(self.delay_s)
+        return self.pb.SetBudgetReply(ok=True, budget_w=budget_w, message=f"budget set to {budget_w:g} W")
+
+
+def test_a_change_past_its_deadline_says_it_may_have_been_applied(tmp_path):
+    """``budget set`` cut off by ``--timeout`` said only "did not answer in time ... is
+    capctl-coordinator running there?" while the budget was applied and saved (found by a
+    try-out): a script retried or assumed the old budget. It says the change may have been
+    applied and to look at the status first."""
+    require(importlib_ok(), "generated gRPC code capctl.v1 missing (make build)")
+    coord = _SlowAdminCoord(1.0)
+    address = f"unix:{tmp_path}/admin.sock"
+    with _served(coord, address):
+        out = _cli("--coordinator", address, "--timeout", "0.3", "budget", "set", "2890")
+        assert out.returncode == 3 and "the change may have been applied" in out.stderr, out
+        assert "capctl status" in out.stderr and coord.applied == [2890.0]
+        ok = _cli("--coordinator", address, "budget", "set", "2880")
+        assert ok.returncode == 0 and "budget set to 2880 W" in ok.stdout + ok.stderr, ok

@@ -290,3 +290,22 @@ def test_the_most_the_nodes_may_draw_counts_unreported_nodes_at_their_reserve():
     inputs = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0).problem.inputs
     most = sum(g.max_cap_w for g in inputs.gpus)
     assert most == 4 * 700.0 and allocation.maximum_draw_w(inputs) == most + 1400.0  # node3: 2 x 700 W declared
+
+
+def test_a_refused_second_claim_counts_that_node_once_more_until_it_stops():
+    """A second agent refused for node2 (another agent serves it): its GPUs are real and at caps no
+    plan sets, whichever agent said hello first. They are counted once more at the most node2 may
+    draw, with an alert, until ``CLAIM_HOLD_S`` after its last try (4,730 W on a 4,000 W budget
+    when the wrong agent held the name; found by a try-out)."""
+    from coordinator import allocation
+
+    policy = parse_policy(policy_text(3000.0, nodes="node1,node2", pdu_w=2900.0))
+    reg = registry(node1=[300.0, 300.0], node2=[300.0, 300.0])
+    reg.refuse_claim("node2", "node node2 is already served by an agent at peer reporting other GPUs")
+    obs = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0)
+    assert obs.problem.inputs.reserved_w == {"node2": 1400.0}
+    d = decide.decide(obs)
+    assert [a for a in d.alerts if a.startswith("two agents claim node node2:") and "1400 W more" in a]
+    assert sum(d.desired_w.values()) <= 3000.0 - 1400.0 + 1e-6
+    reg.clock = lambda: NOW + allocation.CLAIM_HOLD_S + 1.0  # it stopped trying
+    assert reg.claims_refused(NOW + allocation.CLAIM_HOLD_S + 1.0, allocation.CLAIM_HOLD_S) == {}

@@ -66,3 +66,47 @@ def test_a_reloaded_policy_stays_in_force_across_restarts_and_one_that_no_longer
             assert st.policy_path == str(start) and not [a for a in st.alerts if "does not load" in a]
     finally:
         coord.stop()
+
+
+def test_a_fallback_keeps_the_admins_budget_and_a_reloaded_start_file_pins_nothing(tmp_path):
+    """Two try-out findings. A reloaded file that does not load at a restart leaves the start-up
+    file in force: the admin's budget override (set under the reloaded file) was deleted because
+    the start file's budget differs, and the fallback ran 300 W above it; now it is kept and the
+    lower of the two is in force. And reloading the start-up file recorded its path, so a later
+    ``--policy`` of another file was ignored; now it records nothing."""
+    require(importlib_ok(), "generated gRPC code capctl.v1 missing (make build)")
+    a = write_policy(tmp_path / "a.yaml", nodes=["n1", "n2"], budget_w=2000.0)
+    b = write_policy(tmp_path / "b.yaml", nodes=["n1", "n2"], budget_w=1900.0)
+    c_file = write_policy(tmp_path / "c.yaml", nodes=["n1", "n2"], budget_w=1800.0)
+    state = tmp_path / "state"
+    coord = Coordinator(tmp_path, a, state_dir=state)
+    try:
+        with coord.client() as c:
+            assert c.reload_policy(str(b)).ok
+            assert c.set_budget(1700.0).ok
+    finally:
+        coord.stop()
+    b.rename(tmp_path / "b.moved")  # (a share not mounted yet at boot)
+    coord = Coordinator(tmp_path, a, state_dir=state)
+    try:
+        with coord.client() as c:
+            st = c.status()
+            assert st.policy_path == str(a) and st.budget_w == 1700.0, (st.policy_path, st.budget_w)
+            assert any("does not load now" in x for x in st.alerts) and any("override" in x for x in st.alerts)
+    finally:
+        coord.stop()
+    (tmp_path / "b.moved").rename(b)
+    coord = Coordinator(tmp_path, a, state_dir=state)
+    try:
+        with coord.client() as c:
+            st = c.status()
+            assert st.policy_path == str(b) and st.budget_w == 1700.0  # the override, set under b, kept
+            assert c.reload_policy(str(a)).ok  # the start-up file: nothing recorded
+    finally:
+        coord.stop()
+    coord = Coordinator(tmp_path, c_file, state_dir=state)  # the unit now names another file
+    try:
+        with coord.client() as c:
+            assert c.status().policy_path == str(c_file)
+    finally:
+        coord.stop()

@@ -3,7 +3,11 @@ simulated nodes; the budget checked on the simulated driver's journal of enforce
 
 from __future__ import annotations
 
+import shutil
+import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +16,16 @@ from tests.coordinator.conftest import wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_path):
+@pytest.fixture
+def cleanup():
+    """Directories to remove at the end of the test."""
+    dirs: list = []
+    yield dirs
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_path, cleanup):
     """n2's agent is killed with -9 while its job runs: its GPUs keep the caps it last set (no
     agent, no lease, no failsafe). The coordinator is then restarted on a fresh state directory
     (no node ledger): n2 is a policy node it knows nothing of. Before, once its startup hold ended
@@ -37,7 +50,10 @@ def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_
         address = cl.coordinator.address
         cl.coordinator.stop()
         since_ns = time.monotonic_ns()
-        fresh = cl.group.add(start_coordinator(tmp_path / "fresh", cl.policy_path, listen=address))
+        # (a short directory: under pytest's and xdist's the admin socket's path passed 100 bytes)
+        fresh_dir = Path(tempfile.mkdtemp(prefix="capctl-fresh-"))
+        cleanup.append(fresh_dir)
+        fresh = cl.group.add(start_coordinator(fresh_dir, cl.policy_path, listen=address))
         fresh.wait_serving(30.0)
         assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
         with AdminClient(fresh.admin_address) as c:
@@ -78,13 +94,25 @@ def test_a_second_agent_under_a_node_name_in_use_is_refused_and_the_budget_holds
             impostor = cl.group.add(start_agent(tmp_path / "impostor", "n2", cl.coordinator.address,
                                                 sim_env=cl.sims["n1"].env(), policy=cl.policy_path,
                                                 reconnect_max_s=1.0))
-            wait_for(lambda: "two agents claim one node name" in impostor.log_tail(400), 20, "the impostor refused")
+            wait_for(lambda: "two agents on one node's GPUs" in impostor.log_tail(400), 20, "the impostor refused")
             time.sleep(3.0)  # it retries: refused each time
             st = c.status()
             n2 = next(n for n in st.nodes if n.name == "n2")
             assert not n2.stale and {g.uuid for g in n2.gpus} == uuids
-            assert not [a for a in st.alerts if "two agents claim node" in a], list(st.alerts)  # no stream replaced
+            assert not [a for a in st.alerts if "stream was replaced" in a], list(st.alerts)  # no stream replaced
+            # the refused agent's GPUs counted once more: at the most n2 may draw
+            assert [a for a in st.alerts if a.startswith("two agents claim node n2:") and "2800 W more" in a], \
+                list(st.alerts)
             assert "ALREADY_EXISTS" in impostor.log_tail(400) and "Traceback" not in impostor.log_tail(400)
+            # n1's agent stopped past its lease: n1's GPUs are no reporting node's, and the impostor
+            # is refused still by the name's rule (n2's own agent reports)
+            cl.agent("n1").signal(signal.SIGSTOP)
+            try:
+                time.sleep(3.0 + 1.0)
+                assert "two agents claim one node name" in impostor.log_tail(400)
+                assert not next(n for n in c.status().nodes if n.name == "n2").stale
+            finally:
+                cl.agent("n1").signal(signal.SIGCONT)
         impostor.stop()
         check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
         assert check.ok, check.describe()

@@ -367,6 +367,9 @@ class _SharedStore:
     def budget_override(self):
         return self.override
 
+    def get(self, key):
+        return None  # (no other setting: no policy file reloaded by an admin)
+
     def clear_budget_override(self):
         self.cleared += 1
         self.override = None

@@ -128,13 +128,15 @@ def test_token_never_reaches_the_log(tmp_path, caplog):
 def test_redaction_masks_secrets_not_a_yaml_errors_words():
     """``token: found`` is YAML's own error text ("while scanning for the next token: found
     character ..."): it reached the coordinator's log as ``token: <redacted>`` (found by a try-out).
-    A value after ``:`` is masked when it looks like a secret; after ``=`` always."""
+    A value after ``token:`` is masked when it looks like a secret; after ``password:``,
+    ``secret:`` and any ``=`` always."""
     from capctl.security.redact import redact
 
     yaml_error = ("p.yaml:3:1: malformed YAML: while scanning for the next token: found character '\\t' "
                   "that cannot start any token")
     assert redact(yaml_error) == yaml_error
-    assert redact("secret: character") == "secret: character"
+    assert redact("secret: hunter2") == "secret: <redacted>"  # (only token: is relaxed)
+    assert redact("password: correcthorse") == "password: <redacted>"
     assert redact("token=abc") == "token=<redacted>"
     assert redact("token: Zx9aQ2LmT0kP-4") == "token: <redacted>"
     assert redact("password: hunter2xyz") == "password: <redacted>"
