@@ -373,7 +373,7 @@ def _announce(args, coord, sockets, listening: tuple[str, int], metrics_addr, me
     })
     log.info("coordinator %s serving: agents on %s, admin %s, metrics %s, policy %s (budget %g W, interval %g s)%s",
              coord.coordinator_id, listen_addr, f"unix:{sockets.admin}" if sockets.admin else "off",
-             metrics_at or "off", coord.policy_path or args.policy, coord.policy.budget_w, coord.interval_s,
+             metrics_at or "off", getattr(coord, "policy_path", "") or args.policy, coord.policy.budget_w, coord.interval_s,
              ", DRY RUN" if coord.dry_run else "")
 
 

@@ -125,8 +125,11 @@ class FakeGpu:
             self.thermal_samples += 1
         return int(clock), reasons
 
-    def info(self) -> pb.GpuInfo:
-        return pb.GpuInfo(index=self.index, uuid=f"GPU-fake-{self.index:04d}", name=H100_NAME, minor_number=self.index,
+    def info(self, node: str = "") -> pb.GpuInfo:
+        """Its ``GpuInfo``; the UUID names ``node`` (a GPU's UUID is unique in a cluster: the
+        coordinator refuses a hello whose GPUs another node serves)."""
+        return pb.GpuInfo(index=self.index, uuid=f"GPU-fake-{node}-{self.index:04d}", name=H100_NAME,
+                          minor_number=self.index,
                           pci_bus_id=f"00000000:{0x18 + self.index:02X}:00.0", min_cap_w=self.min_cap_w,
                           max_cap_w=self.max_cap_w, default_cap_w=self.default_cap_w,
                           slowdown_temp_c=self.slowdown_temp_c, shutdown_temp_c=self.shutdown_temp_c,
@@ -201,7 +204,7 @@ class FakeAgent:
             with self.lock:
                 hello = pb.AgentHello(protocol_version=self.protocol_version, node=self.node, agent_version="fake",
                                       driver_version="fake", simulated=True,
-                                      gpus=[g.info() for g in self.gpus.values()], jobs=list(self.jobs.values()),
+                                      gpus=[g.info(self.node) for g in self.gpus.values()], jobs=list(self.jobs.values()),
                                       last_plan_seq=self.last_plan_seq)
             q.put(pb.AgentMessage(hello=hello))
             channel = grpc.insecure_channel(self.address)
