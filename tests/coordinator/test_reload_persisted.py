@@ -6,6 +6,7 @@ process restarted with its unit's command line (found by a try-out: a restart we
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import pytest
@@ -13,6 +14,18 @@ import pytest
 from tests.coordinator.conftest import Coordinator, importlib_ok, require, wait_for, write_policy
 
 pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def _running(tmp_path, policy, state, sig=signal.SIGTERM):
+    """A real coordinator on ``policy`` with its state in ``state``, and an admin client; stopped
+    with ``sig`` at the end (as a unit restarts it: the same command line)."""
+    coord = Coordinator(tmp_path, policy, state_dir=state)
+    try:
+        with coord.client() as c:
+            yield coord, c
+    finally:
+        coord.stop(sig)
 
 
 def _domains(client) -> dict:
@@ -24,48 +37,32 @@ def test_a_reloaded_policy_stays_in_force_across_restarts_and_one_that_no_longer
     start = write_policy(tmp_path / "start.yaml", nodes=["n1", "n2"], budget_w=3000.0)
     live = write_policy(tmp_path / "live.yaml", nodes=["n1", "n2"], budget_w=3000.0, pdus={"pdu-a": (["n1"], 1000.0)})
     state = tmp_path / "state"
-    coord = Coordinator(tmp_path, start, state_dir=state)
-    try:
-        with coord.client() as c:
-            assert "pdu-a" not in _domains(c)
-            r = c.reload_policy(str(live))
-            assert r.ok and "WARNING" not in r.message, r.message
-            wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force")
-    finally:
-        coord.stop(signal.SIGKILL)
-    coord = Coordinator(tmp_path, start, state_dir=state)  # the unit's command line again
-    try:
-        with coord.client() as c:
-            wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force after the restart")
-            st = c.status()
-            assert st.policy_path == str(live)
-            assert not [a for a in st.alerts if "does not load" in a], list(st.alerts)
-            assert f"policy {live} in force, loaded by an admin with policy reload" in coord.log()
-            r = c.reload_policy()  # without FILE: the file in force, re-read
-            assert r.ok and f"policy {live} loaded" in r.message, r.message
-        live.write_text(live.read_text().replace("limit_w: 1000", "limit_w: lots"))
-    finally:
-        coord.stop()
-    coord = Coordinator(tmp_path, start, state_dir=state)
-    try:
-        with coord.client() as c:
-            st = c.status()
-            assert st.policy_path == str(start) and "pdu-a" not in {d.name for d in st.domains}
-            alerts = [a for a in st.alerts if a.startswith(f"policy {live}")]
-            assert len(alerts) == 1 and "does not load now" in alerts[0] and str(start) in alerts[0], list(st.alerts)
-            assert "limit_w" in alerts[0]  # the file's first error
-            r = c.reload_policy(str(start))  # the start-up file made the one in force: alert gone
-            assert r.ok, r.message
-            wait_for(lambda: not [a for a in c.status().alerts if a.startswith(f"policy {live}")], 5, "alert cleared")
-    finally:
-        coord.stop()
-    coord = Coordinator(tmp_path, start, state_dir=state)
-    try:
-        with coord.client() as c:
-            st = c.status()
-            assert st.policy_path == str(start) and not [a for a in st.alerts if "does not load" in a]
-    finally:
-        coord.stop()
+    with _running(tmp_path, start, state, signal.SIGKILL) as (coord, c):
+        assert "pdu-a" not in _domains(c)
+        r = c.reload_policy(str(live))
+        assert r.ok and "WARNING" not in r.message, r.message
+        wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force")
+    with _running(tmp_path, start, state) as (coord, c):  # the unit's command line again
+        wait_for(lambda: _domains(c).get("pdu-a") == 1000.0, 5, "pdu-a in force after the restart")
+        st = c.status()
+        assert st.policy_path == str(live)
+        assert not [a for a in st.alerts if "does not load" in a], list(st.alerts)
+        assert f"policy {live} in force, loaded by an admin with policy reload" in coord.log()
+        r = c.reload_policy()  # without FILE: the file in force, re-read
+        assert r.ok and f"policy {live} loaded" in r.message, r.message
+    live.write_text(live.read_text().replace("limit_w: 1000", "limit_w: lots"))
+    with _running(tmp_path, start, state) as (coord, c):
+        st = c.status()
+        assert st.policy_path == str(start) and "pdu-a" not in {d.name for d in st.domains}
+        alerts = [a for a in st.alerts if a.startswith(f"policy {live}")]
+        assert len(alerts) == 1 and "does not load now" in alerts[0] and str(start) in alerts[0], list(st.alerts)
+        assert "limit_w" in alerts[0]  # the file's first error
+        r = c.reload_policy(str(start))  # the start-up file made the one in force: alert gone
+        assert r.ok, r.message
+        wait_for(lambda: not [a for a in c.status().alerts if a.startswith(f"policy {live}")], 5, "alert cleared")
+    with _running(tmp_path, start, state) as (coord, c):
+        st = c.status()
+        assert st.policy_path == str(start) and not [a for a in st.alerts if "does not load" in a]
 
 
 def test_a_fallback_keeps_the_admins_budget_and_a_reloaded_start_file_pins_nothing(tmp_path):
@@ -79,34 +76,18 @@ def test_a_fallback_keeps_the_admins_budget_and_a_reloaded_start_file_pins_nothi
     b = write_policy(tmp_path / "b.yaml", nodes=["n1", "n2"], budget_w=1900.0)
     c_file = write_policy(tmp_path / "c.yaml", nodes=["n1", "n2"], budget_w=1800.0)
     state = tmp_path / "state"
-    coord = Coordinator(tmp_path, a, state_dir=state)
-    try:
-        with coord.client() as c:
-            assert c.reload_policy(str(b)).ok
-            assert c.set_budget(1700.0).ok
-    finally:
-        coord.stop()
+    with _running(tmp_path, a, state) as (coord, c):
+        assert c.reload_policy(str(b)).ok
+        assert c.set_budget(1700.0).ok
     b.rename(tmp_path / "b.moved")  # (a share not mounted yet at boot)
-    coord = Coordinator(tmp_path, a, state_dir=state)
-    try:
-        with coord.client() as c:
-            st = c.status()
-            assert st.policy_path == str(a) and st.budget_w == 1700.0, (st.policy_path, st.budget_w)
-            assert any("does not load now" in x for x in st.alerts) and any("override" in x for x in st.alerts)
-    finally:
-        coord.stop()
+    with _running(tmp_path, a, state) as (coord, c):
+        st = c.status()
+        assert st.policy_path == str(a) and st.budget_w == 1700.0, (st.policy_path, st.budget_w)
+        assert any("does not load now" in x for x in st.alerts) and any("override" in x for x in st.alerts)
     (tmp_path / "b.moved").rename(b)
-    coord = Coordinator(tmp_path, a, state_dir=state)
-    try:
-        with coord.client() as c:
-            st = c.status()
-            assert st.policy_path == str(b) and st.budget_w == 1700.0  # the override, set under b, kept
-            assert c.reload_policy(str(a)).ok  # the start-up file: nothing recorded
-    finally:
-        coord.stop()
-    coord = Coordinator(tmp_path, c_file, state_dir=state)  # the unit now names another file
-    try:
-        with coord.client() as c:
-            assert c.status().policy_path == str(c_file)
-    finally:
-        coord.stop()
+    with _running(tmp_path, a, state) as (coord, c):
+        st = c.status()
+        assert st.policy_path == str(b) and st.budget_w == 1700.0  # the override, set under b, kept
+        assert c.reload_policy(str(a)).ok  # the start-up file: nothing recorded
+    with _running(tmp_path, c_file, state) as (coord, c):  # the unit now names another file
+        assert c.status().policy_path == str(c_file)
