@@ -330,6 +330,7 @@ class Registry:
         self._hellos = 0  # hellos so far: a hello rewrites its GPUs' static facts (gpu_table's static columns)
         self._static_cache: tuple | None = None  # (hellos, records, static columns) of gpu_table()
         self.refused_claims: dict[str, tuple[float, str]] = {}  # node -> (last refused hello, mono s; why)
+        self.uuid_node: dict[str, str] = {}  # GPU UUID -> the node whose last hello listed it
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -350,7 +351,12 @@ class Registry:
         node.driver_version = hello.driver_version
         old = node.gpus
         node.gpus = {}
+        for g in old.values():  # (a GPU another node's hello listed since is that node's)
+            if self.uuid_node.get(g.uuid) == hello.node:
+                del self.uuid_node[g.uuid]
         for info in hello.gpus:
+            if info.uuid:
+                self.uuid_node[info.uuid] = hello.node
             g = old.get(info.index) or GpuObs(node=hello.node, index=info.index)
             g.uuid = info.uuid
             g.name = info.name
