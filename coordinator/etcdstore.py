@@ -168,24 +168,25 @@ class EtcdStore:
 
     def load_nodes(self) -> dict[str, dict]:
         """The node ledger of the generation in force (the one-key ledger of an older release
-        when there is none); malformed entries are skipped."""
-        pointer = self.get("nodes_gen")
+        when there is none); malformed entries are skipped. One range read of every ``nodes*`` key
+        (pointer and chunks at one etcd revision: read apart, a leader's write between the two
+        could delete the generation the pointer named)."""
+        base = f"{self.prefix}/state/nodes"
+        try:
+            kvs = {kv["key"]: kv["value"] for kv in self.conn.get_prefix(base)}
+        except EtcdError as exc:
+            raise StoreError(f"state in {self.path}: read node ledger: {exc}") from None
+        pointer = _json_of(base + "_gen", kvs.get(base + "_gen"))
+        value: dict = {}
         if isinstance(pointer, dict) and isinstance(pointer.get("gen"), str):
-            value: dict = {}
-            try:
-                kvs = self.conn.get_prefix(f"{self.prefix}/state/nodes/{pointer['gen']}/")
-            except EtcdError as exc:
-                raise StoreError(f"state in {self.path}: read node ledger: {exc}") from None
-            for kv in kvs:
-                try:
-                    chunk = json.loads(kv["value"].decode())
-                except (ValueError, UnicodeDecodeError):
-                    log.warning("%s: not JSON; ignored", kv["key"])
-                    continue
+            head = f"{base}/{pointer['gen']}/"
+            for key in sorted(k for k in kvs if k.startswith(head)):
+                chunk = _json_of(key, kvs[key])
                 if isinstance(chunk, dict):
                     value.update(chunk)
         else:
-            value = self.get("nodes") or {}
+            legacy = _json_of(base, kvs.get(base))
+            value = legacy if isinstance(legacy, dict) else {}
         out = {}
         for name, entry in (value.items() if isinstance(value, dict) else ()):
             try:
@@ -194,6 +195,17 @@ class EtcdStore:
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("node ledger: malformed entry for %r skipped", name)
         return out
+
+
+def _json_of(key: str, raw: bytes | None):
+    """The JSON value ``raw`` of etcd key ``key`` (None when absent or not JSON: logged)."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError):
+        log.warning("%s: not JSON; ignored", key)
+        return None
 
 
 def _ledger_chunks(nodes: dict[str, dict]) -> list[str]:
