@@ -26,7 +26,6 @@ import grp
 import logging
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import grpc
 
+from capctl import privdirs
 from capctl.agentclient import DEFAULT_CALL_TIMEOUT_S, LocalClient  # noqa: F401 (the client side, re-exported)
 from capctl.errors import UserInputError
 from capctl.security.peercred import PeerCred, peer_cred, splice  # noqa: F401 (PeerCred re-exported)
@@ -189,7 +189,7 @@ class LocalServer:
                 raise UserInputError(f"--socket: another agent is serving on {self.socket_path}"
                                      f" ({detail}); stop it first")
             p.unlink()  # stale: nobody answers
-        self._private_dir = tempfile.mkdtemp(prefix="capctl-agent-")  # mode 0700
+        self._private_dir = privdirs.make("capctl-agent-")  # mode 0700; a killed agent's are removed
         self._allowed_path = os.path.join(self._private_dir, "allowed.sock")
         self._denied_path = os.path.join(self._private_dir, "denied.sock")
         real = grpc.server(futures.ThreadPoolExecutor(max_workers=4), maximum_concurrent_rpcs=32,
@@ -288,7 +288,7 @@ class LocalServer:
         for server in self._servers:
             server.stop(grace=0.5).wait(2.0)
         if self._private_dir:
-            for name in ("allowed.sock", "denied.sock"):
+            for name in ("allowed.sock", "denied.sock", privdirs.OWNER_FILE):
                 try:
                     os.unlink(os.path.join(self._private_dir, name))
                 except OSError:

@@ -26,9 +26,10 @@ import select
 import shutil
 import socket
 import struct
-import tempfile
 import threading
 from dataclasses import dataclass
+
+from capctl import privdirs
 
 log = logging.getLogger("capctl.security.peercred")
 
@@ -88,8 +89,8 @@ class CredentialSplice:
 
     def __init__(self, public_path: str) -> None:
         self.public_path = str(public_path)
-        self.private_dir = tempfile.mkdtemp(prefix="capctl-peer-")  # $TMPDIR or /tmp (PrivateTmp= under systemd)
-        os.chmod(self.private_dir, 0o700)  # whatever the umask: the daemon binds its sockets in it
+        # $TMPDIR or /tmp (PrivateTmp= under systemd), mode 0700; a killed coordinator's are removed
+        self.private_dir = privdirs.make("capctl-peer-")
         self.private_path = os.path.join(self.private_dir, "grpc.sock")
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
