@@ -33,23 +33,42 @@ def test_two_pole_plant_and_whole_degree_readings():
     assert any(t != int(t) for t in fleet.temp[0])  # the plant's own temperatures are not whole
 
 
+def _deterministic_refit_budget(monkeypatch, models) -> None:
+    """The models' refit budget on a clock that advances 1 us per read instead of the CPU's: the
+    refits an interval affords no longer depend on the host's load (the CI run of a loaded host
+    failed the test's bound that quiet runs passed)."""
+    import itertools
+    import time
+
+    class Deterministic(models.Models):
+        def __init__(self, clock=time.monotonic, budget_clock=None, rng=None):
+            ticks = itertools.count()
+            super().__init__(clock, lambda: next(ticks) * 1e-6, rng)
+
+    monkeypatch.setattr(models, "Models", Deterministic)
+
+
 def test_held_prior_mode_cycles_without_the_damping_and_holds_with_it(monkeypatch):
     """The limit cycle docs/coordinator.md ("Limitations") describes: on the one-pole plant (tau
     ~3 s) a thermal fit held at the prior (tau 30 s) swung a third of the caps by more than 50 W
     every interval. With ``allocation.thermal_damping`` (the ceilings move by small steps near the
-    target) almost none move so, held prior or learning fit; without it the cycle is back. Each
-    figure is a 1,024-GPU run of 30 intervals (the first 15 left out)."""
+    target) few move so, held prior or learning fit; without it the cycle is back. Each figure is a
+    1,024-GPU run of 30 intervals (the first 15 left out), every refit due allowed (a deterministic
+    refit budget: on the CPU's clock the figures followed the host's load). The few that move are
+    the curve refits' (4-5 % of the GPU-intervals with every refit, 0-4 % on a CPU budget); the
+    cycle moves ~40 %."""
     import thermal_ceiling as tc
 
-    from coordinator import allocation
+    from coordinator import allocation, models
 
+    _deterministic_refit_budget(monkeypatch, models)
     held = tc.run(1024, 30, 15, "one-pole", hold_prior=True, whole=False, seed=1)
     learning = tc.run(1024, 30, 15, "one-pole", hold_prior=False, whole=False, seed=1)
     monkeypatch.setattr(allocation, "thermal_damping", lambda ceiling, *args: ceiling)
     undamped = tc.run(1024, 30, 15, "one-pole", hold_prior=True, whole=False, seed=1)
     assert undamped["moving_50w"] > 0.2 and undamped["hot_moving_50w"] > 0.2
     for r in (held, learning):
-        assert r["moving_50w"] < 0.05 and r["hot_moving_50w"] < 0.05
+        assert r["moving_50w"] < 0.08 and r["hot_moving_50w"] < 0.08
         assert r["pace_mhz"] >= undamped["pace_mhz"] - 20.0
     for r in (held, learning, undamped):
         assert r["hot_at_slowdown"] == 0.0 and 500.0 < r["pace_mhz"] <= 1980.0
