@@ -228,6 +228,7 @@ class SolveInputs:
     spread_spare: bool = False  # the policy's spread_spare_watts (:func:`spread_spare`)
     reserved_w: dict = dataclasses.field(default_factory=dict)  # unreported policy node -> W counted (unreported_reserve)
     claims: dict = dataclasses.field(default_factory=dict)  # node -> why a second agent claiming it was refused
+    ghosts: dict = dataclasses.field(default_factory=dict)  # node -> (W, UUIDs) of GPUs its agent no longer lists
     _columns: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
@@ -425,14 +426,22 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
     claims = registry.claims_refused(now_mono, CLAIM_HOLD_S)
     reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"], claims)
+    ghosts = registry.ghost_reserve(now_mono, GHOST_HOLD_S)
+    for name, (watts, _) in ghosts.items():  # GPUs a node's agent no longer lists: still counted
+        reserved[name] = reserved.get(name, 0.0) + watts
     if reserved:  # the limits less what the silent nodes may draw (rare: the cached structure is not used)
         domains, limited, positions = with_reserve(domains, policy, reserved), None, None
     return SolveInputs(gpus=GpuRows(cols), jobs=jobs, domains=domains, objective=policy.objective,
                        slew_w=policy.slew_w, node_domain=node_domain, domain_members=members, limited=limited,
                        limited_pos=positions, spread_spare=bool(getattr(policy, "spread_spare_watts", False)),
-                       reserved_w=reserved, claims=claims)
+                       reserved_w=reserved, claims=claims, ghosts=ghosts)
 
 
+GHOST_HOLD_S = 86400.0
+"""A GPU a node's agent no longer lists (``Registry.ghost_reserve``) is counted at its last caps
+for this long (s; as a silent node outside the policy, ``registry.NODE_FORGET_S``) unless a hello
+lists it again: a GPU swapped out costs its watts for a day; one whose node name another agent
+took while the node's own was dead is real and at the caps that agent set."""
 CLAIM_HOLD_S = 360.0
 """A node a second agent claimed (its hello refused: another agent serves that name with other
 GPUs) is counted once more at the most it may draw until this long (s) after the last refused

@@ -363,6 +363,9 @@ def plan(solution: Solution, obs: Observations) -> Decision:
               + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases, inputs.reserved_w)
               + [f"two agents claim node {n}: {why}; the refused agent's GPUs counted at "
                  f"{inputs.reserved_w.get(n, 0.0):.0f} W more until it stops trying" for n, why in sorted(inputs.claims.items())]
+              + [f"node {n}: {len(u)} GPU(s) its agent no longer lists ({', '.join(u[:2])}{', ...' if len(u) > 2 else ''}; "
+                 f"swapped out, or another agent took the name while its own was down): counted at their last "
+                 f"caps, {w:.0f} W, until a hello lists them again or for 24 h" for n, (w, u) in sorted(inputs.ghosts.items())]
               + _deficit_alerts(solution.out, solution.alerts))
     return Decision(
         now=obs.now, mode=mode, desired_w=dict(zip(keys, pa.desired_w.tolist())), safe_caps=safe_caps,

@@ -218,6 +218,8 @@ class NodeObs:
     next_seq: int = 1  # next plan seq to this node (per coordinator incarnation)
     seen_s: float = 0.0  # Unix time of the last message from its agent (or from the node ledger)
     seen_mono: float = 0.0  # the same on the registry's monotonic clock (immune to wall-clock jumps)
+    ghosts: dict = dataclasses.field(default_factory=dict)
+    """GPUs its agent no longer lists: UUID -> (W counted, since: mono s, index) (Registry._hello_gpus)."""
     throttle: NodeThrottle = dataclasses.field(default_factory=NodeThrottle)
     """Its GPUs' throttling over the last minute (:mod:`coordinator.throttle`; by GPU index)."""
 
@@ -331,6 +333,7 @@ class Registry:
         self._static_cache: tuple | None = None  # (hellos, records, static columns) of gpu_table()
         self.refused_claims: dict[str, tuple[float, str]] = {}  # node -> (last refused hello, mono s; why)
         self.uuid_node: dict[str, str] = {}  # GPU UUID -> the node whose last hello listed it
+        self.ghost_node: dict[str, str] = {}  # GPU UUID -> the node it is a ghost of (_hello_gpus)
 
     # -- agent messages ---------------------------------------------------------------------
     def on_hello(self, hello, session) -> NodeObs:
@@ -350,28 +353,7 @@ class Registry:
         node.packed_plans = hello.packed_plans
         node.driver_version = hello.driver_version
         old = node.gpus
-        node.gpus = {}
-        for g in old.values():  # (a GPU another node's hello listed since is that node's)
-            if self.uuid_node.get(g.uuid) == hello.node:
-                del self.uuid_node[g.uuid]
-        for info in hello.gpus:
-            if info.uuid:
-                self.uuid_node[info.uuid] = hello.node
-            g = old.get(info.index) or GpuObs(node=hello.node, index=info.index)
-            g.uuid = info.uuid
-            g.name = info.name
-            g.min_cap_w = info.min_cap_w
-            g.max_cap_w = info.max_cap_w
-            g.default_cap_w = info.default_cap_w
-            g.slowdown_temp_c = info.slowdown_temp_c
-            g.shutdown_temp_c = info.shutdown_temp_c
-            g.max_sm_clock_mhz = info.max_sm_clock_mhz
-            g.pre_job_cap_w = info.pre_job_cap_w
-            g.pending.clear()  # plans of an older stream will never be acked
-            problem = devicedata.unsupported_message(info.min_cap_w, info.max_cap_w)
-            if problem:  # bad device data: held at its limit, flagged (its telemetry says the same)
-                g.cap_state, g.error = capstates.UNSUPPORTED_CONSTRAINTS, f"GPU {info.index}: {problem}"
-            node.gpus[info.index] = g
+        node.gpus = self._hello_gpus(node, hello, now)
         if node.gpus.keys() != old.keys():  # other GPUs: their throttling lanes start empty
             node.throttle = NodeThrottle()
         if node.session is not None and node.session is not session:
@@ -390,6 +372,68 @@ class Registry:
         node.seen_mono = now
         self.events.append(f"hello {hello.node}: {len(node.gpus)} GPUs, {len(node.bindings)} jobs")
         return node
+
+    def _hello_gpus(self, node: NodeObs, hello, now: float) -> dict[int, GpuObs]:
+        """``node``'s GPU records after ``hello`` (index -> record): a known GPU (same index, same
+        UUID or none known) keeps its readings and accounting; a GPU of another UUID at an index is
+        a new record (counted at its maximum limit until it reports). A GPU the node had whose
+        UUID the hello does not list becomes a ghost (:meth:`ghost_reserve`): a GPU swapped out,
+        or, when another agent took the node's name while its own was dead, a real GPU still at
+        the caps that agent set. Its records were reused by index: the real GPUs left the books
+        and the cluster went to 4,756 W on a 4,000 W budget (found by a try-out)."""
+        old = node.gpus
+        listed = {info.uuid for info in hello.gpus if info.uuid}
+        for g in old.values():  # (a GPU another node's hello listed since is that node's)
+            if self.uuid_node.get(g.uuid) == node.name:
+                del self.uuid_node[g.uuid]
+            if g.uuid and g.uuid not in listed:
+                node.ghosts[g.uuid] = (g.accounted_w(now, math.inf), now, g.index)
+                self.ghost_node[g.uuid] = node.name
+        gpus = {}
+        for info in hello.gpus:
+            if info.uuid:
+                self.uuid_node[info.uuid] = node.name
+                self._ghost_back(info.uuid)
+            g = old.get(info.index)
+            if g is None or (g.uuid and info.uuid and g.uuid != info.uuid):
+                g = GpuObs(node=node.name, index=info.index)
+            g.uuid = info.uuid
+            g.name = info.name
+            g.min_cap_w = info.min_cap_w
+            g.max_cap_w = info.max_cap_w
+            g.default_cap_w = info.default_cap_w
+            g.slowdown_temp_c = info.slowdown_temp_c
+            g.shutdown_temp_c = info.shutdown_temp_c
+            g.max_sm_clock_mhz = info.max_sm_clock_mhz
+            g.pre_job_cap_w = info.pre_job_cap_w
+            g.pending.clear()  # plans of an older stream will never be acked
+            problem = devicedata.unsupported_message(info.min_cap_w, info.max_cap_w)
+            if problem:  # bad device data: held at its limit, flagged (its telemetry says the same)
+                g.cap_state, g.error = capstates.UNSUPPORTED_CONSTRAINTS, f"GPU {info.index}: {problem}"
+            gpus[info.index] = g
+        return gpus
+
+    def _ghost_back(self, uuid: str) -> None:
+        """GPU ``uuid`` is listed by a hello again (its node's, or another's: it moved): no ghost."""
+        name = self.ghost_node.pop(uuid, None)
+        node = self.nodes.get(name) if name is not None else None
+        if node is not None:
+            node.ghosts.pop(uuid, None)
+
+    def ghost_reserve(self, now_mono: float, forget_s: float) -> dict[str, tuple[float, list[str]]]:
+        """Node -> (W, UUIDs) of the GPUs its agent no longer lists (:meth:`_hello_gpus`), each at
+        the most it may have enforced when last known, until a hello lists it again or for
+        ``forget_s`` seconds (then dropped: a GPU swapped out is not counted for good)."""
+        out = {}
+        for name, node in self.nodes.items():
+            if not node.ghosts:
+                continue
+            for u in [u for u, (_, t, _) in node.ghosts.items() if now_mono - t > forget_s]:
+                del node.ghosts[u]
+                self.ghost_node.pop(u, None)
+            if node.ghosts:
+                out[name] = (sum(w for w, _, _ in node.ghosts.values()), sorted(node.ghosts))
+        return out
 
     def on_disconnect(self, node_name: str, session) -> None:
         """Forget the session of ``node_name`` if it is still ``session`` (keeps the node: stale)."""

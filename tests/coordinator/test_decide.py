@@ -309,3 +309,33 @@ def test_a_refused_second_claim_counts_that_node_once_more_until_it_stops():
     assert sum(d.desired_w.values()) <= 3000.0 - 1400.0 + 1e-6
     reg.clock = lambda: NOW + allocation.CLAIM_HOLD_S + 1.0  # it stopped trying
     assert reg.claims_refused(NOW + allocation.CLAIM_HOLD_S + 1.0, allocation.CLAIM_HOLD_S) == {}
+
+
+def test_gpus_a_node_no_longer_lists_stay_counted_until_listed_again():
+    """node2's agent dead (its GPUs at 600 W), another agent says hello as node2 with other GPUs (a
+    copied --node on another host): node2's GPUs left the books (the hello's records replaced them
+    by index) and the cluster went to 4,756 W on a 4,000 W budget (found by a try-out). They stay
+    counted at their last caps, with an alert, until a hello lists them again."""
+    from capctl.v1 import capctl_pb2 as pb
+
+    policy = parse_policy(policy_text(3000.0))
+    reg = registry(node1=[300.0, 300.0])
+
+    def hello(node, uuids):
+        return pb.AgentHello(node=node, gpus=[pb.GpuInfo(index=i, uuid=u, min_cap_w=200.0, max_cap_w=700.0)
+                                              for i, u in enumerate(uuids)])
+    reg.on_hello(hello("node2", ["GPU-a", "GPU-b"]), object())
+    for g in reg.nodes["node2"].gpus.values():
+        g.have_reading, g.cap_w, g.enforced_w = True, 600.0, 600.0
+    reg.on_hello(hello("node2", ["GPU-a", "GPU-b"]), object())  # its own agent again: nothing lost
+    assert reg.nodes["node2"].ghosts == {}
+    reg.on_hello(hello("node2", ["GPU-x", "GPU-y"]), object())  # another host's GPUs
+    assert all(not g.have_reading for g in reg.nodes["node2"].gpus.values())  # new records, not node2's
+    inputs = snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0).problem.inputs
+    assert inputs.ghosts == {"node2": (1200.0, ["GPU-a", "GPU-b"])} and inputs.reserved_w == {"node2": 1200.0}
+    d = decide.decide(snapshot(reg, policy, start_s=NOW - LEASE_S - 1.0))
+    assert [a for a in d.alerts if a.startswith("node node2: 2 GPU(s) its agent no longer lists") and "1200 W" in a]
+    reg.on_hello(hello("node2", ["GPU-a", "GPU-b"]), object())  # node2's own agent is back
+    assert reg.nodes["node2"].ghosts == {"GPU-x": (700.0, NOW, 0), "GPU-y": (700.0, NOW, 1)}  # (the other's, now)
+    reg.on_hello(hello("node3", ["GPU-x", "GPU-y"]), object())  # ... listed by their own node
+    assert reg.ghost_reserve(NOW, 86400.0) == {}

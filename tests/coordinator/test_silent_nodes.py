@@ -116,3 +116,39 @@ def test_a_second_agent_under_a_node_name_in_use_is_refused_and_the_budget_holds
         impostor.stop()
         check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
         assert check.ok, check.describe()
+
+
+def test_an_agent_taking_a_dead_agents_node_name_leaves_its_gpus_counted(tmp_path):
+    """n2's agent killed with -9 while its job runs (its GPUs keep their caps); another host's agent
+    (n3's simulated GPUs) is started as n2, a copied --node. Before, its hello's records replaced
+    n2's by index and n2's real GPUs left the books: 4,756 W on a 4,000 W budget for as long as it
+    lasted (found by a try-out). n2's GPUs are now counted at their last caps until a hello lists
+    them again, and the journal of the policy's own hardware stays within the budget."""
+    from capctl.demo.processes import start_agent
+    from capctl.simgpu.journal import check_nodes
+    from coordinator.client import AdminClient
+    from tests.support.processes import Cluster, sim_node
+
+    budget_w = 4000.0
+    with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget_w, interval_s=0.5, lease_s=3.0) as cl:
+        for name in ("n1", "n2"):
+            for i in range(4):
+                cl.sims[name].set_load(i, 650.0)
+        assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
+        assert cl.agent("n2").client().job_start("J2", ["0", "1", "2", "3"]).ok
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: c.status().allocated_w > 0.95 * budget_w, 20, "the budget in use")
+            cl.agent("n2").kill()
+            since_ns = time.monotonic_ns()
+            n3 = sim_node(tmp_path / "sim-n3", 4, seed=300)
+            other = cl.group.add(start_agent(tmp_path / "other", "n2", cl.coordinator.address, sim_env=n3.env(),
+                                             policy=cl.policy_path, reconnect_max_s=1.0))
+            wait_for(lambda: any(a.startswith("node n2: 4 GPU(s) its agent no longer lists") for a in c.status().alerts),
+                     20, "n2's real GPUs still counted")
+            time.sleep(4.0)  # intervals with the other agent as n2
+        other.stop()
+        close = getattr(n3, "close", None)
+        if close:
+            close()
+        check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+        assert check.ok, check.describe()
