@@ -188,33 +188,42 @@ class Coordinator:
         path = saved.get("path") if isinstance(saved, dict) else None
         if not isinstance(path, str) or not path or _same_file(path, self.policy_path):
             return policy
-        from capctl.policy import load_policy
+        from capctl.policy import load_policy, parse_policy
 
         try:
             reloaded = load_policy(path)
         except Exception as exc:  # noqa: BLE001 (PolicyError, a file gone: never a crash at start)
+            why = _first_line(exc)
+            try:  # its version last loaded (saved with the path): the admin's limits stay in force
+                reloaded = parse_policy(saved["text"], f"{path} (as last loaded)")
+            except Exception:  # noqa: BLE001 (none saved: a record of an earlier release)
+                self.persistent_alerts["policy"] = (
+                    f"policy {path} (loaded by an admin with policy reload) does not load now: {why}; "
+                    f"running the start-up file {self.policy_path or '(embedded default)'}, whose limits may be "
+                    f"higher: fix it and reload it, or reload the start-up file to make it the one in force")
+                log.error("%s", self.persistent_alerts["policy"])
+                self._fell_back = True
+                return policy
             self.persistent_alerts["policy"] = (
-                f"policy {path} (loaded by an admin with policy reload) does not load now: {_first_line(exc)}; "
-                f"running the start-up file {self.policy_path or '(embedded default)'}, whose limits may be "
-                f"higher: fix it and reload it, or reload the start-up file to make it the one in force")
+                f"policy {path} (loaded by an admin with policy reload) does not load now: {why}; its version "
+                f"last loaded is in force: fix the file and reload it, or reload the start-up file "
+                f"{self.policy_path or '(embedded default)'} to make it the one in force")
             log.error("%s", self.persistent_alerts["policy"])
-            self._fell_back = True
-            return policy
         log.warning("policy %s in force, loaded by an admin with policy reload (not the start-up file %s); "
                     "capctl policy reload %s makes the start-up file the one in force again",
                     path, self.policy_path or "(embedded default)", self.policy_path or "FILE")
         self.file_policy, self.policy_path = reloaded, path
         return reloaded
 
-    def _remember_reloaded(self, path: str) -> str:
-        """Persist ``path`` as the file in force (see :meth:`_restore_reloaded`); "" or a warning
-        for the reply when it could not be saved."""
+    def _remember_reloaded(self, path: str, text: str) -> str:
+        """Persist ``path`` as the file in force, with ``text``, the version just loaded (see
+        :meth:`_restore_reloaded`); "" or a warning for the reply when it could not be saved."""
         store = self.store
         if store is None or not store.ok or getattr(store, "shared", False):
             return ""
         # the start-up file reloaded: no record (it pinned its path, and a later --policy was ignored)
         value = None if _same_file(path, self.start_policy_path) else {"path": os.path.abspath(path),
-                                                                         "time_s": time.time()}
+                                                                         "time_s": time.time(), "text": text}
         try:
             store.put(RELOADED_KEY, value, "policy reload")
         except StoreError as exc:
@@ -1152,7 +1161,7 @@ class Coordinator:
 
     async def reload_policy(self, path: str) -> pb.ReloadPolicyReply:
         """Load and validate a policy file; on success it replaces the policy, else nothing changes."""
-        from capctl.policy import PolicyError, load_policy
+        from capctl.policy import PolicyError
 
         target = path or self.policy_path
         if not target:
@@ -1166,7 +1175,7 @@ class Coordinator:
                    f"without a FILE")
             return pb.ReloadPolicyReply(ok=False, errors=[why], message="policy not reloaded")
         try:
-            new = await asyncio.to_thread(load_policy, target)
+            new, text = await asyncio.to_thread(_load_with_text, target)
         except PolicyError as exc:
             return pb.ReloadPolicyReply(ok=False, errors=list(exc.errors)[:200],
                                         message=f"policy {target} rejected; the policy from {self.file_policy.source} stays")
@@ -1175,7 +1184,7 @@ class Coordinator:
                                         message="policy rejected; the previous one stays")
         self.file_policy = new
         self.policy_path = target
-        saved_note = self._remember_reloaded(target)
+        saved_note = self._remember_reloaded(target, text)
         self.persistent_alerts.pop("policy", None)  # (a file that failed to load at a takeover: it loads now)
         self.persistent_alerts.pop("budget", None)  # (an override in doubt at a takeover: the file's rule now)
         self.persistent_alerts.pop("etcd-data", None)  # (the admin chose the policy in force)
@@ -1560,7 +1569,18 @@ def _domain_draw_w(tally: _Tally, members) -> float:
 
 
 RELOADED_KEY = "policy_reloaded"
-"""State-store key of the policy file an admin made the one in force (``{"path", "time_s"}``)."""
+"""State-store key of the policy file an admin made the one in force (``{"path", "time_s", "text"}``:
+``text`` the version loaded, in force at a start where the file no longer loads)."""
+
+
+def _load_with_text(path: str):
+    """``(Policy, its YAML text)`` of the file ``path`` (read once). Raises as
+    :func:`capctl.policy.load_policy`."""
+    from capctl.policy import parse_policy
+    from capctl.policy.validate import display_name, read_policy_text
+
+    text = read_policy_text(path)
+    return parse_policy(text, display_name(path)), text
 
 
 def _same_file(a: str, b: str) -> bool:
