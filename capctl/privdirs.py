@@ -38,17 +38,17 @@ def make(prefix: str) -> str:
     return path
 
 
-def remove_stale(prefix: str) -> list[str]:
-    """Remove this user's ``prefix*`` directories in ``$TMPDIR`` whose :data:`OWNER_FILE` names a
+def remove_stale(prefix: str, owner_file: str = OWNER_FILE) -> list[str]:
+    """Remove this user's ``prefix*`` directories in ``$TMPDIR`` whose ``owner_file`` names a
     process that is gone; returns their paths. Kept: a directory without that file (one being
     made now, or an older release's), a live or unknown owner (a reused pid: the safe side), a
-    symbolic link, another user's."""
+    symbolic link, another user's. (Also the demo's work directories: ``capctl.demo.run``.)"""
     removed = []
     for d in Path(tempfile.gettempdir()).glob(prefix + "*"):
         try:
             if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
                 continue
-            pid = int((d / OWNER_FILE).read_text().strip())
+            pid = int((d / owner_file).read_text().strip())
         except (OSError, ValueError):
             continue
         if pid <= 0 or pid == os.getpid():

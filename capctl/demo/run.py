@@ -144,27 +144,13 @@ OWNER_FILE = "demo.pid"
 def remove_stale_workdirs() -> list[str]:
     """Remove temporary directories of demos that were killed (SIGKILL: no cleanup of their own).
 
-    Only ``capctl-demo-*`` directories of this user holding a ``demo.pid`` whose process is gone;
-    its daemons died with it (their lifeline, :mod:`capctl.lifeline`). Returns the paths removed.
+    Only ``capctl-demo-*`` directories of this user holding a ``demo.pid`` whose process is gone
+    (:func:`capctl.privdirs.remove_stale`); its daemons died with it (their lifeline,
+    :mod:`capctl.lifeline`). Returns the paths removed.
     """
-    removed = []
-    for d in Path(tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
-        try:
-            if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
-                continue
-            pid = int((d / OWNER_FILE).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # still running (or the pid was reused: keep it, the safe side)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        removed.append(str(d))
-    return removed
+    from capctl import privdirs
+
+    return privdirs.remove_stale(WORKDIR_PREFIX, OWNER_FILE)
 
 
 class Demo:

@@ -16,6 +16,13 @@ from tests.coordinator.conftest import wait_for
 pytestmark = pytest.mark.integration
 
 
+def _busy(cl) -> None:
+    """Every GPU of ``cl``'s nodes n1 and n2 at a 650 W demand."""
+    for name in ("n1", "n2"):
+        for i in range(4):
+            cl.sims[name].set_load(i, 650.0)
+
+
 @pytest.fixture
 def cleanup():
     """Directories to remove at the end of the test."""
@@ -40,9 +47,7 @@ def test_a_dead_agents_node_is_counted_by_a_coordinator_that_lost_its_state(tmp_
 
     budget_w = 4000.0
     with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget_w, interval_s=0.5, lease_s=3.0) as cl:
-        for name in ("n1", "n2"):
-            for i in range(4):
-                cl.sims[name].set_load(i, 650.0)
+        _busy(cl)
         assert cl.agent("n2").client().job_start("J2", ["0", "1", "2", "3"]).ok
         wait_for(lambda: sum(cl.sims["n2"].read(i)["limit_w"] for i in range(4)) > 1500.0, 20, "n2's job capped")
         cl.agent("n2").kill()
@@ -82,9 +87,7 @@ def test_a_second_agent_under_a_node_name_in_use_is_refused_and_the_budget_holds
 
     budget_w = 4000.0
     with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget_w, interval_s=0.5, lease_s=3.0) as cl:
-        for name in ("n1", "n2"):
-            for i in range(4):
-                cl.sims[name].set_load(i, 650.0)
+        _busy(cl)
         assert cl.agent("n1").client().job_start("J1", ["0", "1"]).ok
         assert cl.agent("n2").client().job_start("J2", ["0", "1", "2", "3"]).ok
         with AdminClient(cl.coordinator.admin_address) as c:
@@ -131,9 +134,7 @@ def test_an_agent_taking_a_dead_agents_node_name_leaves_its_gpus_counted(tmp_pat
 
     budget_w = 4000.0
     with Cluster(tmp_path, {"n1": 4, "n2": 4}, budget_w=budget_w, interval_s=0.5, lease_s=3.0) as cl:
-        for name in ("n1", "n2"):
-            for i in range(4):
-                cl.sims[name].set_load(i, 650.0)
+        _busy(cl)
         assert cl.agent("n1").client().job_start("J1", ["0", "1", "2", "3"]).ok
         assert cl.agent("n2").client().job_start("J2", ["0", "1", "2", "3"]).ok
         with AdminClient(cl.coordinator.admin_address) as c:
