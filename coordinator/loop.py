@@ -177,8 +177,8 @@ class Coordinator:
         1,000 W limit in the journal; found by a try-out). A reloaded file that no longer loads
         leaves the start-up file in force and a persistent alert naming both. Not in high
         availability (there each coordinator runs its own start file: another one is refused)."""
-        store = self.store
-        if store is None or not store.ok or getattr(store, "shared", False):
+        store = self._reload_store()
+        if store is None:
             return policy
         try:
             saved = store.get(RELOADED_KEY)
@@ -215,11 +215,19 @@ class Coordinator:
         self.file_policy, self.policy_path = reloaded, path
         return reloaded
 
+    def _reload_store(self):
+        """The store that keeps the policy file in force, or None: none, failed, or shared (high
+        availability: each coordinator runs its own start file)."""
+        store = self.store
+        if store is None or not store.ok or getattr(store, "shared", False):
+            return None
+        return store
+
     def _remember_reloaded(self, path: str, text: str) -> str:
         """Persist ``path`` as the file in force, with ``text``, the version just loaded (see
         :meth:`_restore_reloaded`); "" or a warning for the reply when it could not be saved."""
-        store = self.store
-        if store is None or not store.ok or getattr(store, "shared", False):
+        store = self._reload_store()
+        if store is None:
             return ""
         # the start-up file reloaded: no record (it pinned its path, and a later --policy was ignored)
         value = None if _same_file(path, self.start_policy_path) else {"path": os.path.abspath(path),

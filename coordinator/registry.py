@@ -425,8 +425,11 @@ class Registry:
         the most it may have enforced when last known, until a hello lists it again or for
         ``forget_s`` seconds (then dropped: a GPU swapped out is not counted for good)."""
         out = {}
-        for name, node in self.nodes.items():
-            if not node.ghosts:
+        for name in set(self.ghost_node.values()):  # (only the nodes with ghosts: read every interval)
+            node = self.nodes.get(name)
+            if node is None:  # (a node forgotten or dropped since: its ghosts went with it)
+                for u in [u for u, n in self.ghost_node.items() if n == name]:
+                    del self.ghost_node[u]
                 continue
             for u in [u for u, (_, t, _) in node.ghosts.items() if now_mono - t > forget_s]:
                 del node.ghosts[u]

@@ -24,7 +24,7 @@ import grpc
 from capctl.errors import UserInputError
 from coordinator.client import CHANNEL_OPTIONS, DEFAULT_TIMEOUT_S, AdminClient, coordinator_address
 
-_CONNECTION: dict = {"args": None, "token_file": None, "timeout_s": None}
+_CONNECTION: dict = {"args": None, "token_file": None, "timeout": None}
 """The parsed command line (its TLS flags are read when a channel is made) and the token file
 (:func:`configure`); the environment otherwise."""
 
@@ -81,7 +81,7 @@ def configure(args) -> None:
     never connects (``policy validate``, ``sim``, ``install``) works whatever they say (a partial
     ``$CAPCTL_TLS_*`` setting refused them all; found by a review)."""
     _CONNECTION["args"] = args
-    _CONNECTION["timeout_s"] = getattr(args, "timeout", None)  # (checked when a command connects, as TLS)
+    _CONNECTION["timeout"] = getattr(args, "timeout", None)  # the flag as given: checked when a command connects (as TLS)
     _CONNECTION["token_file"] = getattr(args, "admin_token_file", None) or os.environ.get("CAPCTL_ADMIN_TOKEN_FILE") or None
 
 
@@ -149,7 +149,7 @@ def admin_client(address: str | None = None) -> Iterator[AdminClient]:
         CapctlError subclasses (see :func:`coordinator.client.map_rpc_error`) for gRPC failures.
     """
     target = coordinator_address(address)
-    flag = _CONNECTION["timeout_s"]
+    flag = _CONNECTION["timeout"]
     deadline_s = (timeout_s(flag) if flag is not None
                   else timeout_s(os.environ.get("CAPCTL_TIMEOUT_S") or None, "$CAPCTL_TIMEOUT_S"))
     client = AdminClient(target, timeout_s=deadline_s, channel=_channel(target, None))
