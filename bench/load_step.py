@@ -31,6 +31,7 @@ from tests.support.processes import Cluster  # noqa: E402
 
 RANGE_W = 500.0  # H100 limit constraints 200..700 W
 TOL_W = 0.01 * RANGE_W
+IDLE_LOAD_W = 80.0  # an idle GPU's demand before its job starts (``--job-start``)
 
 
 def reversals(caps: list[float]) -> int:
@@ -51,9 +52,14 @@ def settled_after(caps: list[float]) -> int:
     return k + 1
 
 
-def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_factors=(), continuous=False) -> dict:
+def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_factors=(), continuous=False,
+        job_start: bool = False, budget_tdp: float = 0.7) -> dict:
+    """The caps and 1 s power of every GPU at the middle of each interval after the step (see the
+    module docstring); ``job_start``: the step is the job's start (its GPUs idle before, 650 W demand
+    from the moment the job is bound) instead of a load change of a running job; ``budget_tdp``: the
+    cluster budget as a fraction of the GPUs' TDP (700 W each)."""
     kw = {"n1": {"seed": seed}, "n2": {"seed": seed + 1}}
-    with Cluster(workdir, {"n1": 4, "n2": 4}, budget_w=0.7 * 700.0 * 8, interval_s=interval_s,
+    with Cluster(workdir, {"n1": 4, "n2": 4}, budget_w=budget_tdp * 700.0 * 8, interval_s=interval_s,
                  lease_s=max(3.0, 4 * interval_s), sim_kwargs=kw) as cl:
         for j, sim in enumerate(cl.sims.values()):
             for i in range(4):
@@ -64,12 +70,21 @@ def run(workdir: Path, interval_s: float, intervals: int, seed: int, power_facto
                     sim.inject(i, "continuous_clock")
         with AdminClient(cl.coordinator.admin_address) as c:
             wait_for(lambda: len(c.status().nodes) == 2 and all(not n.stale for n in c.status().nodes), 30, "agents")
+            if job_start:  # idle GPUs (no job, light load) settle first
+                for sim in cl.sims.values():
+                    for i in range(4):
+                        sim.set_load(i, IDLE_LOAD_W)
+                time.sleep(6 * interval_s)
+                for sim in cl.sims.values():
+                    for i in range(4):
+                        sim.set_load(i, 650.0)
             assert cl.agent("n1").client().job_start("J", ["0", "1", "2", "3"]).ok
             assert cl.agent("n2").client().job_start("J", ["0", "1", "2", "3"]).ok
-            time.sleep(6 * interval_s)
-            for sim in cl.sims.values():
-                for i in range(4):
-                    sim.set_load(i, 650.0)
+            if not job_start:
+                time.sleep(6 * interval_s)
+                for sim in cl.sims.values():
+                    for i in range(4):
+                        sim.set_load(i, 650.0)
             t0 = time.monotonic()
             caps = {(n, i): [] for n in cl.sims for i in range(4)}
             power = {(n, i): [] for n in cl.sims for i in range(4)}
@@ -92,16 +107,23 @@ def main() -> int:
     ap.add_argument("--continuous", action="store_true",
                     help="a plant whose SM clock moves continuously with its cap (the simulated driver's "
                          "continuous_clock), not in 15 MHz steps")
+    ap.add_argument("--job-start", action="store_true",
+                    help="the step is a job's start: its GPUs idle (no job, light load) before, 650 W demand once "
+                         "the job is bound")
+    ap.add_argument("--budget-tdp", type=float, default=0.7,
+                    help="the cluster budget as a fraction of the 8 GPUs' TDP (default 0.7, the issue-12 setup)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        out = run(Path(d), args.interval_s, args.intervals, args.seed, args.power_factors, args.continuous)
+        out = run(Path(d), args.interval_s, args.intervals, args.seed, args.power_factors, args.continuous,
+                  args.job_start, args.budget_tdp)
     worst_rev = worst_settle = 0
     for key, caps in out["caps"].items():
         rev, settle = reversals(caps), settled_after(caps)
         worst_rev, worst_settle = max(worst_rev, rev), max(worst_settle, settle)
         print(f"{key[0]}/{key[1]}: caps {[round(c) for c in caps]} | 1 s power {[round(p) for p in out['power'][key]]}"
               f" | direction changes {rev}, settled after interval {settle}")
-    print(f"plant: {'continuous clock' if args.continuous else '15 MHz clock steps'}")
+    print(f"plant: {'continuous clock' if args.continuous else '15 MHz clock steps'}; step: "
+          f"{'the job starts (its GPUs idle before)' if args.job_start else 'load 300 -> 650 W of a running job'}")
     print(f"worst GPU: {worst_rev} direction changes, settled (within {TOL_W:g} W) after interval {worst_settle} "
           f"of {args.intervals} (goal: <= 1 and <= 5)")
     return 0

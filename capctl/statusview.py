@@ -64,6 +64,7 @@ def node_dict(n) -> dict:
         "last_report_age_s": _num(n.last_report_age_s),
         "simulated": bool(n.simulated),
         "never_reported": bool(n.never_reported),
+        "held_w": _num(n.held_w) or 0.0,
         "gpus": [gpu_dict(g) for g in n.gpus],
     }
 
@@ -208,7 +209,9 @@ def render_nodes_summary(d: dict) -> str:
         power = sum(1 for g in gpus if any(r in THROTTLE_POWER for r in g["clocks_event_reasons"]))
         jobs = sorted({j for g in gpus for j in g["job_id"].split(",") if j})
         if n.get("never_reported"):  # no agent has said hello: nothing of it is known
-            rows.append([n["name"], "NO AGENT", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+            held = n.get("held_w") or 0.0  # counted as its accounted watts (the most it may draw)
+            rows.append([n["name"], "NO AGENT", "-", "-", "-", f"{held:.0f}" if held > 0 else "-", "-", "-", "-", "-",
+                         "-"])
             continue
         rows.append([n["name"], "STALE" if n["stale"] else "ok", _f(n["last_report_age_s"], "{:.1f}"), str(len(gpus)),
                      f"{cap:.0f}", f"{enf:.0f}", _f(pwr), _f(max(temps) if temps else None, "{:.1f}"),
@@ -262,8 +265,10 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
              + (f" (live readings only: {stale} stale node{'s' if stale > 1 else ''} not in it)" if stale else ""))
     parts = [head, watts]
     if absent:  # none of their GPUs is known: each counted at the most it may draw
+        held_w = sum(n.get("held_w") or 0.0 for n in d["nodes"] if n.get("never_reported"))
         parts.append(f"no agent: {_hostlist(absent)} ({len(absent)} node{'s' if len(absent) > 1 else ''} of the "
-                     "policy never reported; each counted at the most it may draw until it reports)")
+                     f"policy never reported; {held_w:.0f} W held for {'them' if len(absent) > 1 else 'it'}, "
+                     "each counted at the most it may draw until it reports)")
     if d.get("ha"):
         ha = d["ha"]
         parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none known)'}, "

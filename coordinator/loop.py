@@ -1379,10 +1379,13 @@ def _add_unreported(st, snap: _Snapshot) -> None:
     """The nodes the policy lists whose agent never said hello to this coordinator, after the
     others (``never_reported``: stale, no GPUs, age NaN): before, ``capctl nodes`` left them out,
     so a node whose agent never started looked like a node that does not exist (found by a
-    review), and nothing said its GPUs count against no limit."""
+    review). ``held_w``: the watts counted for it (the inputs' ``reserved_w``, the most it may
+    draw), shown nowhere before but in an alert when a limit could not be met."""
     known = {node[0] for node in snap.nodes}
+    held = snap.inputs.reserved_w  # (allocation.unreported_reserve: node -> W counted for it)
     for name in sorted(set(snap.policy.domains.all_nodes()) - known):
-        st.nodes.add(name=name, stale=True, last_report_age_s=math.nan, never_reported=True)
+        st.nodes.add(name=name, stale=True, last_report_age_s=math.nan, never_reported=True,
+                     held_w=finite(held.get(name, 0.0), 0.0))
 
 
 def _add_node(st, tally: _Tally, snap: _Snapshot, node: tuple, ceil_of: dict) -> None:

@@ -560,7 +560,10 @@ class Registry:
             g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now
         seq = ack.seq
-        for idx, g in gpus.items():
+        # a plan's caps are pending only on the GPUs it named (Coordinator.send_plan; merging old
+        # entries keeps their seqs): those of ``sent_caps``; every GPU when it is not known
+        named = gpus.items() if sent_caps is None else [(i, gpus[i]) for i in sent_caps if i in gpus]
+        for idx, g in named:
             pending = g.pending
             if pending:  # (most GPUs of most plans: nothing sent, nothing to pop)
                 sent = pending.pop(seq, None)

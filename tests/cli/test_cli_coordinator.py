@@ -51,6 +51,8 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         assert [n["never_reported"] for n in d["nodes"]] == [False, False, True]
         n3 = d["nodes"][2]  # before: absent, as if the policy did not list it
         assert n3["stale"] and n3["gpus"] == [] and n3["last_report_age_s"] is None
+        # the watts held for it, before shown nowhere: 2 declared H100s x 700 W; none for a known node
+        assert n3["held_w"] == 1400.0 and [n["held_w"] for n in d["nodes"][:2]] == [0.0, 0.0]
         assert [j["job_id"] for j in d["jobs"]] == ["77"] and d["jobs"][0]["nodes"] == ["node1"]
         assert d["jobs"][0]["gpus"] == 2 and d["jobs"][0]["user"] == "dave"
         n1 = next(n for n in d["nodes"] if n["name"] == "node1")
@@ -59,8 +61,8 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
 
         code, out, _ = run(capsys, "status", "--coordinator", addr)
         assert code == 0 and "budget 2600 W" in out and "77" in out and "node2" in out
-        assert ("no agent: node3 (1 node of the policy never reported; each counted at the most it may draw until "
-                "it reports)") in out
+        assert ("no agent: node3 (1 node of the policy never reported; 1400 W held for it, each counted at the most "
+                "it may draw until it reports)") in out
         # node3 may be running at any cap: counted at 2 declared H100s x 700 W (docs/protocol.md)
         assert any("have not reported (node3)" in a and "each counted at 1400 W" in a for a in d["alerts"]), d["alerts"]
         assert d["allocated_w"] <= 2600.0 - 1400.0 + 1e-6
@@ -68,7 +70,9 @@ def test_cli_against_running_coordinator(tmp_path, capsys):
         code, out, _ = run(capsys, "nodes", "--coordinator", addr)
         assert code == 0 and out.count("node1") >= 3
         row = next(ln for ln in out.splitlines() if ln.startswith("node3"))
-        assert row.split()[:3] == ["node3", "NO", "AGENT"] and set(row.split()[3:]) == {"-"}, row
+        # (its accounted watts: the 1,400 W held for it; nothing else of it is known)
+        assert row.split()[:3] == ["node3", "NO", "AGENT"] and row.split()[6] == "1400", row
+        assert set(row.split()[3:6] + row.split()[7:]) == {"-"}, row
         code, out, _ = run(capsys, "jobs", "--json", "--coordinator", addr)
         assert code == 0 and [j["job_id"] for j in json.loads(out)["jobs"]] == ["77"]
         code, out, _ = run(capsys, "explain", "77", "--coordinator", addr)
