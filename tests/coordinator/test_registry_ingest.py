@@ -211,7 +211,8 @@ def test_telemetry_and_acks_equal_the_per_gpu_definitions():
                 for i in sent:
                     reg.nodes[name].gpus[i].pending[step] = 300.0 + 10 * i
             ack = pb.CapAck(seq=step, ok=True, gpus=[_gpu_message(rng, i) for i in rng.sample(range(9), 4)])
-            fast.on_ack(name, ack, None)
+            # the plan's caps as the coordinator knows them (only those GPUs visited), and unknown
+            fast.on_ack(name, ack, {i: 300.0 + 10 * i for i in sent})
             packed.on_ack(name, _packed(_packable(ack)), None)
             _reference_ack(ref, ref.nodes[name], ack, clock[0])
             _reference_ack(ref_p, ref_p.nodes[name], _packable(ack), clock[0])
