@@ -3,7 +3,8 @@
 - Boot (:meth:`AgentLoop.boot_safe_caps`): GPUs found at their default limit while a safe cap is
   known are moved to it before the agent reports ready.
 - Link callbacks: ``hello`` for each (re)connect, ``on_welcome`` (interval, safe caps),
-  ``on_plan`` (renew the lease, apply the caps decreases first, answer ``CapAck``).
+  ``on_plan`` (renew the lease, apply the caps decreases first, answer ``CapAck``; a plan that
+  arrived after its lease expiry renews nothing and only lowers caps).
 - Tick (every ``interval_s`` seconds, :meth:`AgentLoop.tick`): retry pending restores, apply the
   failsafe once when the lease has run out (caps only ever go down: min(current, safe cap)),
   reconcile drift, send telemetry. The coordinator's ``CapPlan.report_in_s`` moves the next tick so
@@ -22,7 +23,7 @@ from capctl import __version__, capstates, plancaps
 from capctl.errors import CapctlError
 from nodeagent import messages
 from nodeagent.core import AgentCore
-from nodeagent.lease import failsafe_caps, renewal_problem
+from nodeagent.lease import failsafe_caps, late_s, renewal_problem
 from nodeagent.link import LeaveCoordinator
 from nodeagent.reportclock import ReportClock
 
@@ -153,7 +154,9 @@ class AgentLoop(AgentCore):
         finite watts above 0 make ``ok`` false (a refused safe cap keeps the last one). A plan
         whose packed rows cannot be read (capctl.plancaps) is not taken at all (no lease renewal,
         no cap, no safe cap, its seq not recorded) and is answered ``ok`` false with the reason,
-        a hold too. Never raises for a bad cap or a failed write: they are reported in the ack."""
+        a hold too. A plan that arrived after its lease expiry (nodeagent.lease.late_s) is taken
+        only as far as it lowers GPUs (:meth:`_on_late_plan`), a hold too answered ``ok`` false.
+        Never raises for a bad cap or a failed write: they are reported in the ack."""
         received_mono = time.monotonic()
         with self.lock:
             refused = self.fence.admit(plan.term)
@@ -167,40 +170,114 @@ class AgentLoop(AgentCore):
                 # the coordinator logs why
                 log.warning("plan %d refused: %s", plan.seq, problem)
                 return messages.cap_ack(plan.seq, False, [], [problem], packed=self.packed_readings)
+            now_mono, now_unix = time.monotonic(), time.time()  # (after any wait for the lock)
+            late = late_s(plan.lease_expiry_s, now_unix)
+            if late is not None:
+                return self._on_late_plan(plan, caps, safe, late, now_mono, now_unix)
             if self.report_clock.advise(plan.report_in_s, received_mono, self.interval_s):
                 self.wake.set()  # the loop re-reads when its next report is due
-            self.plan_term = plan.term
-            self.lease.renew(plan.lease_s, plan.lease_expiry_s)
+            self.lease.renew(plan.lease_s, plan.lease_expiry_s, now_mono_s=now_mono, now_unix_s=now_unix)
             if plan.lease_s > 0:
                 self.lease_s = float(plan.lease_s)
-            before = dict(self.lease.safe_caps_w)
-            unknown = {i: v for i, v in safe.items() if i not in self.devices}
-            refused_safe = self.lease.set_safe_caps({i: v for i, v in safe.items() if i not in unknown})
-            safe_changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
+            errors: list[str] = []
+            safe_changed, safe_ok = self._take_safe_caps(plan.seq, safe, errors)
             if self.safe_mode:
                 log.info("lease renewed by plan %d: leaving the failsafe on GPUs %s", plan.seq, sorted(self.safe_mode))
                 self.safe_mode.clear()
-            errors: list[str] = [f"GPU {i}: safe cap {v!r} W refused" for i, v in refused_safe.items()]
-            errors += [f"GPU {i} does not exist on {self.node}: its safe cap not kept" for i in sorted(unknown)[:8]]
-            refused_safe.update(unknown)
-            if refused_safe:
-                log.warning("plan %d: %s (the last safe caps kept)", plan.seq, "; ".join(errors))
             self.dry_run_plans = bool(plan.dry_run)
             ok = self._apply_plan_caps(caps, plan.phase, errors) if not plan.dry_run and caps else True
-            ok = ok and not refused_safe
-            self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
-            self.stream_seq = max(self.stream_seq, plan.seq)
-            if safe_changed or plan.seq % 20 == 0:  # the boot failsafe needs the latest safe caps
-                self.save_state()
+            self._took_plan(plan, safe_changed)
             if not caps:  # a hold: lease and safe caps only, no read-back (no NVML call)
                 return None
-            samples = self.backend.telemetry_all()
-            self.last_samples = samples
-            bound = self.bound_indices()
-            touched = caps.keys()
-            states = self.caps.states()
-            gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in touched]
-        return messages.cap_ack(plan.seq, ok, gpus, errors, packed=self.packed_readings)
+            return self._ack_with_read_back(plan.seq, ok and safe_ok, caps, errors)
+
+    def _on_late_plan(self, plan, caps: dict[int, float], safe: dict[int, float], late: float,
+                      now_mono_s: float, now_unix_s: float):
+        """A plan that arrived ``late`` s after its lease expiry (queued while the agent was stopped,
+        a stream held up; ``now_*_s``: its receipt, monotonic and Unix s): it renews no lease (one
+        still held ends now: the failsafe applies at the next tick) and does not take the GPUs out of
+        the failsafe; of its caps only those below the GPU's limit, desired cap and allowance are
+        applied (none in a dry run), of its safe caps only those below the last ones; its report
+        advice is not followed. A raise written now would stay until the failsafe's
+        min(current, safe cap) and could leave the GPU above what it had (405 W over 397 W after a
+        SIGSTOP past the lease). Returns its ``CapAck``, ``ok`` false with why (a hold too, without
+        read-back); its seq is recorded (a replay of it is refused)."""
+        self.lease.renew(plan.lease_s, plan.lease_expiry_s, now_mono_s=now_mono_s, now_unix_s=now_unix_s)
+        errors: list[str] = []
+        safe_changed, _ = self._take_safe_caps(plan.seq, safe, errors, only_lower=True)
+        lowered, kept = self._late_decreases(caps) if not plan.dry_run else ({}, sorted(caps))
+        parts = [f"GPUs {sorted(lowered)} lowered"] if lowered else []
+        parts += [f"GPUs {kept} kept at their limits"] if kept else []
+        why = (f"plan {plan.seq} arrived {late:.1f} s after its lease expiry: only its decreases applied"
+               + (f" ({'; '.join(parts)})" if parts else "") + ", the lease not renewed")
+        log.warning("%s%s", why, "" if self.lease.expired_applied else "; the failsafe applies at the next tick")
+        errors.insert(0, why)
+        invalid = {i: c for i, c in caps.items() if i not in lowered and i not in kept and not plan.dry_run}
+        self._apply_plan_caps({**lowered, **invalid}, PHASE_DECREASE, errors)  # (invalid: refused with why)
+        self._took_plan(plan, safe_changed)
+        if not caps:
+            return messages.cap_ack(plan.seq, False, [], errors, packed=self.packed_readings)
+        return self._ack_with_read_back(plan.seq, False, caps, errors)
+
+    def _late_decreases(self, caps: dict[int, float]) -> tuple[dict[int, float], list[int]]:
+        """Split a late plan's ``caps`` (index -> W): those it may apply, below the GPU's limit, its
+        desired cap and its allowance (compared clamped, as they would be written), and the indices
+        of the others (a raise, no change, or a limit that cannot be read), kept where they are.
+        Unknown GPUs and caps that are no watts above 0 are in neither (refused with their reason
+        by :meth:`_apply_plan_caps`)."""
+        lowered: dict[int, float] = {}
+        kept: list[int] = []
+        for index, cap_w in sorted(caps.items()):
+            if index not in self.devices or not math.isfinite(cap_w) or cap_w <= 0:
+                continue
+            try:
+                ceiling = self.backend.get_cap_w(index)
+            except CapctlError:
+                kept.append(index)
+                continue
+            known = [v for v in (self.desired_w.get(index), self.allowed_w.get(index)) if v is not None]
+            if self._clamp(index, cap_w) < min([ceiling, *known]):
+                lowered[index] = cap_w
+            else:
+                kept.append(index)
+        return lowered, kept
+
+    def _take_safe_caps(self, seq: int, safe: dict[int, float], errors: list[str],
+                        only_lower: bool = False) -> tuple[bool, bool]:
+        """Take plan ``seq``'s safe caps (index -> W; ``only_lower``: only those below the last
+        ones, :meth:`nodeagent.lease.Lease.set_safe_caps`); append a line per refused one (no finite
+        watts above 0, a GPU this node does not have) to ``errors``. Returns (a safe cap changed by
+        more than 1 W, none refused)."""
+        before = dict(self.lease.safe_caps_w)
+        unknown = {i: v for i, v in safe.items() if i not in self.devices}
+        refused = self.lease.set_safe_caps({i: v for i, v in safe.items() if i not in unknown},
+                                           only_lower=only_lower)
+        changed = any(abs(before.get(i, -1e9) - v) > 1.0 for i, v in self.lease.safe_caps_w.items())
+        lines = [f"GPU {i}: safe cap {v!r} W refused" for i, v in refused.items()]
+        lines += [f"GPU {i} does not exist on {self.node}: its safe cap not kept" for i in sorted(unknown)[:8]]
+        if lines:
+            log.warning("plan %d: %s (the last safe caps kept)", seq, "; ".join(lines))
+        errors += lines
+        return changed, not lines
+
+    def _took_plan(self, plan, safe_changed: bool) -> None:
+        """Record that ``plan`` was taken (its term and seq), and save the state when its safe caps
+        changed (the boot failsafe needs the latest) or every 20th plan."""
+        self.plan_term = plan.term
+        self.last_plan_seq = max(self.last_plan_seq, plan.seq) if plan.seq else self.last_plan_seq
+        self.stream_seq = max(self.stream_seq, plan.seq)
+        if safe_changed or plan.seq % 20 == 0:
+            self.save_state()
+
+    def _ack_with_read_back(self, seq: int, ok: bool, caps: dict[int, float], errors: list[str]):
+        """The ``CapAck`` of plan ``seq`` with the read-back of the GPUs its ``caps`` named (one
+        NVML read of every GPU), ``ok`` and ``errors`` as given."""
+        samples = self.backend.telemetry_all()
+        self.last_samples = samples
+        bound = self.bound_indices()
+        states = self.caps.states()
+        gpus = [self._gpu_telemetry(s, bound, states) for s in samples if s.index in caps]
+        return messages.cap_ack(seq, ok, gpus, errors, packed=self.packed_readings)
 
     def _order_problem(self, plan) -> str:
         """Why ``plan`` may not be taken on this stream ("" when it may): a phase the protocol
