@@ -47,6 +47,10 @@ REPLACED_WINDOW_S = 60.0
 REPLACED_MAX = 3
 """More than ``REPLACED_MAX`` replacements of a node's open stream within ``REPLACED_WINDOW_S``
 seconds raise the "two agents claim node X?" alert (an agent restart replaces it once)."""
+CLOCK_AHEAD_ALERT_FRACTION = 0.5
+"""A node whose agent's clock is ahead of the coordinator's lease clock by this fraction of the
+lease or more is named in an alert (:func:`watch_alerts`): at a whole lease every plan arrives after
+its expiry (nodeagent.lease.late_s); half leaves room for transit and jitter before that."""
 
 
 # -- observations ------------------------------------------------------------------------------
@@ -95,6 +99,9 @@ class Problem:
     inputs: allocation.SolveInputs = dataclasses.field(compare=False)
     node_gpus: Mapping[str, int] = dataclasses.field(default_factory=dict)
     replacements: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    clock_ahead: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Node -> (s its agent's clock is ahead of the coordinator's lease clock, the lease s), the
+    nodes at or above :data:`CLOCK_AHEAD_ALERT_FRACTION` of the lease (coordinator.observe.clocks_ahead)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +187,8 @@ class Decision:
 
 
 # -- stage 1 -----------------------------------------------------------------------------------
-def watch_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str, int]) -> dict:
+def watch_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str, int],
+                 clock_ahead: Mapping[str, tuple[float, float]] | None = None) -> dict:
     """Configuration alerts, ``(kind, node) -> text``, in a stable order:
 
     * a node with GPUs that the policy's domain tree does not list: placed under the root
@@ -188,8 +196,28 @@ def watch_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str
       PDU/rack limit it may really be under;
     * a node whose open stream was replaced more than :data:`REPLACED_MAX` times within
       :data:`REPLACED_WINDOW_S` seconds: two agents (two hosts, or a copied ``--node``) claiming
-      the same node take its stream in turns.
+      the same node take its stream in turns;
+    * a node whose agent's clock is ahead of the coordinator's lease clock by half the lease or
+      more (``clock_ahead``: node -> (s ahead, lease s)): a plan's lease expiry is a Unix time of
+      the coordinator's clock, so from a whole lease ahead every plan reaches the agent after its
+      expiry and is taken only where it lowers a GPU (docs/protocol.md, "Leases and failsafe"):
+      its GPUs stay at their failsafe caps.
     """
+    found = _config_alerts(policy, node_gpus, replacements)
+    for name, (ahead_s, lease_s) in sorted((clock_ahead or {}).items()):
+        late = ahead_s >= lease_s
+        found[("clock", name)] = (
+            f"node {name}: its clock is {ahead_s:.1f} s ahead of the coordinator's (lease {lease_s:g} s): "
+            + ("every plan reaches its agent after its lease expiry: only decreases are applied and its GPUs stay "
+               "at their failsafe caps" if late else
+               f"a plan delayed by more than {lease_s - ahead_s:.1f} s reaches its agent after its lease expiry "
+               "(only its decreases applied)")
+            + " — synchronize the clocks of the coordinator's host and the node (NTP)")
+    return found
+
+
+def _config_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str, int]) -> dict:
+    """The unlisted-node and replaced-stream alerts of :func:`watch_alerts`."""
     listed = set(policy.domains.all_nodes())
     found: dict = {}
     for name in sorted(node_gpus):
@@ -208,7 +236,7 @@ def solve(problem: Problem) -> Solution:
     """Stage 1: solve ``problem`` (any thread). A malformed problem (ValueError, ArithmeticError
     from the allocator) is not raised: the solution then holds every GPU at its accounted cap
     (W) and says why in ``error`` and ``alerts``."""
-    watch = tuple(watch_alerts(problem.policy, problem.node_gpus, problem.replacements).items())
+    watch = tuple(watch_alerts(problem.policy, problem.node_gpus, problem.replacements, problem.clock_ahead).items())
     alerts = [text for _, text in watch]
     inputs = problem.inputs
     try:

@@ -74,6 +74,9 @@ _DATA_LOST = ("etcd lost its data? agent {node} had seen coordinator term {seen}
               "the budget in force is {budget:g} W (set it again, or reload the policy, to clear this alert)")
 """The persistent alert of a leader that learns from an agent's hello that etcd lost its data (a
 budget an admin had lowered then reverts to the policy file's without a word; found by a try-out)."""
+ACK_WARN_EVERY_S = 60.0
+"""At most one log line per node per this many seconds for acknowledgements that say their plan
+was not fully applied (:meth:`Coordinator._warn_ack`)."""
 GC_THRESHOLDS = (20000, 10, 100)
 """Garbage collector thresholds (gen0, gen1, gen2) while the loop runs (see Coordinator.run)."""
 MIN_TICK_SPACING = 0.2
@@ -166,6 +169,7 @@ class Coordinator:
         self.tick_count = 0
         self._start_clock = self.registry.clock()  # start of the startup hold (see _unreported_policy_nodes)
         self._warned: set = set()  # keys of the watch alerts already logged (see _watch_alerts)
+        self._ack_warned: dict = {}  # node -> (last failed ack logged, registry clock s; not logged since) (_warn_ack)
         self.ha = None  # coordinator.election.Leadership when coordinators run in HA on etcd (daemon)
         self._fresh_streams: set = set()  # HA: nodes whose first telemetry on a new stream wakes the loop
 
@@ -502,11 +506,24 @@ class Coordinator:
             if self.metrics is not None:
                 self.metrics.observe_ack(now - sent[0], now - sent[3] if sent[3] > -1e17 else None)
         if not ack.ok:
-            log.warning("agent %s: plan %d not fully applied: %s", session.node, ack.seq,
-                        limits.printable(ack.error) or "no reason given")
+            self._warn_ack(session.node, ack, now)
         fut = session.waiters.pop(ack.seq, None)
         if fut is not None and not fut.done():
             fut.set_result(ack)
+
+    def _warn_ack(self, node: str, ack, now: float) -> None:
+        """Log a ``CapAck`` that says its plan was not fully applied: at most one line per node per
+        :data:`ACK_WARN_EVERY_S` (s, registry clock), with how many were not logged since (a node
+        whose every plan fails, e.g. plans arriving after their lease expiry on a skewed clock,
+        wrote one line per interval for ever)."""
+        last, quiet = self._ack_warned.get(node, (-math.inf, 0))
+        if now - last < ACK_WARN_EVERY_S:
+            self._ack_warned[node] = (last, quiet + 1)
+            return
+        self._ack_warned[node] = (now, 0)
+        more = f" ({quiet} more such acknowledgement(s) of this node not logged since)" if quiet else ""
+        log.warning("agent %s: plan %d not fully applied: %s%s", node, ack.seq,
+                    limits.printable(ack.error) or "no reason given", more)
 
     def first_report(self, node: str) -> bool:
         """True once for a node's first telemetry on a new stream (HA only; see :meth:`attach`)."""
@@ -656,6 +673,15 @@ class Coordinator:
             pass
         finally:
             self._reports_in = None
+
+    def note_clock(self, node: str, timestamp_s: float) -> None:
+        """A valid ``NodeTelemetry`` of ``node`` sent at ``timestamp_s`` (its agent's wall clock,
+        Unix s; 0 or not finite: not known) arrived: how far that clock is ahead of the lease clock
+        (``NodeObs.clock_ahead_s``, the clock alert of :func:`coordinator.decide.watch_alerts`)."""
+        n = self.registry.nodes.get(node)
+        if n is not None:
+            ok = math.isfinite(timestamp_s) and timestamp_s > 0
+            n.clock_ahead_s = timestamp_s - self.lease_clock_s() if ok else math.nan
 
     def note_report(self, node: str) -> None:
         """A valid ``NodeTelemetry`` of ``node`` arrived (server.py): counted for the next snapshot."""
@@ -826,7 +852,8 @@ class Coordinator:
         """The configuration alerts of the registry at ``now`` (s) (:func:`coordinator.decide.watch_alerts`),
         each logged at WARNING once (again only after it cleared and came back)."""
         reg = self.registry
-        found = decide.watch_alerts(self.policy, observe.node_gpus(reg), reg.replacements(REPLACED_WINDOW_S, now))
+        found = decide.watch_alerts(self.policy, observe.node_gpus(reg), reg.replacements(REPLACED_WINDOW_S, now),
+                                    observe.clocks_ahead(reg, now, self.lease_s))
         self._note_watch(found)
         return list(found.values())
 

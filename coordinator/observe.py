@@ -26,7 +26,17 @@ def problem(registry, models, policy, now: float, lease_s: float, ack_memory_s: 
     facts of the configuration alerts. ``lease_s``, ``ack_memory_s``: s."""
     inputs = allocation.build_inputs(registry, models, policy, now, lease_s, ack_memory_s)
     return decide.Problem(policy=policy, inputs=inputs, node_gpus=node_gpus(registry),
-                          replacements=registry.replacements(decide.REPLACED_WINDOW_S, now))
+                          replacements=registry.replacements(decide.REPLACED_WINDOW_S, now),
+                          clock_ahead=clocks_ahead(registry, now, lease_s))
+
+
+def clocks_ahead(registry, now: float, lease_s: float) -> dict[str, tuple[float, float]]:
+    """Node -> (s its agent's clock is ahead of the lease clock, the lease s) of every node that
+    reported within the lease (``now``, s) with its clock ahead by at least
+    :data:`coordinator.decide.CLOCK_AHEAD_ALERT_FRACTION` of the lease (``NodeObs.clock_ahead_s``)."""
+    least = decide.CLOCK_AHEAD_ALERT_FRACTION * lease_s
+    return {name: (node.clock_ahead_s, lease_s) for name, node in registry.nodes.items()
+            if node.clock_ahead_s >= least and not node.stale(now, lease_s)}
 
 
 def node_states(registry, now: float, lease_s: float) -> tuple[decide.NodeState, ...]:

@@ -222,6 +222,10 @@ class NodeObs:
     """GPUs its agent no longer lists: UUID -> (W counted, since: mono s, index) (Registry._hello_gpus)."""
     throttle: NodeThrottle = dataclasses.field(default_factory=NodeThrottle)
     """Its GPUs' throttling over the last minute (:mod:`coordinator.throttle`; by GPU index)."""
+    clock_ahead_s: float = math.nan
+    """How far its agent's wall clock was ahead of the coordinator's lease clock at its latest
+    report (s: the report's ``timestamp_s`` less the lease clock at receipt, transit included;
+    negative: behind; NaN: not known). Set by the coordinator (:meth:`coordinator.loop.Coordinator.note_clock`)."""
 
     @property
     def connected(self) -> bool:

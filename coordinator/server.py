@@ -363,6 +363,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                     continue
                 coord.on_energy(session.node, tele)
                 coord.note_report(session.node)
+                coord.note_clock(session.node, tele.timestamp_s)
                 if coord.registry.on_telemetry(session.node, tele, rows) | coord.first_report(session.node):
                     coord.wake()  # a node's first readings (or its first report on a new HA stream): allocate it now
             elif kind == "ack":

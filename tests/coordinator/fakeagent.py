@@ -167,6 +167,7 @@ class FakeAgent:
         self.connects = 0
         self.last_plan_seq = 0
         self.silent = threading.Event()  # set: like SIGSTOP, no telemetry, plans neither applied nor acked
+        self.clock_offset_s = 0.0  # its reports' timestamp_s: the host's wall clock plus this (a skewed node clock)
         # report timing (docs/protocol.md): with follow_advice, reports go out when the latest
         # CapPlan.report_in_s says, then every interval, as the real agent's (nodeagent/reportclock.py)
         self.follow_advice = follow_advice
@@ -267,7 +268,8 @@ class FakeAgent:
         if q is None or self.silent.is_set():
             return
         with self.lock:
-            msg = pb.NodeTelemetry(node=self.node, timestamp_s=time.time(), seq=int(time.monotonic() * 1000),
+            msg = pb.NodeTelemetry(node=self.node, timestamp_s=time.time() + self.clock_offset_s,
+                                   seq=int(time.monotonic() * 1000),
                                    gpus=[g.telemetry(self._job_of(i)) for i, g in sorted(self.gpus.items())])
             self.reports.append((msg.timestamp_s, time.monotonic()))
         q.put(pb.AgentMessage(telemetry=msg))

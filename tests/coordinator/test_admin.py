@@ -37,7 +37,40 @@ def cluster(tmp_path, start_coordinator, agents):
     agents[0].start_job("J1", [0, 1, 2, 3])
     agents[1].start_job("J2", [0, 1])
     wait_for(lambda: len(coord.client().status().jobs) == 2, 10, "jobs visible")
+    coord.fake_agents = list(agents)
     return coord, policy, ledger
+
+
+def test_a_node_whose_clock_is_ahead_by_the_lease_is_named_in_an_alert(cluster):
+    """A plan's lease expiry is a Unix time of the coordinator's clock: an agent whose clock is a
+    whole lease (2 s here) ahead takes every plan as arrived after its expiry (only decreases,
+    failsafe caps: nodeagent.lease.late_s). The coordinator names the node and the skew; a node
+    whose clock agrees is not named, and the alert goes once the clock is right."""
+    coord, _, _ = cluster
+    agents = cluster_agents(cluster)
+    agents["n1"].clock_offset_s = 5.0
+    with coord.client() as c:
+        def with_alert():
+            st = c.status()
+            return st if any("node n1: its clock is" in a for a in st.alerts) else None
+
+        st = wait_for(with_alert, 10, "the clock alert of n1")
+        alert = next(a for a in st.alerts if "node n1: its clock is" in a)
+        ahead = float(alert.split("its clock is ", 1)[1].split(" s ahead", 1)[0])
+        assert 4.5 <= ahead <= 5.5 and "(lease 2 s)" in alert, alert
+        assert "every plan reaches its agent after its lease expiry" in alert and "NTP" in alert, alert
+        assert not any("node n2: its clock" in a for a in st.alerts), st.alerts
+        agents["n1"].clock_offset_s = 1.5  # within the lease: a delayed plan would be late
+        wait_for(lambda: any("node n1: its clock is" in a and "a plan delayed by more than" in a
+                             for a in c.status().alerts), 10, "the alert of a clock 1.5 s ahead")
+        agents["n1"].clock_offset_s = 0.0
+        wait_for(lambda: not any("its clock is" in a for a in c.status().alerts), 10, "the clock alert gone")
+
+
+def cluster_agents(cluster) -> dict:
+    """The fake agents of the ``cluster`` fixture by node name (they are its ``agents`` list)."""
+    coord = cluster[0]
+    return {a.node: a for a in coord.fake_agents}
 
 
 def test_status_explain_and_admin_identity(cluster):

@@ -278,3 +278,54 @@ def test_a_ledger_node_not_reported_yet_shows_no_age_and_an_alert_that_says_so()
     ages = [s for fam in ViewCollector(coord).collect() if fam.name == "capctl_agent_staleness_seconds"
             for s in fam.samples]
     assert [s.labels["node"] for s in ages] == ["node1"]
+
+
+def test_failed_acks_are_logged_once_a_minute_per_node_with_the_count_left_out(caplog):
+    """A node whose every plan fails (plans reaching a skewed agent after their lease expiry: one
+    ``ok`` false ack per interval) wrote one warning per interval for ever; now at most one per node
+    per ACK_WARN_EVERY_S, the next one saying how many were not logged. The alert names the node."""
+    from coordinator.loop import ACK_WARN_EVERY_S
+
+    coord = _coordinator()
+    now = [100.0]
+    coord.registry.clock = lambda: now[0]
+    sessions = {}
+    for node in ("node1", "node2"):
+        s = sessions[node] = Recording()
+        s.node = node
+        coord.registry.on_hello(hello(node), s)
+    caplog.set_level(logging.WARNING, logger="capctl.coordinator")
+    for k in range(30):  # one failed ack of each node per 2 s interval
+        for node, s in sessions.items():
+            coord.on_ack(s, pb.CapAck(seq=k + 1, ok=False, error=f"plan {k + 1} arrived 3.0 s after its lease expiry"))
+        now[0] += 2.0
+    lines = [r.getMessage() for r in caplog.records if "not fully applied" in r.getMessage()]
+    per_node = {n: [ln for ln in lines if f"agent {n}:" in ln] for n in sessions}
+    assert ACK_WARN_EVERY_S == 60.0 and all(len(v) == 1 for v in per_node.values()), per_node
+    now[0] += ACK_WARN_EVERY_S
+    coord.on_ack(sessions["node1"], pb.CapAck(seq=99, ok=False, error="GPU 0: set failed"))
+    last = [r.getMessage() for r in caplog.records if "not fully applied" in r.getMessage()][-1]
+    assert "agent node1: plan 99 not fully applied: GPU 0: set failed (29 more" in last, last
+
+
+def test_clock_alert_thresholds():
+    """The clock alert (decide.watch_alerts): none below half the lease, a warning about delayed
+    plans from half, every plan late from a whole lease."""
+    from coordinator import decide, observe
+
+    coord = _coordinator()
+    reg = coord.registry
+    reg.on_hello(hello("node1"), Session())
+    node = reg.nodes["node1"]
+
+    def text(ahead_s):
+        node.clock_ahead_s = ahead_s
+        return decide.watch_alerts(coord.policy, {"node1": 2}, {}, observe.clocks_ahead(reg, reg.clock(), 10.0))
+
+    assert text(4.9) == {} and text(-30.0) == {} and text(math.nan) == {}  # (behind: no plan is late)
+    node.clock_ahead_s = 12.0
+    assert observe.clocks_ahead(reg, reg.clock(), 10.0) == {"node1": (12.0, 10.0)}
+    assert observe.clocks_ahead(reg, reg.clock() + 11.0, 10.0) == {}  # (a stale node: its last skew not shown)
+    half = text(5.0)[("clock", "node1")]
+    assert "5.0 s ahead of the coordinator's (lease 10 s)" in half and "delayed by more than 5.0 s" in half
+    assert "every plan reaches its agent after its lease expiry" in text(12.0)[("clock", "node1")]
