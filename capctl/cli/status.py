@@ -56,9 +56,24 @@ WATCH_MIN_INTERVAL_S = 0.2
 """Lower bound of ``--watch-interval-s`` (each refresh is three RPCs' worth of rendering)."""
 
 
+WATCH_DEFAULT_INTERVAL_S = 2.0
+"""``--watch-interval-s`` when not given."""
+
+
+def _watch_options(args) -> None:
+    """Refuse ``--watch-interval-s`` without ``--watch`` (it was ignored without a word: a review),
+    and fill in its default."""
+    if args.watch_interval_s is not None and not args.watch:
+        raise UserInputError(f"--watch-interval-s {args.watch_interval_s:g}: only with --watch (it sets how often "
+                             f"--watch refreshes); add --watch, or leave it out for one status")
+    if args.watch_interval_s is None:
+        args.watch_interval_s = WATCH_DEFAULT_INTERVAL_S
+
+
 def cmd_status(args) -> int:
     if args.hottest < 0:
         raise UserInputError(f"--hottest {args.hottest}: give a count >= 0 (0: none)")
+    _watch_options(args)
     if not args.watch:
         d = fetch_status(args.coordinator)
         _emit(d) if args.json else print(render_status(d, hottest=args.hottest))
@@ -221,7 +236,8 @@ def register(subparsers) -> None:
                               description="Cluster status from the coordinator. --json: docs/status-schema.json.")
     _common(p)
     p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
-    p.add_argument("--watch-interval-s", type=float, default=2.0, help="refresh period for --watch, seconds")
+    p.add_argument("--watch-interval-s", metavar="S", type=float, default=None,
+                   help="refresh period for --watch, seconds (0.2..3600, default 2; only with --watch)")
     p.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # bounded --watch (tests)
     p.add_argument("--hottest", type=int, default=5, help="how many hottest GPUs to list (0: none)")
     p.set_defaults(func=cmd_status)

@@ -27,8 +27,47 @@ KNOWN_DEVICE_LIMITS_W: Mapping[str, tuple[float, float]] = {
 """GPU model -> (minimum cap, maximum cap) in watts, from NVML limit constraints (see module doc)."""
 
 
+KNOWN_NVML_NAMES: Mapping[str, str] = {
+    "NVIDIA H100 80GB HBM3": "H100-SXM",
+    "NVIDIA H200": "H200",
+    "NVIDIA A100-SXM4-80GB": "A100-SXM4",
+    "Tesla V100-SXM2-32GB": "V100-SXM2",
+    "NVIDIA A40": "A40",
+}
+"""What ``nvmlDeviceGetName`` (``nvidia-smi --query-gpu=name``) reports for these boards -> the
+model of :data:`KNOWN_DEVICE_LIMITS_W` (the simulated driver reports the same names)."""
+
+
 def _norm(model: str) -> str:
-    return "".join(ch for ch in model.upper() if ch.isalnum())
+    return "".join(ch for ch in str(model).upper() if ch.isalnum())
+
+
+def canonical_model(model: str) -> str | None:
+    """The :data:`KNOWN_DEVICE_LIMITS_W` model ``model`` names, or None: a model's name or its NVML
+    name (:data:`KNOWN_NVML_NAMES`), ignoring case and punctuation (``h100_sxm``, ``H100 SXM`` and
+    ``NVIDIA H100 80GB HBM3`` are ``H100-SXM``; ``H100`` is none: the PCIe and NVL boards have
+    other limits)."""
+    key = _norm(model)
+    for name in KNOWN_DEVICE_LIMITS_W:
+        if _norm(name) == key:
+            return name
+    for nvml_name, name in KNOWN_NVML_NAMES.items():
+        if _norm(nvml_name) == key:
+            return name
+    return None
+
+
+def model_suggestion(model: str) -> str | None:
+    """The known model the unknown ``model`` may mean, or None: one whose name begins with it or it
+    begins with (``H100`` or ``H100-SXM5``: ``H100-SXM``), vendor prefix aside; never another
+    board's name that is merely similar (``B200`` is not ``H200``)."""
+    key = _norm(model)
+    for vendor in ("NVIDIA", "TESLA"):
+        key = key.removeprefix(vendor)
+    if len(key) < 3:
+        return None
+    hits = {name for name in KNOWN_DEVICE_LIMITS_W if _norm(name).startswith(key) or key.startswith(_norm(name))}
+    return hits.pop() if len(hits) == 1 else None
 
 
 def device_limits_w(
@@ -39,13 +78,14 @@ def device_limits_w(
     """Return ``(min_cap_w, max_cap_w)`` of ``model`` (either may be None when unknown).
 
     Caller-supplied maps win over :data:`KNOWN_DEVICE_LIMITS_W`. Model names match ignoring case
-    and punctuation (``h100_sxm`` == ``H100-SXM``).
+    and punctuation (``h100_sxm`` == ``H100-SXM``); a known model's NVML name names it too
+    (:func:`canonical_model`).
     """
     key = _norm(model)
     low = high = None
-    for name, (lo, hi) in KNOWN_DEVICE_LIMITS_W.items():
-        if _norm(name) == key:
-            low, high = lo, hi
+    known = canonical_model(model)
+    if known is not None:
+        low, high = KNOWN_DEVICE_LIMITS_W[known]
     for name, value in (device_min_cap_w or {}).items():
         if _norm(name) == key:
             low = float(value)

@@ -33,7 +33,7 @@ import jsonschema
 from capctl.addresses import check_address
 from capctl.errors import UserInputError
 from capctl.policy import model
-from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
+from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, KNOWN_NVML_NAMES, device_limits_w, model_suggestion
 from capctl.policy.minimums import minimum_w
 from capctl.policy.units import UNIT_NAMES, format_number, is_finite, split_unit_key, value_hint
 from capctl.policy.yamlpos import Positions, YamlInputError, dotted, load_with_positions, read_regular_file
@@ -85,11 +85,20 @@ def load_schema() -> dict:
     return json.loads(resources.files("capctl.policy").joinpath("schema.json").read_text(encoding="utf-8"))
 
 
+def _is_whole_number(_checker, instance) -> bool:
+    """JSON Schema's ``integer`` as the policy reads it: an int written without a decimal point
+    (``8``, never ``8.0``: JSON Schema counts 8.0 as an integer, and ``gpus_per_node: 8.0`` was
+    taken as 8 without a word while ``version: 1.0`` was refused; found by a review)."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
 @functools.cache
 def _validator() -> jsonschema.Draft202012Validator:
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    base = jsonschema.Draft202012Validator
+    strict = jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", _is_whole_number))
+    return strict(schema)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,6 +234,10 @@ def _type_message(err: jsonschema.ValidationError, name: str, unit: str | None, 
         text += f"; allowed: {', '.join(_show(a) for a in err.schema['enum'])}"
     elif isinstance(instance, (int, float)) and "string" in str(err.validator_value):
         text += f" (a number; quote it, \"{_show(instance)}\", if it is a name)"
+    elif isinstance(instance, float) and "integer" in str(err.validator_value) and instance.is_integer():
+        write = f"; write {int(instance)}" if abs(instance) < 1e15 else ""
+        text = (f"{name}: expected {_expected(err.validator_value, unit)}, got {instance!r} (written with a "
+                f"decimal point or an exponent{write})")
     return text
 
 
@@ -477,10 +490,13 @@ class _DomainBuilder:
         if "gpu_model" in raw_domain and gpu_model is not None:
             low, high = device_limits_w(gpu_model, self.device_min, self.device_max)
             if low is None and high is None:
+                guess = model_suggestion(gpu_model)
+                hint = f"; if these are {guess} boards, write gpu_model: {guess}" if guess else ""
                 self.diag.warn(
                     path + ("gpu_model",),
                     f"{dotted(path + ('gpu_model',))}: unknown GPU model {gpu_model!r}: device-limit checks skipped "
-                    f"(known: {', '.join(KNOWN_DEVICE_LIMITS_W)})",
+                    f"(known: {', '.join(KNOWN_DEVICE_LIMITS_W)}, also by their NVML names, e.g. "
+                    f"'{next(iter(KNOWN_NVML_NAMES))}'){hint}",
                 )
         return gpu_model
 

@@ -7,12 +7,12 @@ dicts/lists/scalars (with the safe loader's scalar rules) and records, for each 
 Bounds (a policy is small; anything bigger is an error, never a hang): at most
 :data:`MAX_NODES` YAML nodes after alias expansion and a nesting depth of :data:`MAX_DEPTH`.
 
-Numbers: YAML 1.1 (PyYAML) silently reads ``020000`` as octal (8192), ``1:30`` as base 60 (90) and
-``0x1000`` as hexadecimal, and ``2e4`` (no dot) as text. The loader here reads plain decimal
-integers and YAML 1.2 floats (``2e4``, ``1.5e3``, ``.5``, ``.inf``) and refuses a plain scalar
-that a person or another YAML version would read differently (a leading zero, base 60, a
-``0x``/``0o``/``0b`` prefix) with an error naming the key, the value as written and what to write.
-Quoted text is never a number. :func:`read_regular_file` reads the files these come from.
+Numbers: YAML 1.1 (PyYAML) silently reads ``020000`` as octal (8192), ``1:30`` as base 60 (90),
+``0x1000`` as hexadecimal and ``1_000`` as 1000 (YAML 1.2: the text "1_000"), and ``2e4`` (no dot)
+as text. The loader here reads plain decimal integers and YAML 1.2 floats (``2e4``, ``1.5e3``,
+``.5``, ``.inf``) and refuses a plain scalar that a person or another YAML version would read
+differently (a leading zero, base 60, a ``0x``/``0o``/``0b`` prefix, ``_`` between digits) with an
+error naming the key, the value as written and what to write. Quoted text is never a number. :func:`read_regular_file` reads the files these come from.
 """
 
 from __future__ import annotations
@@ -80,14 +80,17 @@ AMBIGUOUS_NUMBER_TAG = "tag:capctl,2024:ambiguous-number"
 _KEY = "\0key"
 """Path component under which a mapping key is built (keys are names: taken as written)."""
 
-_DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
-_DECIMAL_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
-    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+_DECIMAL_INT = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
+_DECIMAL_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9]+[eE][-+]?[0-9]+
     |[-+]?\.(?:inf|Inf|INF)
     |\.(?:nan|NaN|NAN))$""", re.X)
 _AMBIGUOUS_NUMBER = re.compile(r"""^[-+]?(?:0[0-9_]+
     |0[xXoObB][0-9a-fA-F_]+
-    |[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)$""", re.X)
+    |[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?
+    |(?=[0-9._]*_)(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?)$""", re.X)
+"""Plain scalars refused as numbers: a leading zero, a 0x/0o/0b prefix, base 60, and digits with
+``_`` separators (YAML 1.1 reads ``1_000`` as 1000, YAML 1.2 as the text "1_000")."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -115,7 +118,7 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, regex) for tag, regex in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(AMBIGUOUS_NUMBER_TAG, _AMBIGUOUS_NUMBER, list("-+0123456789"))
+_Loader.add_implicit_resolver(AMBIGUOUS_NUMBER_TAG, _AMBIGUOUS_NUMBER, list("-+0123456789."))
 _Loader.add_implicit_resolver(INT_TAG, _DECIMAL_INT, list("-+0123456789"))
 _Loader.add_implicit_resolver(FLOAT_TAG, _DECIMAL_FLOAT, list("-+0123456789."))
 
@@ -144,6 +147,10 @@ def _meant(text: str) -> tuple[str, float | None]:
         if digits[1:2].isalpha():
             names = {"x": "a hexadecimal", "o": "an octal", "b": "a binary"}
             return f"{names[digits[1].lower()]} number ({digits[:2]} prefix)", sign * int(digits, 0)
+        if "_" in text and not (digits[:1] == "0" and digits[1:2].isdigit()):
+            value = sign * (int(digits) if digits.isdigit() else float(digits))
+            why = f"YAML 1.1 reads {text} as {format_number(value)}, YAML 1.2 as text (no _ in YAML 1.2 numbers)"
+            return why, value
         decimal = sign * int(digits)
         if set(digits) <= set("01234567"):
             read = f"a leading 0 as octal ({format_number(sign * int(digits, 8))})"
@@ -263,29 +270,63 @@ def _build(loader, node, path, positions, counter, active, depth):
                 for i, item in enumerate(node.value)
             ]
         if isinstance(node, yaml.MappingNode):
-            try:
-                loader.flatten_mapping(node)  # YAML merge keys (<<)
-            except yaml.YAMLError as err:
-                raise YamlInputError(f"bad merge key: {getattr(err, 'problem', None) or err}", *_mark(node)) from None
             result: dict = {}
-            seen: dict = {}
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise YamlInputError("mapping keys must be plain names", *_mark(key_node))
+            for key_node, value_node in _merged_pairs(node, active):
                 key = _build(loader, key_node, path + (_KEY,), Positions(), counter, active, depth + 1)
                 if not isinstance(key, str):
                     # YAML reads `1:`, `true:`, `null:` as non-strings; policy keys are names.
                     key = key_node.value
-                if key in seen:
-                    line, col = seen[key]
-                    raise YamlInputError(f"duplicate key {key!r} (first at line {line}, col {col})", *_mark(key_node))
-                seen[key] = _mark(key_node)
+                if key in result:
+                    continue  # a merged key (<<) the mapping's own keys or an earlier merged mapping gave
                 positions.keys[path + (key,)] = _mark(key_node)
                 result[key] = _build(loader, value_node, path + (key,), positions, counter, active, depth + 1)
             return result
     finally:
         active.discard(id(node))
     raise YamlInputError(f"unsupported YAML node {type(node).__name__}", *_mark(node))
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+
+
+def _merged_pairs(node: yaml.MappingNode, active: set) -> list:
+    """The (key node, value node) pairs of mapping ``node`` with its merge key (``<<: *name`` or
+    ``<<: [*a, *b]``) resolved, in precedence order: the mapping's own keys, then each merged
+    mapping's (its own merges resolved the same way), the first mapping listed first. A key that
+    comes again later is overridden (the caller keeps the first), as YAML's merge says.
+
+    Raises :class:`YamlInputError`: a key written twice in one mapping (``<<`` too), a merge of
+    something other than mappings, a mapping merging itself. (PyYAML's ``flatten_mapping`` put the
+    merged keys first, so every key the mapping overrode was called a duplicate: found by a review.)"""
+    own, sources, seen = [], [], {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise YamlInputError("mapping keys must be plain names", *_mark(key_node))
+        text = "<<" if key_node.tag == MERGE_TAG else key_node.value
+        if text in seen:
+            line, col = seen[text]
+            raise YamlInputError(f"duplicate key {text!r} (first at line {line}, col {col})", *_mark(key_node))
+        seen[text] = _mark(key_node)
+        if key_node.tag != MERGE_TAG:
+            if key_node.tag == _VALUE_TAG:
+                key_node.tag = "tag:yaml.org,2002:str"  # (as PyYAML's flatten_mapping: '=' is a name)
+            own.append((key_node, value_node))
+            continue
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                raise YamlInputError("bad merge key: << takes a mapping or a list of mappings (<<: *name, "
+                                     "<<: [*a, *b])", *_mark(source))
+    for source in sources:
+        if id(source) in active:
+            raise YamlInputError("recursive YAML alias (a mapping merges itself)", *_mark(source))
+        active.add(id(source))
+        try:
+            own.extend(_merged_pairs(source, active))
+        finally:
+            active.discard(id(source))
+    return own
 
 
 class NotRegularFileError(OSError):

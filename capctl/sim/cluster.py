@@ -151,8 +151,8 @@ class _Reader:
         v = data[key]
         name = _dotted(path + (key,))
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if integer:
-            ok = ok and float(v).is_integer()
+        if integer:  # an int as written: 8.0 is refused, as in the policy (it was taken as 8: a review)
+            ok = ok and isinstance(v, int)
         rng = []
         show = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")  # (the seed's bound read 9.22337e+18)
         if lo is not None:
@@ -166,7 +166,7 @@ class _Reader:
         if ok and hi is not None and v > hi:
             ok = False
         if not ok:
-            self.err(path + (key,), f"{name}: {_show(v)} is invalid; allowed: {allowed}")
+            self.err(path + (key,), f"{name}: {_show(v)} is invalid; allowed: {allowed}{_whole_hint(v, integer)}")
             return default
         return int(v) if integer else float(v)
 
@@ -194,8 +194,26 @@ def _dotted(path: tuple) -> str:
 
 
 def _show(v) -> str:
+    """``v`` as a message shows it: YAML's words for null and booleans (not Python's None, True)."""
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v):
+        return "a list"
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _whole_hint(v, integer: bool = True) -> str:
+    """`` (write 8: ...)`` when ``v`` (or an item of the list ``v``) is a float with an integral
+    value where a whole number belongs, else ``""``."""
+    items = v if isinstance(v, list) else [v]
+    wrong = next((x for x in items if isinstance(x, float) and math.isfinite(x) and x.is_integer()), None)
+    if not integer or wrong is None:
+        return ""
+    got = f"{wrong!r} is " if isinstance(v, list) else ""
+    return f" ({got}written with a decimal point or an exponent; write {int(wrong)})"
 
 
 def _no_nodes(r, p: tuple, i: int, nodes_raw, nodes: list) -> None:
@@ -257,15 +275,25 @@ def _top_scalars(r: _Reader, top: dict, source: str) -> dict:
     step_s = r.number(top, (), "step_s", 1.0, lo=0.01, hi=60.0, unit="seconds")
     gpn = r.number(top, (), "gpus_per_node", 8, lo=1, hi=64, integer=True)
     inlet_update_s = r.number(top, (), "inlet_update_s", 60.0, lo=0.01, unit="seconds")
-    model = top.get("gpu_model", "H100-SXM")
-    try:
-        from capctl.simgpu.profiles import get as get_profile
-
-        model = get_profile(model).name if isinstance(model, str) else get_profile(str(model)).name
-    except UserInputError as exc:
-        r.err(("gpu_model",), f"gpu_model: {exc}")
+    model = _gpu_model(r, top.get("gpu_model", "H100-SXM"))
     return dict(name=name, seed=int(seed), duration_s=duration_s, step_s=step_s, gpu_model=model,
                 gpus_per_node=int(gpn), inlet_update_s=inlet_update_s)
+
+
+def _gpu_model(r: _Reader, model) -> str:
+    """The simulated driver's profile name of ``gpu_model`` (as written: ``model``), matched as the
+    policy matches it (:func:`capctl.policy.devices.canonical_model`: case and punctuation aside, or
+    the NVML name; ``h100_sxm`` was unknown here while the policy took it: a review). An unknown
+    model is an error in ``r`` listing the allowed names (``model`` kept as written)."""
+    from capctl.policy.devices import canonical_model, model_suggestion
+    from capctl.simgpu.profiles import get as get_profile
+
+    try:
+        return get_profile(canonical_model(model) or str(model)).name
+    except UserInputError as exc:
+        guess = model_suggestion(str(model))
+        r.err(("gpu_model",), f"gpu_model: {exc}" + (f" (did you mean {guess!r}?)" if guess else ""))
+        return model if isinstance(model, str) else str(model)
 
 
 def _racks(r: _Reader, top: dict) -> tuple[list[RackSpec], dict[str, str]]:
@@ -459,14 +487,30 @@ def _job_mix(r: _Reader, work: dict, gpn: int, n_gpus: int) -> JobMix:
     sizes = _job_sizes(r, jd, default_sizes, gpn, n_gpus)
     weights = jd.get("size_weights", [1.0] * len(sizes) if "sizes_gpus" in jd else
                      [w for s, w in zip(mix.sizes_gpus, mix.size_weights) if s in default_sizes] or [1.0])
-    if not (isinstance(weights, list) and len(weights) == len(sizes)
-            and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 and math.isfinite(w) for w in weights)):
-        r.err(jp + ("size_weights",), f"workload.jobs.size_weights: {_show(weights)} is invalid; allowed: "
-              f"{len(sizes)} positive numbers (one per size)")
-        weights = [1.0] * len(sizes)
+    weights = _size_weights(r, weights, len(sizes) if sizes else None)
     dur = r.pair(jd, jp, "duration_s", mix.duration_s, lo=1.0, hi=365 * 86400.0, unit="seconds")
     occ = r.number(jd, jp, "occupancy", mix.occupancy, lo=0, hi=1, lo_open=True)
-    return JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights), dur, occ)
+    return JobMix(tuple(int(s) for s in sizes), tuple(float(w) for w in weights[:len(sizes)]), dur, occ)
+
+
+SIZE_WEIGHT_RANGE = (1e-6, 1e6)
+"""Bounds of each ``workload.jobs.size_weights`` entry (relative frequencies): 1e308 summed to
+infinity and the draw failed with a traceback ("Probabilities do not sum to 1": a review)."""
+
+
+def _size_weights(r: _Reader, weights, count: int | None) -> list[float]:
+    """``workload.jobs.size_weights`` (``weights`` as read): one number per size, each within
+    :data:`SIZE_WEIGHT_RANGE`; ``count`` sizes (None when ``sizes_gpus`` was refused as empty: only
+    the values are checked). When invalid (an error in ``r``), equal weights."""
+    lo, hi = SIZE_WEIGHT_RANGE
+    good = isinstance(weights, list) and (count is None or len(weights) == count) and all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and lo <= w <= hi
+        for w in weights)
+    if not good:
+        many = f"{count} numbers (one per size)" if count is not None else "one number per size"
+        r.err(("workload", "jobs", "size_weights"), f"workload.jobs.size_weights: {_show(weights)} is invalid; "
+              f"allowed: {many}, each from {lo:g} to {hi:g}")
+    return [float(w) for w in weights] if good else [1.0] * (count or 1)
 
 
 def _job_sizes(r: _Reader, jd: dict, default_sizes: list[int], gpn: int, n_gpus: int) -> list[int]:
@@ -475,12 +519,16 @@ def _job_sizes(r: _Reader, jd: dict, default_sizes: list[int], gpn: int, n_gpus:
     sizes of one node as the file gave (so a matching ``size_weights`` draws no second error)."""
     mix = JobMix()
     sizes = jd.get("sizes_gpus", default_sizes)
-    if not (isinstance(sizes, list) and sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                                                          and gpn and s % gpn == 0 for s in sizes)):
+    if sizes == []:  # (it said "invalid", and size_weights then wanted 6 numbers: a review)
+        r.err(("workload", "jobs", "sizes_gpus"), f"workload.jobs.sizes_gpus: [] names no job size; allowed: a "
+              f"non-empty list of positive multiples of gpus_per_node ({gpn}), e.g. [{gpn}]")
+        return []
+    if not (isinstance(sizes, list) and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                            and gpn and s % gpn == 0 for s in sizes)):
         r.err(("workload", "jobs", "sizes_gpus"), f"workload.jobs.sizes_gpus: {_show(sizes)} is invalid; allowed: "
-              f"a list of positive multiples of gpus_per_node ({gpn})")
+              f"a list of positive multiples of gpus_per_node ({gpn}){_whole_hint(sizes)}")
         # keep the file's count for the weights' check (no knock-on error on a matching size_weights)
-        sizes = [gpn or 1] * len(sizes) if isinstance(sizes, list) and sizes else list(mix.sizes_gpus)
+        sizes = [gpn or 1] * len(sizes) if isinstance(sizes, list) else list(mix.sizes_gpus)
     elif sizes and max(sizes) > n_gpus > 0:
         r.err(("workload", "jobs", "sizes_gpus"), f"workload.jobs.sizes_gpus: {max(sizes)} GPUs is invalid; "
               f"allowed: at most the cluster's {n_gpus} GPUs")

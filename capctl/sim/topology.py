@@ -108,10 +108,13 @@ def _same_gpus(spec, policy) -> None:
     """Raise UserInputError when a domain of the policy names another GPU model or GPU count per
     node than the cluster file (the policy's checks, such as its sum of minimum caps, would be
     about other GPUs than the simulated ones)."""
+    from capctl.policy.devices import canonical_model
+
     for d in policy.domains.walk():
         for field, theirs, ours in (("gpu_model", d.gpu_model, spec.gpu_model),
                                     ("gpus_per_node", d.gpus_per_node, spec.gpus_per_node)):
-            if theirs is not None and theirs != ours:
+            same = theirs == ours or (field == "gpu_model" and canonical_model(theirs) == ours)
+            if theirs is not None and not same:
                 raise UserInputError(
                     f"{policy.source}: domain {d.name!r} {field} {theirs!r} does not match the cluster file "
                     f"{spec.source}: {field} {ours!r}; allowed: the cluster file's value, or leave it out")

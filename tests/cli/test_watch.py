@@ -56,6 +56,11 @@ def test_ctrl_c_after_good_refresh_exits_0(admin):  # noqa: F811
     (["--watch", "--watch-interval-s", "0.001"], "--watch-interval-s 0.001: allowed 0.2..3600 seconds"),
     (["--watch", "--watch-interval-s", "nan"], "--watch-interval-s nan: allowed 0.2..3600 seconds"),
     (["--hottest", "-3"], "--hottest -3: give a count >= 0 (0: none)"),
+    # without --watch it was ignored without a word, even out of its range (found by a review)
+    (["--watch-interval-s", "2"], "--watch-interval-s 2: only with --watch (it sets how often --watch refreshes); "
+                                  "add --watch, or leave it out for one status"),
+    (["--watch-interval-s", "0", "--json"], "--watch-interval-s 0: only with --watch (it sets how often --watch "
+                                            "refreshes); add --watch, or leave it out for one status"),
 ])
 def test_bad_watch_values(tmp_path, args, expect):
     r = subprocess.run([sys.executable, "-m", "capctl.cli.main", "status", *args, "--coordinator",

@@ -4,7 +4,7 @@ policy for H200 nodes validates (the model is known to capctl-simgpu and capctl 
 from __future__ import annotations
 
 from capctl.policy import load_policy
-from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, device_limits_w
+from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, KNOWN_NVML_NAMES, device_limits_w
 from capctl.simgpu.build import library_path
 from tests.conftest import require
 
@@ -15,6 +15,7 @@ def test_policy_device_table_matches_simgpu_profiles():
 
     sim = {p.name: (p.min_limit_w, p.max_limit_w) for p in profiles.PROFILES}
     assert dict(KNOWN_DEVICE_LIMITS_W) == sim
+    assert dict(KNOWN_NVML_NAMES) == {p.nvml_name: p.name for p in profiles.PROFILES}  # the names NVML reports
 
 
 def test_h200_policy_validates(tmp_path):

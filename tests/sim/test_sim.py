@@ -160,6 +160,26 @@ BAD_CLUSTERS = [
      "allowed: above its idle power"),
     ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\ngpus:\n  speed: fast\n", 5,
      "gpus.speed: 'fast' is invalid; allowed: physics, none or a mapping with keys mean_loss, max_loss"),
+    # found by a review: each of these below was taken without a word, said something else or raised
+    ("gpu_model: H100-SXM\ngpus_per_node: 8.0\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n", 2,
+     "gpus_per_node: 8.0 is invalid; allowed: an integer >= 1 and <= 64 (written with a decimal point or an "
+     "exponent; write 8)"),
+    ("gpu_model: H100-SXM\nseed: 7e0\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n", 2, "seed: 7.0 is invalid"),
+    ("gpu_model: H100-SXM\nduration_s: 1_000\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n", 2,
+     "duration_s: 1_000 is not allowed: YAML 1.1 reads 1_000 as 1000, YAML 1.2 as text"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  jobs:\n    sizes_gpus: [8.0, 16]\n",
+     6, "a list of positive multiples of gpus_per_node (8) (8.0 is written with a decimal point or an exponent; "
+        "write 8)"),
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  jobs:\n    sizes_gpus: []\n"
+     "    size_weights: [2, 1]\n", 6, "workload.jobs.sizes_gpus: [] names no job size; allowed: a non-empty list of "
+                                    "positive multiples of gpus_per_node (8), e.g. [8]\n"),  # (no "6 numbers")
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  jobs:\n    sizes_gpus: [8, 16]\n"
+     "    size_weights: [1e308, 1e308]\n", 7, "workload.jobs.size_weights: [1e+308, 1e+308] is invalid; allowed: 2 "
+                                           "numbers (one per size), each from 1e-06 to 1e+06"),  # (a traceback)
+    ("gpu_model: H100-SXM\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\nworkload:\n  jobs:\n", 5,
+     "workload.jobs: null is invalid; allowed: a mapping"),  # (it said None)
+    ("gpu_model: H100-SXM5\nracks:\n  - {name: r1, nodes: \"node[1-4]\"}\n", 1,
+     "allowed: H100-SXM, H200, A100-SXM4, V100-SXM2, A40 (did you mean 'H100-SXM'?)"),
 ]
 
 
@@ -186,6 +206,25 @@ def test_cluster_and_policy_must_describe_the_same_nodes(tmp_path, capsys):
     rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(path), "--duration", "10"])
     err = capsys.readouterr().err
     assert rc == 1 and "node 'gpu1' is in no domain" in err and "more)" not in err.split("no domain")[0], err
+
+
+@pytest.mark.parametrize("policy_model, cluster_model", [
+    ("h100_sxm", "H100-SXM"), ("H100-SXM", "h100 sxm"), ("NVIDIA H100 80GB HBM3", "nvidia h100 80gb hbm3"),
+])
+def test_a_gpu_model_is_read_alike_in_the_policy_and_the_cluster_file(tmp_path, capsys, policy_model, cluster_model):
+    """The policy took ``h100_sxm`` (case and punctuation aside) while the cluster file refused it as
+    unknown, and a policy's ``h100-sxm`` did "not match" the cluster file's ``H100-SXM`` (found by a
+    review): both read a model's name, or its NVML name, alike."""
+    require(library_path().is_file(), "simulated NVML library not built (run 'make build')")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(SMALL_POLICY.read_text().replace("gpu_model: H100-SXM", f"gpu_model: '{policy_model}'"))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(SMALL_CLUSTER.read_text().replace("gpu_model: H100-SXM", f"gpu_model: '{cluster_model}'"))
+    rc = main(["sim", "--policy", str(policy), "--cluster", str(cluster), "--duration", "5", "--policies", "uniform",
+               "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "", err
+    assert json.loads(out)["policies"]["uniform"]["throughput"] > 0
 
 
 def test_a_bad_size_list_is_one_error_not_two(tmp_path, capsys):
