@@ -939,6 +939,17 @@ def observed_binding(binding: str, c: InputColumns, s: int) -> str:
     return binding
 
 
+def values_at(values: dict, keys, default: float = 0.0) -> np.ndarray:
+    """[G] float: ``values[k]`` (W) of each key of ``keys`` (a GPU without one: ``default``). One
+    C-level pass when every key has a value (the solve's ``desired`` covers every GPU of its
+    inputs: measured 0.15 -> 0.04 us a GPU at 100,000), else a lookup with the default."""
+    n = len(keys)
+    try:
+        return np.fromiter(map(values.__getitem__, keys), float, n)
+    except KeyError:
+        return np.fromiter((values.get(k, default) for k in keys), float, n)
+
+
 def paced_split(inputs: SolveInputs, desired: dict) -> set:
     """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
     job, keeping a job's correction only when every limited domain stays within its limit (domain
@@ -950,7 +961,7 @@ def paced_split(inputs: SolveInputs, desired: dict) -> set:
     c = columns_of(inputs)
     n = len(limited)
     lims = np.array([lim for _, lim in limited], float)
-    d = np.fromiter((desired.get(k, 0.0) for k in c.keys), float, len(c.keys))
+    d = values_at(desired, c.keys)
     load = _domain_sums(levels, d, n)
     head = lims - load - LIMIT_SLACK_W
     # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move, without
@@ -1069,7 +1080,7 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     c = columns_of(inputs)
     keys = c.keys
     G = len(keys)
-    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, G)
+    d = values_at(desired, keys)
     # within its thermal ceiling (thermal_guard: a hot idle GPU is not raised; found by a review)
     t = np.where(c.idle_target_w > 0, np.minimum(c.idle_target_w, np.maximum(c.min_cap_w, c.thermal_ceiling_w)), 0.0)
     rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
@@ -1150,7 +1161,7 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
     rows = np.nonzero(jobs[c.job] & ~c.fixed & ~strag & c.paced)[0]
     if not rows.size:
         return
-    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, len(keys))
+    d = values_at(desired, keys)
     hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, np.where(np.isfinite(c.thermal_ceiling_w),
                                                                  c.thermal_ceiling_w, np.inf)))[rows]
     top = pacealign.step_top_w(c.pace[rows], c.pace_step[rows], c.draw_w[rows], c.pace_at_w[rows],
@@ -1206,7 +1217,7 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     rows = np.nonzero(ok)[0]
     if not rows.size:
         return
-    d = np.fromiter((desired.get(k, 0.0) for k in keys), float, len(keys))
+    d = values_at(desired, keys)
     ceiling = np.where(np.isnan(c.thermal_ceiling_w), np.inf, c.thermal_ceiling_w)  # (-inf: too hot, none)
     hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, ceiling))[rows]
     if inputs.slew_w is not None:  # the policy's largest change per interval, from the cap now

@@ -250,7 +250,7 @@ def solve(problem: Problem) -> Solution:
     alerts.extend(out.alerts)
     desired = out.desired_w
     keys = allocation.columns_of(inputs).keys
-    at = np.fromiter((desired.get(k, math.nan) for k in keys), float, len(keys))
+    at = allocation.values_at(desired, keys, math.nan)
     return Solution(desired, tuple(alerts), watch, out=out, desired_at=at)
 
 

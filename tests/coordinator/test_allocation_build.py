@@ -65,3 +65,15 @@ def test_batched_ceilings_equal_per_gpu_ceilings():
     got = ceilings_w(rows, 1.0, 5.0)
     for (temp, r, tau, inlet, slowdown), value in zip(rows, got):
         assert value == ceiling_w(temp, (r, tau, inlet), 1.0, slowdown, 5.0)
+
+
+def test_values_at_reads_every_key_and_falls_back_to_the_default():
+    import math
+
+    from coordinator.allocation import values_at
+
+    keys = [("n1", 0), ("n1", 1), ("n2", 0)]
+    assert values_at({k: float(i) for i, k in enumerate(keys)}, keys).tolist() == [0.0, 1.0, 2.0]
+    got = values_at({("n1", 1): 5.0}, keys, math.nan)  # (keys without a value: the default)
+    assert math.isnan(got[0]) and got[1] == 5.0 and math.isnan(got[2])
+    assert values_at({}, []).shape == (0,)
