@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/sim_compare.py [--cluster FILE] [--policy FILE] [--seed N] [--plot DIR]
     .venv/bin/python bench/sim_compare.py --matrix [--scenarios A,B] [--seeds S,S] [--duration S]
+    .venv/bin/python bench/sim_compare.py --spare [--all-cores]
 
 Default: runs examples/clusters/shared-64x8.yaml under examples/policies/shared-64x8.yaml with
 ``capctl sim``'s engine, pinned to one CPU core (issue 6's "under 60 s on one core"), prints the
@@ -132,6 +133,38 @@ def run_matrix(args) -> int:
     return 0
 
 
+SPARE_CASES = (("small-4x8", (7, 8, 9, 10)), ("shared-64x8", (None, 11, 12)), ("one-big-job-128x8", (None, 11, 12)))
+"""``--spare``: scenario (examples/clusters and examples/policies of that name) -> seeds (None: the file's)."""
+
+
+def spare_row(name: str, seed) -> dict:
+    """One ``--spare`` row: capctl with the example policy's ``spread_spare_watts`` false, then
+    true (docs/policy.md, "Spare watts"), against uniform and the oracle (run once, the flag is
+    capctl's): capctl/uniform, capctl/oracle and energy per GPU-step (J), each ``[off, on]``."""
+    from capctl.policy import load_policy
+    from capctl.sim.cluster import load_cluster
+    from capctl.sim.engine import build_scenario, run_policy
+
+    spec = load_cluster(ROOT / "examples" / "clusters" / f"{name}.yaml")
+    if seed is not None:
+        spec = replace(spec, seed=seed)
+    base = load_policy(ROOT / "examples" / "policies" / f"{name}.yaml")
+    scn = build_scenario(spec, replace(base, spread_spare_watts=False))
+    u, o = run_policy(scn, "uniform").throughput, run_policy(scn, "oracle").throughput
+    c = [run_policy(build_scenario(spec, replace(base, spread_spare_watts=on)), "capctl") for on in (False, True)]
+    return {"scenario": name, "seed": spec.seed, "capctl/uniform": [round(r.throughput / u, 4) for r in c],
+            "capctl/oracle": [round(r.throughput / o, 4) for r in c],
+            "energy_per_step_j": [round(r.energy_per_step_j, 1) for r in c]}
+
+
+def run_spare() -> int:
+    """``--spare``: the table of docs/policy.md "Spare watts"; one JSON line per row."""
+    for name, seeds in SPARE_CASES:
+        for seed in seeds:
+            print(json.dumps(spare_row(name, seed)), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--matrix", action="store_true", help="the issue-12 table: four scenarios x three seeds")
@@ -143,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float)
     ap.add_argument("--plot", metavar="DIR")
     ap.add_argument("--all-cores", action="store_true", help="do not pin to one core")
+    ap.add_argument("--spare", action="store_true",
+                    help="the spread_spare_watts table of docs/policy.md (off -> on, three scenarios)")
     args = ap.parse_args(argv)
     cpu = None
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
@@ -151,6 +186,8 @@ def main(argv=None) -> int:
     if args.matrix:
         args.cpu = {"pinned_core": cpu, "host_cpus": os.cpu_count()}
         return run_matrix(args)
+    if args.spare:
+        return run_spare()
     from capctl.policy import load_policy
     from capctl.sim.cluster import load_cluster
     from capctl.sim.engine import build_scenario, run_policy
