@@ -74,6 +74,10 @@ _DATA_LOST = ("etcd lost its data? agent {node} had seen coordinator term {seen}
               "the budget in force is {budget:g} W (set it again, or reload the policy, to clear this alert)")
 """The persistent alert of a leader that learns from an agent's hello that etcd lost its data (a
 budget an admin had lowered then reverts to the policy file's without a word; found by a try-out)."""
+OVERLOAD_TICKS = 3
+"""Regular reconciles in a row longer than the interval before the "coordinator overloaded" alert
+(:meth:`Coordinator._note_busy`): one slow interval (a refit burst, a full garbage collection) is
+no overload."""
 ACK_WARN_EVERY_S = 60.0
 """At most one log line per node per this many seconds for acknowledgements that say their plan
 was not fully applied (:meth:`Coordinator._warn_ack`)."""
@@ -142,15 +146,7 @@ class Coordinator:
         self._ledger_mono = -math.inf
         self._ledger_nodes: frozenset = frozenset()
         self._ledger_w: dict = {}  # (node, GPU index) -> the W the saved ledger counts it at
-        if self.store is not None and self.store.ok:
-            try:
-                n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S,
-                                                 keep=self.policy.node_names)
-                if n:
-                    log.info("node ledger: %d node(s) counted at their last known caps until their agents report", n)
-            except StoreError as exc:
-                self.persistent_alerts["store"] = str(exc)
-                log.error("%s", exc)
+        self._restore_ledger()
         self.view: View = empty_view(self.coordinator_id, self.policy, policy_path, self.dry_run)
         self._wake: asyncio.Event | None = None
         self._last_tick_mono = -math.inf
@@ -159,6 +155,7 @@ class Coordinator:
         self._tick_policy = self.policy  # the policy the current interval started with (:meth:`_policy_changed`)
         self._ticks_since_policy = 0  # intervals planned since the policy last changed (planner.EXACT_DECREASE_TICKS)
         self._busy_s = 0.0  # how long the last regular tick took (s): stretches the grid when > interval
+        self._overruns = 0  # regular ticks in a row longer than the interval (_note_busy)
         self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
         self._expected_reports = 0  # how many the grid tick now due waits for (live streams)
         self._reports_in: asyncio.Event | None = None  # set when they are all in
@@ -172,6 +169,19 @@ class Coordinator:
         self._ack_warned: dict = {}  # node -> (last failed ack logged, registry clock s; not logged since) (_warn_ack)
         self.ha = None  # coordinator.election.Leadership when coordinators run in HA on etcd (daemon)
         self._fresh_streams: set = set()  # HA: nodes whose first telemetry on a new stream wakes the loop
+
+    def _restore_ledger(self) -> None:
+        """Count the nodes of the saved node ledger at their last known caps until their agents
+        report (:meth:`Registry.restore_ledger`); a store error becomes a persistent alert."""
+        if self.store is None or not self.store.ok:
+            return
+        try:
+            n = self.registry.restore_ledger(self.store.load_nodes(), NODE_FORGET_S, keep=self.policy.node_names)
+            if n:
+                log.info("node ledger: %d node(s) counted at their last known caps until their agents report", n)
+        except StoreError as exc:
+            self.persistent_alerts["store"] = str(exc)
+            log.error("%s", exc)
 
     def _restore_reloaded(self, policy):
         """The policy in force at start: the file an admin loaded with ``policy reload FILE``
@@ -634,7 +644,29 @@ class Coordinator:
                 self.persistent_alerts.pop("tick", None)
             if regular:
                 self._busy_s = time.monotonic() - self._last_tick_mono
+                self._note_busy(self._busy_s)
             await self._wait_tick(stop)
+
+    def _note_busy(self, busy_s: float) -> None:
+        """The last regular reconcile took ``busy_s`` (s): after :data:`OVERLOAD_TICKS` in a row
+        longer than the interval (the grid then stretches, :func:`coordinator.tickphase.next_grid_tick`:
+        caps follow loads later than the policy says) a persistent alert says so and what to do,
+        logged once; it clears at the first reconcile within the interval."""
+        interval = self.interval_s
+        self._overruns = self._overruns + 1 if busy_s > interval else 0
+        if self._overruns < OVERLOAD_TICKS:
+            if self.persistent_alerts.pop("overload", None) is not None:
+                log.info("coordinator no longer overloaded: the last reconcile took %.2f s of %g s", busy_s, interval)
+            return
+        gpus = sum(len(n.gpus) for n in self.registry.nodes.values())
+        text = (f"coordinator overloaded: the last {self._overruns} reconciles took longer than the {interval:g} s "
+                f"interval (the last {busy_s:.2f} s, {gpus} GPUs), so every interval stretches to "
+                f"~{busy_s * (1 + tickphase.BUSY_MARGIN):.2f} s and caps follow loads that much later: raise "
+                f"interval_s to {math.ceil(2 * busy_s):g} s or more, or give the coordinator a faster core "
+                "(docs/coordinator.md, \"Cost per GPU\")")
+        if "overload" not in self.persistent_alerts:
+            log.warning("%s", text)
+        self.persistent_alerts["overload"] = text
 
     async def _wait_tick(self, stop: asyncio.Event) -> None:
         """Wait for the next grid tick, an early :meth:`wake` (at least :data:`MIN_TICK_SPACING` of an

@@ -329,3 +329,44 @@ def test_clock_alert_thresholds():
     half = text(5.0)[("clock", "node1")]
     assert "5.0 s ahead of the coordinator's (lease 10 s)" in half and "delayed by more than 5.0 s" in half
     assert "every plan reaches its agent after its lease expiry" in text(12.0)[("clock", "node1")]
+
+
+def test_reconciles_longer_than_the_interval_raise_the_overload_alert_then_clear(caplog):
+    """The run loop stretches its grid when a reconcile takes longer than the interval (caps then
+    follow loads later than the policy says); three in a row raise a persistent alert naming the
+    time taken and an interval to use, logged once; one reconcile within the interval clears it."""
+    from coordinator.loop import OVERLOAD_TICKS
+
+    coord = Coordinator(parse_policy(POLICY.replace("interval_s: 2", "interval_s: 0.1")), "<test>")
+    assert coord.interval_s == 0.1
+    slow = [True]
+    ticks = []
+
+    async def tick():
+        ticks.append(slow[0])
+        await asyncio.sleep(0.15 if slow[0] else 0.0)
+
+    coord.tick = tick
+    seen = []
+
+    async def run():
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(coord.run(stop))
+        for _ in range(400):  # bounded: ~4 s
+            await asyncio.sleep(0.01)
+            seen.append(coord.persistent_alerts.get("overload"))
+            if len(ticks) >= OVERLOAD_TICKS + 2 and slow[0]:
+                slow[0] = False
+            if not slow[0] and ticks.count(False) >= 2:
+                break
+        stop.set()
+        coord.wake()
+        await asyncio.wait_for(task, 5)
+
+    caplog.set_level(logging.WARNING, logger="capctl.coordinator")
+    asyncio.run(run())
+    raised = [a for a in seen if a]
+    assert raised and "coordinator overloaded: the last 3 reconciles took longer than the 0.1 s interval" in raised[0]
+    assert "(the last 0.1" in raised[0] and "raise interval_s to 1 s or more" in raised[0], raised[0]
+    assert seen[-1] is None  # cleared by the fast reconciles
+    assert sum("coordinator overloaded" in r.getMessage() for r in caplog.records) == 1
