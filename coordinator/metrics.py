@@ -142,14 +142,19 @@ def _gpu_families(view, rows):
 
 
 def _agent_families(st):
-    """Per-node agent staleness (s) and up (0/1)."""
+    """Per-node agent staleness (s) and up (0/1); the watts held for a policy node whose agent never
+    reported (``NodeStatus.held_w``: counted against its domains at the most it may draw)."""
     stale = _gauge("capctl_agent_staleness_seconds", "Seconds since the node's agent last reported.", ["node"])
     up = _gauge("capctl_agent_up", "1 when the node's agent is connected and reporting within its lease.", ["node"])
+    held = _gauge("capctl_node_held_watts", "Watts counted for a policy node whose agent never reported (the most "
+                  "it may draw; absent for nodes whose GPUs are known).", ["node"])
     for n in st.nodes:
         if not n.never_reported and math.isfinite(n.last_report_age_s):  # (no report: no age; capctl_agent_up 0 says it)
             stale.add_metric([n.name], max(0.0, n.last_report_age_s))
         up.add_metric([n.name], 0.0 if n.stale else 1.0)
-    return (stale, up)
+        if n.never_reported:
+            held.add_metric([n.name], n.held_w)
+    return (stale, up, held)
 
 
 def _domain_families(st):

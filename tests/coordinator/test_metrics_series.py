@@ -130,9 +130,11 @@ def test_a_node_that_never_reported_is_down_with_no_staleness_series():
     from capctl.v1 import capctl_pb2 as pb
 
     st = _status()
-    st.nodes.add(name="n3", stale=True, last_report_age_s=float("nan"), never_reported=True)
+    st.nodes.add(name="n3", stale=True, last_report_age_s=float("nan"), never_reported=True, held_w=2800.0)
     fams = _scrape(status=st)
     up = {s.labels["node"]: s.value for s in fams["capctl_agent_up"]}
     assert up == {"n1": 1.0, "n2": 1.0, "n3": 0.0}
     assert sorted(s.labels["node"] for s in fams["capctl_agent_staleness_seconds"]) == ["n1", "n2"]
+    # the watts held for it (counted against its domains), a series only for such a node
+    assert {s.labels["node"]: s.value for s in fams["capctl_node_held_watts"]} == {"n3": 2800.0}
     assert isinstance(st.nodes[2], pb.NodeStatus)
