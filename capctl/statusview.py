@@ -266,9 +266,12 @@ def render_status(d: dict, *, hottest: int = 5) -> str:
     parts = [head, watts]
     if absent:  # none of their GPUs is known: each counted at the most it may draw
         held_w = sum(n.get("held_w") or 0.0 for n in d["nodes"] if n.get("never_reported"))
+        them = "them" if len(absent) > 1 else "it"
+        how = (f"{held_w:.0f} W held for {them}, each counted at the most it may draw until it reports" if held_w > 0
+               else f"nothing held for {them}: no node has reported its limits yet and the policy declares no "
+                    "gpus_per_node")
         parts.append(f"no agent: {_hostlist(absent)} ({len(absent)} node{'s' if len(absent) > 1 else ''} of the "
-                     f"policy never reported; {held_w:.0f} W held for {'them' if len(absent) > 1 else 'it'}, "
-                     "each counted at the most it may draw until it reports)")
+                     f"policy never reported; {how})")
     if d.get("ha"):
         ha = d["ha"]
         parts.append(f"high availability: this coordinator is {ha['role']}; leader {ha['leader'] or '(none known)'}, "

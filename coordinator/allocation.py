@@ -454,7 +454,8 @@ def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: 
     """Node -> W of every node the policy lists that the registry has no GPU of (its agent never
     said hello to this coordinator and no node ledger named it): what it may draw at most, the
     larger of :func:`declared_draw_w` (the policy's ``gpus_per_node`` x its ``gpu_model``'s
-    maximum limit) and the largest maximum draw of any known node (the sum of its GPUs' maximum
+    maximum limit, or x the highest maximum limit of the known GPUs when it names no model capctl
+    knows) and the largest maximum draw of any known node (the sum of its GPUs' maximum
     limits ``max_cap_w`` [G] W, ``node_of`` [G] its position in ``topology``; at most
     :data:`capctl.devicedata.MAX_SANE_LIMIT_W` a GPU). {} when every policy node is known; a node
     with neither figure (no known node, nothing declared) is left out (nothing to allocate then).
@@ -474,27 +475,30 @@ def unreported_reserve(policy, topology: tuple, node_of: np.ndarray, max_cap_w: 
     missing = sorted({name for name in policy.domains.all_nodes() if name not in known} | set(claimed))
     if not missing:
         return {}
-    largest_w = 0.0
+    largest_w = gpu_w = 0.0
     if len(node_of):
-        per_gpu = np.minimum(np.nan_to_num(np.asarray(max_cap_w, float), nan=0.0, posinf=0.0),
-                             devicedata.MAX_SANE_LIMIT_W)
-        largest_w = float(np.bincount(node_of, weights=np.maximum(per_gpu, 0.0), minlength=len(topology)).max())
-    out = {name: max(largest_w, declared_draw_w(policy, name)) for name in missing}
+        per_gpu = np.maximum(np.minimum(np.nan_to_num(np.asarray(max_cap_w, float), nan=0.0, posinf=0.0),
+                                        devicedata.MAX_SANE_LIMIT_W), 0.0)
+        largest_w = float(np.bincount(node_of, weights=per_gpu, minlength=len(topology)).max())
+        gpu_w = float(per_gpu.max())
+    out = {name: max(largest_w, declared_draw_w(policy, name, gpu_w)) for name in missing}
     return {name: w for name, w in out.items() if w > 0}
 
 
-def declared_draw_w(policy, node: str) -> float:
+def declared_draw_w(policy, node: str, known_gpu_w: float = 0.0) -> float:
     """The most ``node`` may draw by what the policy declares of it (W): its domain's
     ``gpus_per_node`` x the maximum limit of its ``gpu_model``
-    (:data:`capctl.policy.devices.KNOWN_DEVICE_LIMITS_W`); 0 when either is not declared or the
-    model is not known."""
+    (:data:`capctl.policy.devices.KNOWN_DEVICE_LIMITS_W`); with no known model (none declared, or
+    a name capctl does not know) ``gpus_per_node`` x ``known_gpu_w``, the highest maximum limit of
+    any GPU that reported (W). A policy saying 8 GPUs a node beside a reporting node of 4 was
+    counted at that node's 4 GPUs (found by a try-out). 0 when ``gpus_per_node`` is not declared."""
     from capctl.policy.devices import device_limits_w
 
     leaf = policy.domain_path(node)[-1]
-    if not leaf.gpu_model or not leaf.gpus_per_node:
+    if not leaf.gpus_per_node:
         return 0.0
-    high = device_limits_w(leaf.gpu_model)[1]
-    return float(leaf.gpus_per_node) * float(high) if high else 0.0
+    high = device_limits_w(leaf.gpu_model)[1] if leaf.gpu_model else None
+    return float(leaf.gpus_per_node) * float(high if high else known_gpu_w)
 
 
 def with_reserve(domains: list[dict], policy, reserved: dict[str, float]) -> list[dict]:

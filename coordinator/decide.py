@@ -319,8 +319,9 @@ def _unreported_alert(unreported: list[str], hold_increases: bool, reserved_w: d
     counted = sorted({round(reserved_w[n]) for n in unreported if n in reserved_w})
     if counted:
         watts = f"{counted[0]} W" if len(counted) == 1 else f"{counted[0]}-{counted[-1]} W"
-        tail = (f"each counted at {watts} (the most it may draw: its declared GPUs at their maximum limit, at "
-                "least the largest known node's) until it reports or is removed from the policy")
+        tail = (f"each counted at {watts} (the most it may draw: the policy's gpus_per_node at the maximum limit "
+                "of its gpu_model, or of the known GPUs when it names none capctl knows; at least the largest "
+                "known node's draw) until it reports or is removed from the policy")
     else:
         tail = "not counted: no node has reported its limits yet and the policy declares none"
     return [head + ("no cap is raised until they report or one lease has passed; " if hold_increases else "") + tail]

@@ -66,3 +66,23 @@ def test_bad_watch_values(tmp_path, args, expect):
     r = subprocess.run([sys.executable, "-m", "capctl.cli.main", "status", *args, "--coordinator",
                         f"unix:{tmp_path}/none.sock"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr == f"capctl: {expect}\n"
+
+
+def test_the_no_agent_line_gives_the_watts_held_or_says_none_are():
+    """``capctl status``'s line of the policy nodes that never reported: the watts counted for them
+    (``held_w``), or, with none (no node reported its limits, no gpus_per_node declared), that
+    nothing is held: it said "0 W held ..., each counted at the most it may draw" (a try-out)."""
+    from capctl.statusview import render_status, status_dict
+    from capctl.v1 import capctl_pb2 as pb
+
+    def line(*held):
+        reply = pb.StatusReply(budget_w=3000)
+        for k, w in enumerate(held):
+            reply.nodes.add(name=f"n{k + 1}", stale=True, last_report_age_s=float("nan"), never_reported=True,
+                            held_w=w)
+        return next(ln for ln in render_status(status_dict(reply)).splitlines() if ln.startswith("no agent"))
+
+    assert line(1400.0, 1400.0) == ("no agent: n[1-2] (2 nodes of the policy never reported; 2800 W held for them, "
+                                    "each counted at the most it may draw until it reports)")
+    assert line(0.0) == ("no agent: n1 (1 node of the policy never reported; nothing held for it: no node has "
+                         "reported its limits yet and the policy declares no gpus_per_node)")

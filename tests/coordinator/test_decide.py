@@ -166,8 +166,9 @@ def test_startup_hold_blocks_increases_until_every_policy_node_reported_or_a_lea
     d = decide.decide(obs)
     assert d.mode == decide.APPLY and d.hold_increases
     assert any(r.startswith("startup hold: 1 policy node(s)") for r in d.hold_reasons)
-    counted = ("each counted at 1400 W (the most it may draw: its declared GPUs at their maximum limit, at least the "
-               "largest known node's) until it reports or is removed from the policy")
+    counted = ("each counted at 1400 W (the most it may draw: the policy's gpus_per_node at the maximum limit of its "
+               "gpu_model, or of the known GPUs when it names none capctl knows; at least the largest known node's "
+               "draw) until it reports or is removed from the policy")
     assert ("1 policy node(s) have not reported (node3): no cap is raised until they report or one lease has "
             f"passed; {counted}") in d.alerts
     assert d.solution.out is not None and sum(d.desired_w.values()) <= 1800.0 + 1e-6
@@ -211,6 +212,14 @@ def test_an_unreported_policy_node_lowers_every_limit_above_it():
     assert allocation.unreported_reserve(big, (("node1", (0, 1)),), np.array([0, 0]), np.full(2, 700.0)) == {
         "node2": 5600.0}
     assert allocation.declared_draw_w(big, "node2") == 5600.0
+    # 8 GPUs a node declared without a model capctl knows: 8 x the known GPUs' highest maximum
+    # limit (it was counted at the known 2-GPU node's draw, found by a try-out)
+    for model in ("", "gpu_model: B200"):
+        odd = parse_policy(policy_text(6200.0, nodes="node1,node2").replace("gpus_per_node: 2", "gpus_per_node: 8")
+                           .replace("gpu_model: H100-SXM", model))
+        assert allocation.unreported_reserve(odd, (("node1", (0, 1)),), np.array([0, 0]),
+                                             np.array([700.0, 650.0])) == {"node2": 5600.0}, model
+        assert allocation.declared_draw_w(odd, "node2") == 0.0  # (no GPU known: nothing to count it by)
 
 
 def test_a_stale_node_is_held_at_its_accounted_caps_and_gets_no_plan():
