@@ -51,6 +51,9 @@ CLOCK_AHEAD_ALERT_FRACTION = 0.5
 """A node whose agent's clock is ahead of the coordinator's lease clock by this fraction of the
 lease or more is named in an alert (:func:`watch_alerts`): at a whole lease every plan arrives after
 its expiry (nodeagent.lease.late_s); half leaves room for transit and jitter before that."""
+LATE_FRACTION = 0.9
+"""A node whose clock is this fraction of the lease ahead or more is said to take every plan late
+(:func:`_clock_alerts`): the lead is measured on reports, whose transit shortens it a little."""
 
 
 # -- observations ------------------------------------------------------------------------------
@@ -102,6 +105,8 @@ class Problem:
     clock_ahead: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     """Node -> (s its agent's clock is ahead of the coordinator's lease clock, the lease s), the
     nodes at or above :data:`CLOCK_AHEAD_ALERT_FRACTION` of the lease (coordinator.observe.clocks_ahead)."""
+    own_clock: tuple[float, float] | None = None
+    """(s the coordinator's lease clock is behind its host's wall clock, the lease s), or None."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,8 +193,9 @@ class Decision:
 
 # -- stage 1 -----------------------------------------------------------------------------------
 def watch_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str, int],
-                 clock_ahead: Mapping[str, tuple[float, float]] | None = None) -> dict:
-    """Configuration alerts, ``(kind, node) -> text``, in a stable order:
+                 clock_ahead: Mapping[str, tuple[float, float]] | None = None,
+                 own_clock: tuple[float, float] | None = None) -> dict:
+    """Configuration alerts, ``(kind, node[, form]) -> text``, in a stable order:
 
     * a node with GPUs that the policy's domain tree does not list: placed under the root
       (``Policy.domain_path``), it counts against the cluster budget only, outside every
@@ -197,22 +203,46 @@ def watch_alerts(policy, node_gpus: Mapping[str, int], replacements: Mapping[str
     * a node whose open stream was replaced more than :data:`REPLACED_MAX` times within
       :data:`REPLACED_WINDOW_S` seconds: two agents (two hosts, or a copied ``--node``) claiming
       the same node take its stream in turns;
-    * a node whose agent's clock is ahead of the coordinator's lease clock by half the lease or
-      more (``clock_ahead``: node -> (s ahead, lease s)): a plan's lease expiry is a Unix time of
-      the coordinator's clock, so from a whole lease ahead every plan reaches the agent after its
-      expiry and is taken only where it lowers a GPU (docs/protocol.md, "Leases and failsafe"):
-      its GPUs stay at their failsafe caps.
+    * the clocks (:func:`_clock_alerts`): a node whose agent's clock is ahead of the coordinator's
+      lease clock by half the lease or more (``clock_ahead``: node -> (s ahead, lease s)), and the
+      coordinator's own lease clock behind its host's wall clock by as much (``own_clock``: (s
+      behind, lease s)).
     """
     found = _config_alerts(policy, node_gpus, replacements)
-    for name, (ahead_s, lease_s) in sorted((clock_ahead or {}).items()):
-        late = ahead_s >= lease_s
-        found[("clock", name)] = (
+    found.update(_clock_alerts(clock_ahead or {}, own_clock))
+    return found
+
+
+def _clock_alerts(clock_ahead: Mapping[str, tuple[float, float]], own_clock: tuple[float, float] | None) -> dict:
+    """The clock alerts of :func:`watch_alerts`. A plan's lease expiry is a Unix time of the
+    coordinator's lease clock (its host's wall clock at its start, advanced by its monotonic
+    clock), so a node whose clock is a lease ahead (:data:`LATE_FRACTION` of it: a report's transit
+    makes the lead look a little shorter) takes every plan as late, only where it lowers a GPU
+    (docs/protocol.md, "Leases and failsafe"): its GPUs stay at their failsafe caps. The key names
+    the form (every plan late, or only a delayed one), so a change of form is logged again. When
+    the coordinator's lease clock is itself behind its host's clock (the host's clock was set
+    after the coordinator started, or the host was suspended), every node looks ahead and the fix
+    is a coordinator restart, not the nodes' clocks (found by a try-out: the alert kept asking to
+    synchronize clocks that agreed)."""
+    found: dict = {}
+    behind_s, own_lease_s = own_clock if own_clock is not None else (0.0, math.inf)
+    own_off = behind_s >= CLOCK_AHEAD_ALERT_FRACTION * own_lease_s
+    if own_off:
+        found[("clock", "coordinator")] = (
+            f"the coordinator's lease clock is {behind_s:.1f} s behind its host's clock (lease {own_lease_s:g} s): its "
+            "host's clock was set after it started, or the host was suspended; every node's clock then looks ahead "
+            "and its plans reach the agents late (only decreases applied) — restart the coordinator")
+    for name, (ahead_s, lease_s) in sorted(clock_ahead.items()):
+        late = ahead_s >= LATE_FRACTION * lease_s
+        fix = ("restart the coordinator (its lease clock is behind, above), then check this node's clock" if own_off
+               else "synchronize the clocks of the coordinator's host and the node (NTP)")
+        found[("clock", name, "late" if late else "delayed")] = (
             f"node {name}: its clock is {ahead_s:.1f} s ahead of the coordinator's (lease {lease_s:g} s): "
             + ("every plan reaches its agent after its lease expiry: only decreases are applied and its GPUs stay "
                "at their failsafe caps" if late else
                f"a plan delayed by more than {lease_s - ahead_s:.1f} s reaches its agent after its lease expiry "
                "(only its decreases applied)")
-            + " — synchronize the clocks of the coordinator's host and the node (NTP)")
+            + f" — {fix}")
     return found
 
 
@@ -236,7 +266,8 @@ def solve(problem: Problem) -> Solution:
     """Stage 1: solve ``problem`` (any thread). A malformed problem (ValueError, ArithmeticError
     from the allocator) is not raised: the solution then holds every GPU at its accounted cap
     (W) and says why in ``error`` and ``alerts``."""
-    watch = tuple(watch_alerts(problem.policy, problem.node_gpus, problem.replacements, problem.clock_ahead).items())
+    watch = tuple(watch_alerts(problem.policy, problem.node_gpus, problem.replacements, problem.clock_ahead,
+                               problem.own_clock).items())
     alerts = [text for _, text in watch]
     inputs = problem.inputs
     try:

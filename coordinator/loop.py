@@ -785,7 +785,13 @@ class Coordinator:
         self.models.memory_bound_share = getattr(getattr(policy, "models", None), "memory_bound_share", "estimate")
         self.models.update(reg, policy.interval_s)
         self.models.forget_missing(reg)
-        return observe.problem(reg, self.models, policy, reg.clock(), self.lease_s, self.ack_memory_s())
+        problem = observe.problem(reg, self.models, policy, reg.clock(), self.lease_s, self.ack_memory_s())
+        return dataclasses.replace(problem, own_clock=self.own_clock())
+
+    def own_clock(self) -> tuple[float, float]:
+        """(s the lease clock is behind this host's wall clock now, the lease s): the coordinator's
+        clock alert (:func:`coordinator.decide.watch_alerts`)."""
+        return time.time() - self.lease_clock_s(), self.lease_s
 
     def _observations(self, problem: decide.Problem) -> decide.Observations:
         """``problem`` with the fleet's accounting and the settings in force now."""
@@ -885,7 +891,7 @@ class Coordinator:
         each logged at WARNING once (again only after it cleared and came back)."""
         reg = self.registry
         found = decide.watch_alerts(self.policy, observe.node_gpus(reg), reg.replacements(REPLACED_WINDOW_S, now),
-                                    observe.clocks_ahead(reg, now, self.lease_s))
+                                    observe.clocks_ahead(reg, now, self.lease_s), self.own_clock())
         self._note_watch(found)
         return list(found.values())
 

@@ -310,7 +310,10 @@ def test_failed_acks_are_logged_once_a_minute_per_node_with_the_count_left_out(c
 
 def test_clock_alert_thresholds():
     """The clock alert (decide.watch_alerts): none below half the lease, a warning about delayed
-    plans from half, every plan late from a whole lease."""
+    plans from half, every plan late from 0.9 of the lease (a report's transit shortens the lead:
+    at one lease it said "delayed by more than 0.0 s", a try-out); the key names the form, so a
+    change of form is logged again. The coordinator's own lease clock behind its host's (its host
+    clock set after it started): its own alert, and the nodes' say to restart it."""
     from coordinator import decide, observe
 
     coord = _coordinator()
@@ -318,17 +321,29 @@ def test_clock_alert_thresholds():
     reg.on_hello(hello("node1"), Session())
     node = reg.nodes["node1"]
 
-    def text(ahead_s):
+    def alerts(ahead_s, own=None):
         node.clock_ahead_s = ahead_s
-        return decide.watch_alerts(coord.policy, {"node1": 2}, {}, observe.clocks_ahead(reg, reg.clock(), 10.0))
+        return decide.watch_alerts(coord.policy, {"node1": 2}, {}, observe.clocks_ahead(reg, reg.clock(), 10.0), own)
 
-    assert text(4.9) == {} and text(-30.0) == {} and text(math.nan) == {}  # (behind: no plan is late)
+    assert alerts(4.9) == {} and alerts(-30.0) == {} and alerts(math.nan) == {}  # (behind: no plan is late)
     node.clock_ahead_s = 12.0
     assert observe.clocks_ahead(reg, reg.clock(), 10.0) == {"node1": (12.0, 10.0)}
     assert observe.clocks_ahead(reg, reg.clock() + 11.0, 10.0) == {}  # (a stale node: its last skew not shown)
-    half = text(5.0)[("clock", "node1")]
-    assert "5.0 s ahead of the coordinator's (lease 10 s)" in half and "delayed by more than 5.0 s" in half
-    assert "every plan reaches its agent after its lease expiry" in text(12.0)[("clock", "node1")]
+    half = alerts(5.0)
+    assert list(half) == [("clock", "node1", "delayed")]
+    text = half[("clock", "node1", "delayed")]
+    assert "5.0 s ahead of the coordinator's (lease 10 s)" in text and "delayed by more than 5.0 s" in text
+    assert text.endswith("synchronize the clocks of the coordinator's host and the node (NTP)")
+    for ahead in (9.0, 9.95, 12.0):
+        late = alerts(ahead)
+        assert list(late) == [("clock", "node1", "late")], ahead
+        assert "every plan reaches its agent after its lease expiry" in late[("clock", "node1", "late")]
+    own = alerts(9.95, (10.0, 10.0))
+    assert "the coordinator's lease clock is 10.0 s behind its host's clock" in own[("clock", "coordinator")]
+    assert own[("clock", "coordinator")].endswith("restart the coordinator")
+    assert "restart the coordinator (its lease clock is behind" in own[("clock", "node1", "late")]
+    assert ("clock", "coordinator") not in alerts(9.95, (4.0, 10.0))  # (within half the lease: no alert)
+    assert -1.0 < coord.own_clock()[0] < 1.0 and coord.own_clock()[1] == coord.lease_s
 
 
 def test_reconciles_longer_than_the_interval_raise_the_overload_alert_then_clear(caplog):
