@@ -896,8 +896,30 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     deficit = {n: float(result.domain_deficit_w[d]) for d, n in enumerate(dnames)}
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
-                       _reserve_named([str(a) for a in result.alerts], inputs.domains), solve_s,
+                       _held_named(_reserve_named([str(a) for a in result.alerts], inputs.domains), inputs, c), solve_s,
                        getattr(result, "solver", "fast"), grants)
+
+
+def _held_named(alerts: list[str], inputs: SolveInputs, c: InputColumns) -> list[str]:
+    """``alerts`` with each domain deficit ("... below the sum of minimum caps ...") saying how much
+    of those minimums are GPUs the coordinator holds at their accounted caps (``c.fixed``: a stale
+    node's, no reading, an uncontrollable state): after a restart a stopped agent's node counted at
+    its saved caps read as "minimum caps" it could not have (found by a try-out)."""
+    if not any("below the sum of minimum caps" in a for a in alerts):
+        return alerts
+    pos = {k: i for i, k in enumerate(c.keys)}
+    out = []
+    for a in alerts:
+        name = a[len("domain "):].split(":", 1)[0] if a.startswith("domain ") else ""
+        if "below the sum of minimum caps" in a and name in inputs.domain_members:
+            rows = [pos[k] for k in inputs.domain_members[name] if k in pos]
+            held = [i for i in rows if c.fixed[i]]
+            if held:
+                held_w = float(np.sum(np.asarray(c.accounted_w, float)[held]))
+                a += (f"; {held_w:.1f} W of them are {len(held)} GPU(s) held at their accounted caps (a stale node's, "
+                      "no reading, a state the coordinator cannot move)")
+        out.append(a)
+    return out
 
 
 def _reserve_named(alerts: list[str], domains: list[dict]) -> list[str]:

@@ -36,6 +36,12 @@ KNOWN_NVML_NAMES: Mapping[str, str] = {
 }
 """What ``nvmlDeviceGetName`` (``nvidia-smi --query-gpu=name``) reports for these boards -> the
 model of :data:`KNOWN_DEVICE_LIMITS_W` (the simulated driver reports the same names)."""
+OTHER_NVML_NAMES: Mapping[str, str] = {
+    "NVIDIA A100-SXM4-40GB": "A100-SXM4",
+    "Tesla V100-SXM2-16GB": "V100-SXM2",
+}
+"""Other memory sizes of the same boards (same limit constraints: the A100 SXM4 40 GB and V100 SXM2
+16 GB datasheets give the same 400 W / 300 W TDP): their NVML names name the model too."""
 
 
 def _norm(model: str) -> str:
@@ -51,22 +57,24 @@ def canonical_model(model: str) -> str | None:
     for name in KNOWN_DEVICE_LIMITS_W:
         if _norm(name) == key:
             return name
-    for nvml_name, name in KNOWN_NVML_NAMES.items():
+    for nvml_name, name in {**KNOWN_NVML_NAMES, **OTHER_NVML_NAMES}.items():
         if _norm(nvml_name) == key:
             return name
     return None
 
 
 def model_suggestion(model: str) -> str | None:
-    """The known model the unknown ``model`` may mean, or None: one whose name begins with it or it
-    begins with (``H100`` or ``H100-SXM5``: ``H100-SXM``), vendor prefix aside; never another
-    board's name that is merely similar (``B200`` is not ``H200``)."""
+    """The known model the unknown ``model`` may mean, or None: one whose name begins with it
+    (``H100``: ``H100-SXM``), or whose name it begins with followed by digits only (``H100-SXM5``:
+    ``H100-SXM``), vendor prefix aside; never another board's name that is merely similar (``B200``
+    is not ``H200``, and ``H200 NVL``, a PCIe board, is not ``H200``: a try-out)."""
     key = _norm(model)
     for vendor in ("NVIDIA", "TESLA"):
         key = key.removeprefix(vendor)
     if len(key) < 3:
         return None
-    hits = {name for name in KNOWN_DEVICE_LIMITS_W if _norm(name).startswith(key) or key.startswith(_norm(name))}
+    hits = {name for name in KNOWN_DEVICE_LIMITS_W
+            if _norm(name).startswith(key) or (key.startswith(_norm(name)) and key[len(_norm(name)):].isdigit())}
     return hits.pop() if len(hits) == 1 else None
 
 

@@ -130,6 +130,21 @@ class _Diag:
         return errors, warnings[:MAX_ERRORS]
 
 
+def _show_against(value: object, bound: float, op: str) -> str:
+    """:func:`_show` of a number refused for being out of range (``op`` ``bound``), exact where the
+    short form would read as allowed: ``1000.0001`` was shown "1000 is not allowed; must be <= 1000"
+    and ``1000000000.5`` "1e+09" (found by a try-out)."""
+    shown = _show(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return shown
+    try:
+        back = float(shown)
+    except ValueError:
+        return shown
+    passes = {">=": back >= bound, ">": back > bound, "<=": back <= bound, "<": back < bound}[op]
+    return repr(value) if passes else shown
+
+
 def _show(value: object) -> str:
     """Short, safe rendering of a YAML value for messages."""
     if value is None:
@@ -275,7 +290,8 @@ def _schema_message(err: jsonschema.ValidationError) -> list[tuple[tuple, str, b
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[kind]
         suffix = f" {unit}" if unit else ""
         bound = format_number(float(err.validator_value))
-        return [(path, f"{name}: {_show(instance)}{suffix} is not allowed; must be {op} {bound}{suffix}", False)]
+        shown = _show_against(instance, float(err.validator_value), op)
+        return [(path, f"{name}: {shown}{suffix} is not allowed; must be {op} {bound}{suffix}", False)]
     if kind == "required":
         missing = [k for k in err.validator_value if isinstance(instance, dict) and k not in instance]
         hint = " (write version: 1)" if missing == ["version"] else ""

@@ -167,13 +167,22 @@ def ambiguous_number_message(path, text: str) -> str:
     is allowed, with the decimal form of what the notation stands for as the example."""
     key = next((p for p in reversed(tuple(path)) if isinstance(p, str)), "")
     unit = key_unit(key)
-    allowed = f"a plain decimal number of {UNIT_NAMES[unit]}" if unit else "a plain decimal number"
     why, value = _meant(text)
-    example = f", e.g. {format_number(value)}" if value is not None and is_finite(value) else ""
     shown = text if len(text) <= 40 else f"{text[:37]}... ({len(text)} characters)"
     why = why.replace(text, shown)
-    tail = "" if unit else f" (or quote it, \"{shown}\", if it is text)"
+    if key in TEXT_KEYS:  # (a name: the number to write was refused as "expected a string", a try-out)
+        return f"{dotted(path)}: {shown} is not allowed: {why}; allowed: text, quoted: \"{shown}\""
+    allowed = f"a plain decimal number of {UNIT_NAMES[unit]}" if unit else "a plain decimal number"
+    example = f", e.g. {format_number(value)}" if value is not None and is_finite(value) else ""
+    tail = "" if unit or key in NUMBER_KEYS else f" (or quote it, \"{shown}\", if it is text)"
     return f"{dotted(path)}: {shown} is not allowed: {why}; allowed: {allowed}{example}{tail}"
+
+
+TEXT_KEYS = frozenset({"name", "kind", "nodes", "gpu_model", "socket_path", "default_qos", "partition", "account"})
+"""Keys whose value is text in every file read here (policy, cluster, device profile): an ambiguous
+number there is to be quoted, not rewritten."""
+NUMBER_KEYS = frozenset({"version", "gpus_per_node", "seed", "all_up_to_gpus", "count", "occupancy"})
+"""Keys without a unit suffix whose value is a number: quoting one is no way out."""
 
 
 def load_with_positions(text: str, *, prefixed_ints: bool = False) -> tuple[object, Positions]:

@@ -348,3 +348,16 @@ def test_gpus_a_node_no_longer_lists_stay_counted_until_listed_again():
     assert reg.nodes["node2"].ghosts == {"GPU-x": (700.0, NOW, 0), "GPU-y": (700.0, NOW, 1)}  # (the other's, now)
     reg.on_hello(hello("node3", ["GPU-x", "GPU-y"]), object())  # ... listed by their own node
     assert reg.ghost_reserve(NOW, 86400.0) == {}
+
+
+def test_a_deficit_says_how_much_of_the_minimums_are_held_gpus():
+    """A stale node counted at its caps makes a domain's "minimum caps" exceed its limit: the alert
+    says which watts are GPUs held at their accounted caps (after a restart a stopped agent's node
+    at its saved caps read as minimum caps it could not have; found by a try-out)."""
+    policy = parse_policy(policy_text(1600.0))  # node1's minimums 400 W + node2 held at 1,350 W: 150 W short
+    reg = registry(node1=[300.0, 300.0])
+    add_node(reg, "node2", [700.0, 650.0], report_age_s=LEASE_S + 5.0)  # stale: held at 1,350 W
+    d = decide.decide(snapshot(reg, policy))
+    deficit = [a for a in d.alerts if "below the sum of minimum caps" in a]
+    assert deficit and deficit[0].endswith("; 1350.0 W of them are 2 GPU(s) held at their accounted caps (a stale "
+                                           "node's, no reading, a state the coordinator cannot move)"), d.alerts

@@ -162,10 +162,20 @@ def test_a_known_model_is_known_however_it_is_spelled(written: str) -> None:
                                "(NVML power limit constraints)"]
 
 
+@pytest.mark.parametrize("written, least_w", [("NVIDIA A100-SXM4-40GB", 100), ("Tesla V100-SXM2-16GB", 150)])
+def test_other_memory_sizes_of_a_known_board_are_that_board(written: str, least_w: int) -> None:
+    """The 40 GB A100 and 16 GB V100 (same limits as the 80 GB / 32 GB boards) were unknown models."""
+    text = f"version: 1\nbudget_w: 9000\nmin_cap_w: 50\ndomains: {{name: c, gpu_model: '{written}', nodes: a1}}\n"
+    assert errors_of(text) == [f"p.yaml:3:12: min_cap_w: 50 W is below the minimum cap {least_w} W of {written} "
+                               "(NVML power limit constraints)"]
+
+
 @pytest.mark.parametrize("written, hint", [
     ("H100", "; if these are H100-SXM boards, write gpu_model: H100-SXM"),
     ("H100-SXM5", "; if these are H100-SXM boards, write gpu_model: H100-SXM"),
     ("B200", ""),  # (similar to H200, but another board: no suggestion)
+    ("H200 NVL", ""),  # (a PCIe board with other limits: it was "if these are H200 boards", a try-out)
+    ("H100 PCIe", ""),
 ])
 def test_an_unknown_model_that_may_mean_a_known_one_says_which(written: str, hint: str) -> None:
     (warning,) = warnings_of(f"version: 1\nbudget_w: 9000\ndomains: {{name: c, gpu_model: {written}, nodes: a1}}\n")

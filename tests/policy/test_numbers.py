@@ -57,9 +57,11 @@ def test_ambiguous_number_in_a_nested_key_names_its_path_and_unit() -> None:
 def test_ambiguous_text_where_a_name_belongs_says_to_quote_it() -> None:
     error = only_error(BASE + "domains: {name: 0755, nodes: a1}\n")
     assert error == ('p.yaml:3:17: domains.name: 0755 is not allowed: YAML 1.1 reads a leading 0 as octal (493), '
-                     'YAML 1.2 as decimal (755); allowed: a plain decimal number, e.g. 755 (or quote it, "0755", '
-                     'if it is text)')
+                     'YAML 1.2 as decimal (755); allowed: text, quoted: "0755"')
     assert parse_policy(BASE + 'domains: {name: "0755", nodes: a1}\n').domains.name == "0755"
+    # a count: the decimal to write, no quoting (a quoted count is refused as text; a try-out)
+    error = only_error(BASE + "domains: {name: c, nodes: a1, gpus_per_node: 04}\n")
+    assert error.endswith("allowed: a plain decimal number, e.g. 4"), error
 
 
 def test_ambiguous_keys_are_names_as_written() -> None:
@@ -227,3 +229,15 @@ def test_a_float_where_a_whole_number_belongs_is_refused(text: str, expected: st
     while ``version: 1.0`` was refused (found by a review): every whole-number key refuses it."""
     assert only_error(BASE + text) == expected
     assert parse_policy(BASE + "domains: {name: c, nodes: a1, gpus_per_node: 8}\n").domains.gpus_per_node == 8
+
+
+@pytest.mark.parametrize("line,shown", [
+    ("weights: {default: 1000.0001}", "weights.default: 1000.0001 is not allowed; must be <= 1000"),
+    ("slew_w: 100000.2", "slew_w: 100000.2 W is not allowed; must be <= 100000 W"),
+    ("weights: {default: 5000}", "weights.default: 5000 is not allowed; must be <= 1000"),
+])
+def test_a_value_just_out_of_range_is_shown_as_written_not_rounded_into_range(line: str, shown: str) -> None:
+    """Six significant digits showed 1000.0001 as "1000 is not allowed; must be <= 1000" (a try-out)."""
+    assert only_error(BASE + line + "\n").endswith(shown)
+    assert only_error("version: 1\nbudget_w: 1000000000.5\n").endswith(
+        "budget_w: 1000000000.5 W is not allowed; must be <= 1000000000 W")
