@@ -110,11 +110,17 @@ def run(args: argparse.Namespace) -> int:
 
     names = list(POLICY_NAMES)
     if args.policies is not None:  # (an empty list is an error, not "all")
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        raw = [n.strip() for n in args.policies.split(",")]
+        names = [n for n in raw if n]
         bad = [n for n in names if n not in POLICY_NAMES]
         if not names:
             raise UserInputError(f"--policies {args.policies!r} names no policy; allowed: a comma-separated list "
                                  f"of {', '.join(POLICY_NAMES)}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if "" in raw or twice:  # (both were taken without a word: a try-out)
+            what = f"{twice[0]!r} named twice" if twice else "an empty name between commas"
+            raise UserInputError(f"--policies {args.policies!r}: {what}; allowed: each of {', '.join(POLICY_NAMES)} "
+                                 "at most once, comma-separated")
         if bad:
             raise UserInputError(f"--policies {args.policies!r}: {bad[0]!r} is unknown; "
                                  f"allowed: {', '.join(POLICY_NAMES)}")

@@ -60,19 +60,30 @@ WATCH_DEFAULT_INTERVAL_S = 2.0
 """``--watch-interval-s`` when not given."""
 
 
+HOTTEST_DEFAULT = 5
+"""How many of the hottest GPUs ``capctl status`` lists when ``--hottest`` is not given."""
+
+
 def _watch_options(args) -> None:
     """Refuse ``--watch-interval-s`` without ``--watch`` (it was ignored without a word: a review),
     and fill in its default."""
     if args.watch_interval_s is not None and not args.watch:
         raise UserInputError(f"--watch-interval-s {args.watch_interval_s:g}: only with --watch (it sets how often "
                              f"--watch refreshes); add --watch, or leave it out for one status")
+    if args.count is not None and not args.watch:
+        raise UserInputError(f"--count {args.count}: only with --watch (how many refreshes); add --watch, or leave "
+                             "it out for one status")
     if args.watch_interval_s is None:
         args.watch_interval_s = WATCH_DEFAULT_INTERVAL_S
 
 
 def cmd_status(args) -> int:
-    if args.hottest < 0:
+    if args.hottest is not None and args.hottest < 0:
         raise UserInputError(f"--hottest {args.hottest}: give a count >= 0 (0: none)")
+    if args.hottest is not None and args.json:  # (it was ignored without a word: a try-out)
+        raise UserInputError(f"--hottest {args.hottest}: only for the text view (--json lists every GPU); leave "
+                             "one of them out")
+    args.hottest = HOTTEST_DEFAULT if args.hottest is None else args.hottest
     _watch_options(args)
     if not args.watch:
         d = fetch_status(args.coordinator)
@@ -239,7 +250,8 @@ def register(subparsers) -> None:
     p.add_argument("--watch-interval-s", metavar="S", type=float, default=None,
                    help="refresh period for --watch, seconds (0.2..3600, default 2; only with --watch)")
     p.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # bounded --watch (tests)
-    p.add_argument("--hottest", type=int, default=5, help="how many hottest GPUs to list (0: none)")
+    p.add_argument("--hottest", type=int, default=None,
+                   help=f"how many hottest GPUs to list (default {HOTTEST_DEFAULT}; 0: none; text view only)")
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("nodes", help="nodes and their GPUs", description="Nodes and per-GPU state.")

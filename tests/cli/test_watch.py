@@ -61,6 +61,11 @@ def test_ctrl_c_after_good_refresh_exits_0(admin):  # noqa: F811
                                   "add --watch, or leave it out for one status"),
     (["--watch-interval-s", "0", "--json"], "--watch-interval-s 0: only with --watch (it sets how often --watch "
                                             "refreshes); add --watch, or leave it out for one status"),
+    # both were ignored without a word (found by a try-out)
+    (["--count", "3"], "--count 3: only with --watch (how many refreshes); add --watch, or leave it out for one "
+                       "status"),
+    (["--hottest", "3", "--json"], "--hottest 3: only for the text view (--json lists every GPU); leave one of them "
+                                   "out"),
 ])
 def test_bad_watch_values(tmp_path, args, expect):
     r = subprocess.run([sys.executable, "-m", "capctl.cli.main", "status", *args, "--coordinator",

@@ -406,6 +406,9 @@ def test_cluster_file_read_errors_are_worded(tmp_path, capsys):
     (["--duration", "0.5"], "--duration 0.5 is shorter than one simulation step"),
     (["--policies", ""], "names no policy"),
     (["--policies", " , "], "names no policy"),
+    # taken without a word before (found by a try-out)
+    (["--policies", "uniform,,capctl"], "an empty name between commas"),
+    (["--policies", "uniform,uniform"], "'uniform' named twice"),
 ])
 def test_cli_refuses_a_run_too_short_for_one_step_and_an_empty_policy_list(capsys, args, says):
     rc = main(["sim", "--policy", str(SMALL_POLICY), "--cluster", str(SMALL_CLUSTER), *args, "--json"])
