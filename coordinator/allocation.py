@@ -910,7 +910,7 @@ def _held_named(alerts: list[str], inputs: SolveInputs, c: InputColumns) -> list
     pos = {k: i for i, k in enumerate(c.keys)}
     out = []
     for a in alerts:
-        name = a[len("domain "):].split(":", 1)[0] if a.startswith("domain ") else ""
+        name = _alert_domain(a)
         if "below the sum of minimum caps" in a and name in inputs.domain_members:
             rows = [pos[k] for k in inputs.domain_members[name] if k in pos]
             held = [i for i in rows if c.fixed[i]]
@@ -920,6 +920,11 @@ def _held_named(alerts: list[str], inputs: SolveInputs, c: InputColumns) -> list
                       "no reading, a state the coordinator cannot move)")
         out.append(a)
     return out
+
+
+def _alert_domain(alert: str) -> str:
+    """The domain an allocator alert ``domain NAME: ...`` is about ("" for another alert)."""
+    return alert[len("domain "):].split(":", 1)[0] if alert.startswith("domain ") else ""
 
 
 def _reserve_named(alerts: list[str], domains: list[dict]) -> list[str]:
@@ -932,7 +937,7 @@ def _reserve_named(alerts: list[str], domains: list[dict]) -> list[str]:
         return alerts
     out = []
     for a in alerts:
-        name = a[len("domain "):].split(":", 1)[0] if a.startswith("domain ") else ""
+        name = _alert_domain(a)
         d = held.get(name)
         if d is not None and f"domain {name}: limit " in a:
             r = float(d["reserved_w"])

@@ -552,32 +552,16 @@ class Registry:
         node.last_report_mono = now
         seen = set()
         gpus = node.gpus
-        constraints_problem = _constraints_problem
+        reading = self._reading
         for row in (readings.rows_of(ack) if rows is None else rows):
             index = row[R_INDEX]
             g = gpus.get(index)
             if g is None:
                 continue
-            enforced_w, cap_w = row[R_ENFORCED], row[R_CAP]
-            if not (0.0 < enforced_w <= _MAX_W and 0.0 <= cap_w <= _MAX_W):
-                self._reading(g, row)  # no reading: the cap sent keeps counting (below)
-                continue
-            # a valid read-back (:meth:`_reading`, inlined: every acknowledged GPU of every interval)
-            state, error = row[R_STATE], row[R_ERROR]
-            g.have_reading = True
-            g.cap_w = cap_w
-            g.enforced_w = enforced_w
-            if constraints_problem(g.min_cap_w, g.max_cap_w):
-                g.cap_state, error = capstates.UNSUPPORTED_CONSTRAINTS, held_detail(g.min_cap_w, g.max_cap_w, state, error)
-            elif state:
-                g.cap_state = state
-            if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
-                g.oob_w, g.oob_mono = enforced_w, now
-            g.pre_job_cap_w = row[R_PRE_JOB]
-            if error:
-                g.error = error
+            if not reading(g, row):
+                continue  # not read back: the cap sent keeps counting (below)
             seen.add(index)
-            g.last_ack_w = enforced_w
+            g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
             g.last_ack_mono = now
         seq = ack.seq
         # a plan's caps are pending only on the GPUs it named (Coordinator.send_plan; merging old
