@@ -15,6 +15,7 @@ real use (a 256-job node, 1 GW budget) that still cap the memory one peer can ma
 from __future__ import annotations
 
 import math
+import operator
 import re
 
 from capctl import readings
@@ -206,11 +207,12 @@ def _checked_rows(part, field: str) -> tuple[list, str]:
         rows, tails, p = readings.packed_rows_tails(part.readings, name, MAX_GPUS_PER_NODE)
         if p:
             return [], p
-        if not _clean_packed(rows, tails):
-            p = rows_problem(rows, name)  # (the full checks: the first problem's text)
+        errors = _packed_errors(rows, tails)
+        if errors < 0:  # (anything new or wrong: the full checks, and the first problem's text)
+            p = rows_problem(rows, name)
             if p:
                 return [], p
-        errors = any(tail[3] for tail in tails.values())
+            errors = any(tail[3] for tail in tails.values())
     else:
         if len(part.gpus) > MAX_GPUS_PER_NODE:
             return [], f"{field}.gpus: {len(part.gpus)} GPUs, at most {MAX_GPUS_PER_NODE} allowed"
@@ -225,25 +227,40 @@ def _checked_rows(part, field: str) -> tuple[list, str]:
     return rows, ""
 
 
-def _clean_packed(rows: list, tails: dict) -> bool:
-    """True when :func:`rows_problem` finds nothing in the packed ``rows`` for sure, judged on the
-    whole report at once: its GPU indices distinct and below :data:`MAX_GPUS_PER_NODE`, and each
-    of its distinct string parts ``tails`` (:func:`capctl.readings.packed_rows_tails`: a node
-    reports one or two) on the memos of labels and reason sets found acceptable, its error within
-    :data:`MAX_ERROR_LEN`: exactly :func:`rows_problem`'s memo condition, for every row. False
-    (anything new or wrong) sends the rows through :func:`rows_problem`, whose text is the one
-    returned (tested equal on random packed reports, tests/security/test_limits.py).
+_CLEAN_INDICES: set = set()
+"""Tuples of GPU indices (a report's, in its order) found distinct and below
+:data:`MAX_GPUS_PER_NODE` (a node reports the same GPUs every time; bounded by :data:`_CLEAN_MAX`)."""
+_FIRST = operator.itemgetter(R_INDEX)
 
-    Why: the memo condition per row cost ~0.2 us a GPU; per report and distinct part it costs
-    ~0.07 (bench/interval_cost.py's reports, 7 Dec 2026)."""
-    indices = {row[0] for row in rows}
-    if len(indices) != len(rows) or (rows and max(indices) >= MAX_GPUS_PER_NODE):
-        return False
+
+def _packed_errors(rows: list, tails: dict) -> int:
+    """Judge the packed ``rows`` on the whole report at once: -1 unless :func:`rows_problem` surely
+    finds nothing in them, else 1 when some row has an error text, 0 when none. Sure: its GPU
+    indices on the memo of index tuples found distinct and below :data:`MAX_GPUS_PER_NODE`
+    (:data:`_CLEAN_INDICES`, filled here), and each of its distinct string parts ``tails``
+    (:func:`capctl.readings.packed_rows_tails`: a node reports one or two) on the memos of labels
+    and reason sets found acceptable, its error within :data:`MAX_ERROR_LEN`: exactly
+    :func:`rows_problem`'s memo condition, for every row. -1 (anything new or wrong) sends the rows
+    through :func:`rows_problem`, whose text is the one returned (tested equal on random packed
+    reports, tests/security/test_limits.py).
+
+    Why: the memo condition per row and the error scan cost ~0.3 us a GPU; per report and
+    distinct part ~0.1 (bench/interval_cost.py's reports, 7 Dec 2026)."""
+    indices = tuple(map(_FIRST, rows))
+    if indices not in _CLEAN_INDICES:
+        if len(set(indices)) != len(indices) or (indices and max(indices) >= MAX_GPUS_PER_NODE):
+            return -1
+        if len(_CLEAN_INDICES) >= _CLEAN_MAX:
+            _CLEAN_INDICES.clear()
+        _CLEAN_INDICES.add(indices)
     clean_labels, clean_reasons = _CLEAN_LABELS, _CLEAN_REASONS
+    errors = 0
     for state, reasons, job, error in tails.values():
         if len(error) > MAX_ERROR_LEN or (state, job) not in clean_labels or (reasons and reasons not in clean_reasons):
-            return False
-    return True
+            return -1
+        if error:
+            errors = 1
+    return errors
 
 
 def validate_hello(hello) -> str:
