@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from capctl import capstates, devicedata, readings
-from capctl.readings import R_CAP, R_ENFORCED, R_ERROR, R_INDEX, R_PRE_JOB, R_STATE
+from capctl.readings import R_INDEX
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
 from coordinator.throttle import LANE_BITS, WINDOW_S, NodeThrottle
 
@@ -572,18 +572,17 @@ class Registry:
         for row in (readings.rows_of(ack) if rows is None else rows):
             index = row[R_INDEX]
             g = gpus.get(index)
-            if g is None:
-                continue
-            if not reading(g, row):
-                continue  # not read back: the cap sent keeps counting (below)
-            seen.add(index)
-            g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
-            g.last_ack_mono = now
+            if g is not None and reading(g, row):  # (not read back: the cap sent keeps counting, below)
+                seen.add(index)
+                g.last_ack_w = g.enforced_w  # (the read-back's enforced limit, just recorded)
+                g.last_ack_mono = now
         seq = ack.seq
         # a plan's caps are pending only on the GPUs it named (Coordinator.send_plan; merging old
         # entries keeps their seqs): those of ``sent_caps``; every GPU when it is not known
-        named = gpus.items() if sent_caps is None else [(i, gpus[i]) for i in sent_caps if i in gpus]
-        for idx, g in named:
+        for idx in (gpus if sent_caps is None else sent_caps):
+            g = gpus.get(idx)
+            if g is None:
+                continue
             pending = g.pending
             if pending:  # (most GPUs of most plans: nothing sent, nothing to pop)
                 sent = pending.pop(seq, None)
@@ -599,10 +598,8 @@ class Registry:
         so zeros mean the agent could not read the GPU (LOST/ERROR, or a sample taken before its
         first NVML read). The GPU then keeps counting at its last known caps (never as 0 W freed)
         and a GPU that never had a reading stays fixed at its accounted cap."""
-        state = row[R_STATE]
-        enforced_w = row[R_ENFORCED]
-        cap_w = row[R_CAP]
-        error = row[R_ERROR]
+        (_index, _power_w, cap_w, enforced_w, _temp_c, _sm_clock, _util, _mem_pct, _energy_j, pre_job_w, _w0, _w1, _w2,
+         _w3, state, _reasons, _job_id, error) = row  # (one unpacking: cheaper than four reads by position)
         if not (0.0 < enforced_w <= _MAX_W and 0.0 <= cap_w <= _MAX_W):
             if state:
                 g.cap_state = state
@@ -622,7 +619,7 @@ class Registry:
             g.cap_state = state
         if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
             g.oob_w, g.oob_mono = enforced_w, self.clock()
-        g.pre_job_cap_w = row[R_PRE_JOB]
+        g.pre_job_cap_w = pre_job_w
         if error:
             g.error = error
         return True
