@@ -155,9 +155,11 @@ def packed_rows_tails(r, field: str, max_rows: int) -> tuple[list, dict, str]:
     tail; ``{}`` when ``problem``). A node reports one or two distinct tails: the bound checks judge
     those, not every row (:func:`capctl.security.limits.ack_rows`).
 
-    Why: each row's four strings were looked up and a new 4-tuple built per GPU; one dict lookup
-    per row on its packed positions replaces that, and ``r.strings[:]`` the slower ``list(r.strings)``
-    (the packed decode 0.56 -> 0.42 us a GPU, bench/interval_cost.py's reports, 7 Dec 2026)."""
+    Why: the bound checks of every row cost ~0.36 us a GPU, most of it spent judging the same
+    strings again; with the tails they judge one or two parts a report (~0.19 us a GPU, the
+    decode itself unchanged at ~0.55: one dict lookup per row on its packed positions instead of
+    four string lookups, ``r.strings[:]`` instead of ``list(r.strings)``; ``limits.telemetry_rows``
+    0.91 -> 0.74 us a GPU on bench/interval_cost.py's reports, 7 Dec 2026)."""
     size = r.row_bytes
     if not ROW.size <= size <= MAX_ROW_BYTES:
         return [], {}, f"{field}.row_bytes {size}: need {ROW.size} to {MAX_ROW_BYTES} (capctl.readings.ROW)"

@@ -485,8 +485,9 @@ class Registry:
 
         Speed (the hot loop of every interval: every GPU, every report): the GPUs' first readings
         noted here, not in two passes over the node's GPUs; the reason classes read from their memo
-        (:func:`reason_flags`'s) in the loop; the bounds and the job energy as locals
-        (2.2 -> 1.9 us a GPU, bench/interval_cost.py's reports, 7 Dec 2026)."""
+        (:func:`reason_flags`'s) in the loop; usable constraints told by comparison (:data:`_MIN_W`);
+        the bounds and the job energy as locals (:meth:`on_telemetry` 2.8 -> 2.4 us a GPU on
+        bench/interval_cost.py's reports, 7 Dec 2026)."""
         gpus = node.gpus
         energy_seen = self._energy_seen.get(node.name)
         if energy_seen is None:
@@ -559,7 +560,9 @@ class Registry:
         from the read-back stays counted at ``max(reading, cap sent)`` for ``ack_memory_s``.
         ``rows``: its read-backs decoded and checked (:func:`capctl.security.limits.ack_rows`);
         None decodes ``ack`` here (``ValueError`` for packed readings that cannot be decoded, as
-        :meth:`on_telemetry`).
+        :meth:`on_telemetry`). The plan's GPUs are visited by index, without a list of pairs, and
+        :meth:`_reading` unpacks its row once (0.81 -> 0.70 us a GPU read back, bench/interval_cost.py's
+        acknowledgements, 7 Dec 2026).
         """
         node = self.nodes.get(node_name)
         if node is None:
