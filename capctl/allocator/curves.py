@@ -260,6 +260,9 @@ class OnlineCurveFit:
     keeps the curve concave and increasing whatever the data. Errors: ValueError on non-finite input.
     """
 
+    __slots__ = ("prior", "prior_weight", "_decay", "_sum", "_wt", "_last", "_dirty", "n_samples")
+    # (fixed attributes: add_binned reads and sets five of each of thousands of fits per interval)
+
     def __init__(self, prior: CurveParams, *, prior_weight: float = 2.0, half_life: float = 50.0):
         self.prior = prior
         self.prior_weight = float(prior_weight)
