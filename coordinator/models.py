@@ -502,9 +502,15 @@ class ThermalBank:
                 gain = px / denom[..., None]
                 err = temp_c[sel] - np.einsum("kgi,kgi->kg", x, theta)
                 upd = np.isfinite(err)
-                theta[upd] += gain[upd] * err[upd][:, None]
-                newcov = (cov - gain[..., :, None] * px[..., None, :]) / self.FORGET
-                cov[upd] = newcov[upd]
+                newcov = np.multiply(gain[..., :, None], px[..., None, :])  # (cov - gain px') / FORGET, in place
+                np.subtract(cov, newcov, out=newcov)
+                newcov /= self.FORGET
+                if upd.all():  # (the usual case: the same values without the masked copies)
+                    theta += gain * err[..., None]
+                    cov = newcov
+                else:
+                    theta[upd] += gain[upd] * err[upd][:, None]
+                    cov[upd] = newcov[upd]
                 self.theta[k] = theta
                 self.cov[k] = cov
         self.prev_t[rows] = time_s
