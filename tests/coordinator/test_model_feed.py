@@ -6,7 +6,7 @@ The reference below is the per-GPU definition: each GPU's model fed every sample
 binding's), its memory-bound share by ``_update_memory_bound`` on its latest sample, each node's
 thermal model fed ``_common_times`` one time at a time (a fresh one when its GPU indices change),
 the models of GPUs the registry no longer has dropped. Seeded random steps: 0, 1 or 2 samples per
-GPU, as ``Sample`` objects or the registry's plain tuples; readings without a limit, NaN / inf
+GPU, as ``Sample`` objects or the registry's plain tuples (a few GPUs' lists given as tuples); readings without a limit, NaN / inf
 powers and temperatures, unreported memory utilization, reason sets as lists; between steps jobs
 start and end, a node's records are replaced (a hello, fewer GPUs, a record replaced in place),
 nodes leave and join. Every model's state, thermal parameters and memory-bound share equal
@@ -135,6 +135,8 @@ def test_update_on_the_flat_sequence_equals_record_by_record(seed):
             for g in node.gpus.values():
                 count = rng.choice([0, 1, 1, 1, 1, 1, 1, 2]) if step % 5 else 1  # every 5th: all one sample
                 g.new_samples = [_sample(rng, step + 0.1 * j) for j in range(count)]
+                if rng.random() < 0.02:  # set by hand as another sequence: taken alike
+                    g.new_samples = tuple(g.new_samples)
         ref.update(reg)
         models.update(reg, 1.0)
         models.forget_missing(reg)
