@@ -100,6 +100,8 @@ def _change(reg: Registry, rng: random.Random, step: int) -> None:
     names = sorted(reg.nodes)
     node = reg.nodes[rng.choice(names)]
     kind = rng.choice(["none", "none", "job", "end", "hello", "fewer", "record", "leave", "join"])
+    if not node.gpus and kind in ("job", "record"):
+        return
     if kind == "job":
         idx = tuple(sorted(rng.sample(sorted(node.gpus), k=min(2, len(node.gpus)))))
         node.bindings[f"j{step}"] = Binding(f"j{step}", node.name, idx)
