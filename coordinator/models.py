@@ -882,7 +882,8 @@ class Models:
             gpus = node.gpus
             bind = [(b.job_id, b.gpu_indices) for b in node.bindings.values()]
             e = cache.get(name)
-            if e is None or e.node is not node or e.bind != bind or e.keys != list(gpus) or e.vals != list(gpus.values()):
+            if (e is None or e.node is not node or e.bind != bind or e.keys != list(gpus)
+                    or e.vals != list(gpus.values())):
                 e = cache[name] = self._new_entry(name, node, bind, interval_s)
             out.append(e)
         return out

@@ -106,8 +106,8 @@ class Sample(typing.NamedTuple):
     ``GpuObs.new_samples`` holds a GPU's samples as tuples in this field order: a ``Sample``, or
     the plain tuple of its fields that :meth:`Registry._record_gpus` appends (the models read them
     by position, ``coordinator.models.S_*``). Why: a ``Sample`` built per GPU per report cost
-    0.29 us, its plain tuple 0.06 us, and the models turn one interval's tuples into columns with
-    one ``zip`` (measured 7 Dec 2026, 2-core host)."""
+    0.29 us, its plain tuple 0.06 us; the models read one interval's tuples as columns (measured
+    7 Dec 2026, 2-core host)."""
 
     time_s: float
     power_w: float
@@ -527,7 +527,8 @@ class Registry:
             g.sample_mono = now
             g.slowdown_run = g.slowdown_run + 1 if (util >= 20.0 and stuck) else 0
             if len(g.new_samples) < 1024:
-                g.new_samples.append((now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util, mem_pct))  # a Sample
+                # a Sample's fields as a plain tuple (the Sample docstring says why)
+                g.new_samples.append((now, power_w, enforced_w, temp_c, float(sm_clock), reasons, util, mem_pct))
             # energy: NVML total energy counter (J); deltas are charged to the bound job
             if not 0.0 <= energy_j <= _MAX_ENERGY_J:
                 continue  # not a counter value (NaN, inf, negative): missing, nothing charged

@@ -6,11 +6,11 @@ The reference below is the per-GPU definition: each GPU's model fed every sample
 binding's), its memory-bound share by ``_update_memory_bound`` on its latest sample, each node's
 thermal model fed ``_common_times`` one time at a time (a fresh one when its GPU indices change),
 the models of GPUs the registry no longer has dropped. Seeded random steps: 0, 1 or 2 samples per
-GPU, as ``Sample`` objects or the registry's plain tuples (a few GPUs' lists given as tuples); readings without a limit, NaN / inf
-powers and temperatures, unreported memory utilization, reason sets as lists; between steps jobs
-start and end, a node's records are replaced (a hello, fewer GPUs, a record replaced in place),
-nodes leave and join. Every model's state, thermal parameters and memory-bound share equal
-within 1e-9.
+GPU, as ``Sample`` objects or the registry's plain tuples (a few GPUs' lists as tuples); readings
+without a limit, NaN / inf powers and temperatures, unreported memory utilization, reason sets as
+lists; between steps jobs start and end, a node's records are replaced (a hello, fewer GPUs, a
+record replaced in place), nodes leave and join. Every model's state, thermal parameters and
+memory-bound share equal within 1e-9.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ REASONS = ((), ("SW_POWER_CAP",), ("SW_THERMAL_SLOWDOWN",), ("HW_SLOWDOWN",), ["
 
 
 def _sample(rng: random.Random, t: float):
-    enforced = rng.choice([0.0, math.inf, math.nan] + [rng.uniform(150.0, 700.0), float(rng.randrange(200, 700, 25))] * 4)
+    valid = [rng.uniform(150.0, 700.0), float(rng.randrange(200, 700, 25))]
+    enforced = rng.choice([0.0, math.inf, math.nan] + valid * 4)
     temp_c = rng.choice([0.0, math.nan, math.inf] + [rng.uniform(30, 90)] * 20)
     power_w = rng.choice([math.nan, 0.0] + [rng.uniform(0.0, 720.0)] * 10)
     fields = (t, power_w, enforced, temp_c, float(rng.choice([0, rng.randrange(600, 1995, 15)])),
