@@ -829,9 +829,10 @@ class Models:
         thermal samples by time: :meth:`_add_thermal`). Every node's GPUs are one flat sequence
         (:class:`_Flat`, kept while no node changed), read by C-level passes (samples, counts,
         max clocks) instead of a Python loop per node and GPU: ``bench/interval_cost.py``'s
-        ``models`` stage (this and :meth:`forget_missing`) at 8,000 GPUs 6.5 -> 2.8 us a GPU
-        (medians of 3 runs, 2-core host shared with other work, 7 Dec 2026; tested equal to the
-        record-by-record models, tests/coordinator/test_model_feed.py)."""
+        ``models`` stage (this and :meth:`forget_missing`) at 8,000 GPUs 6.5 -> 2.7 us a GPU, at
+        100,000 8.4 -> 3.5 (medians of 3 runs interleaved with the previous code, 2-core host
+        shared with other work, 7 Dec 2026; tested equal to the record-by-record models,
+        tests/coordinator/test_model_feed.py)."""
         budget_s = max(REFIT_BUDGET_MIN_S, REFIT_BUDGET_PER_GPU_S * len(self.gpus))
         self._refit_budget_s = min(REFIT_BUDGET_FRACTION * interval_s, REFIT_BUDGET_MAX_S, budget_s)
         self._refit_deadline = None  # the budget runs from this interval's first refit
