@@ -76,6 +76,7 @@ from capctl.allocator.thermal import THERMAL_PRIOR
 from coordinator import membound
 from coordinator.idlegrants import IdleGrants
 from coordinator.paceslope import PaceSlopes
+from coordinator.refitcost import RefitCost
 from coordinator.registry import gpu_jobs
 
 log = logging.getLogger("capctl.coordinator.models")
@@ -580,13 +581,10 @@ batched fits (bench/interval_cost.py: 1.7 us per GPU); at 100,000 the :data:`REF
 cap, ~320 fits."""
 REFIT_BUDGET_MIN_S = 0.01
 """The refit budget of a small cluster (s per interval): some ten batched fits."""
-REFIT_COST_PRIOR_S = 1e-3
-"""The first estimate of one batched fit's cost (s; measured 0.5-1.3 ms per fit in batches of
-16-256 on tests/allocator/test_batchfit.py's instances, 4 ms alone, 2-core host, 4 Dec 2026);
-then the measured cost (a moving mean)."""
 REFIT_BATCH = 64
 """Curve refits fitted together at most (:func:`capctl.allocator.batchfit.fit_curves`); a batch
-holds as many as the budget left pays for at the measured cost per fit (at least one)."""
+holds as many as the budget left pays for at the measured cost (:mod:`coordinator.refitcost`: a
+fixed part per batch and a part per fit; the interval's first batch at least one)."""
 
 
 def _with_memory_bound(m: GpuModel, c: CurveParams) -> CurveParams:
@@ -806,7 +804,7 @@ class Models:
         self._thermal_arrays = None  # the same as arrays [3, rows, G] (thermal_arrays)
         self._refit_deadline: float | None = 0.0
         self._refit_budget_s = 0.0
-        self._fit_cost_s = REFIT_COST_PRIOR_S  # one batched fit's measured cost (s, budget clock)
+        self._fit_cost = RefitCost()  # a batch of refits' measured cost (s, budget clock)
         self._clock = clock
         self._budget_clock = budget_clock
         self._rng = rng if rng is not None else random
@@ -1075,13 +1073,14 @@ class Models:
         refit budget lasts; the models left over keep their last fit until a later interval."""
         now = self._clock()
         todo = list(due)
+        first = self._refit_deadline is None  # (no batch yet this interval: at least one fit)
         while todo:
             deadline = self._deadline()
             t0 = self._budget_clock()
-            left_s = deadline - t0
-            if left_s <= 0:
-                break  # this interval's refit budget is spent
-            size = min(REFIT_BATCH, max(1, int(left_s / self._fit_cost_s)))
+            size = self._fit_cost.size(deadline - t0, REFIT_BATCH, first) if t0 < deadline else 0
+            if not size:
+                break  # this interval's refit budget is spent (or cannot pay for another batch)
+            first = False
             batch = todo[:size]
             del todo[:size]
             problems = [m.begin_refit(now, self._rng) for m in batch]
@@ -1091,9 +1090,8 @@ class Models:
                 n = m.refits
                 m.finish_refit(p, next(fits) if p is not None else None)
                 self.refits += m.refits - n
-            if fitted:  # the cost per fit, a moving mean (the simulator's budget clock: its charge)
-                per_s = (self._budget_clock() - t0) / len(fitted)
-                self._fit_cost_s = min(max(0.7 * self._fit_cost_s + 0.3 * per_s, 1e-6), 1.0)
+            if fitted:  # (the simulator's budget clock: its charge)
+                self._fit_cost.observe(len(fitted), self._budget_clock() - t0)
 
     def memory_bound(self, key: tuple[str, int]) -> float | None:
         """The GPU's smoothed memory-bound share of a step (0-0.9, :mod:`coordinator.membound`), or
