@@ -55,7 +55,7 @@ BALANCER_TOL = 0.01
 CAPCTL_REFIT_COST_S = 0.001
 """Simulated cost of one full curve refit charged to the coordinator's per-interval refit budget
 (``coordinator.models.REFIT_BUDGET_FRACTION`` and what follows it): one batched fit
-(``capctl.allocator.batchfit``) takes ~1 ms (``coordinator.models.REFIT_COST_PRIOR_S``)."""
+(``capctl.allocator.batchfit``) takes ~1 ms (``coordinator.refitcost``)."""
 THERMAL_BITS = 0x20 | 0x40  # NVML SwThermalSlowdown | HwThermalSlowdown
 
 

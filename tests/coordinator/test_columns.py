@@ -188,9 +188,9 @@ def test_batched_memory_bound_share_equals_per_gpu_update(seed):
         for node in reg.nodes.values():
             for g in node.gpus.values():
                 count = rng.choice([0, 1, 1, 1, 2])
-                g.new_samples = [_sample(rng, step + 0.1 * j) for j in range(count)]
-                for smp in g.new_samples:
-                    smp.memory_utilization_pct = rng.choice([math.nan, -5.0, 0.0, rng.uniform(0, 100), 150.0])
+                g.new_samples = [_sample(rng, step + 0.1 * j)._replace(
+                    memory_utilization_pct=rng.choice([math.nan, -5.0, 0.0, rng.uniform(0, 100), 150.0]))
+                    for j in range(count)]  # (a Sample is a tuple: the field set on a copy)
                 r = ref.setdefault(g.key, M.GpuModel(g.name, g.min_cap_w, g.max_cap_w))
                 if g.new_samples and not math.isnan(g.new_samples[-1].memory_utilization_pct):
                     M._update_memory_bound([(r, g.new_samples[-1], g.max_sm_clock_mhz)])

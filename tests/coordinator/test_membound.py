@@ -141,7 +141,7 @@ def test_column_path_gives_the_per_gpu_paths_memory_bound_curves():
                 smp = _sample(rng, float(step))
                 m, r = share_of[g.key], smp.sm_clock_mhz / g.max_sm_clock_mhz
                 if m is not None and r > 0:
-                    smp.memory_utilization_pct = float(round(smp.utilization_pct * _busy_share(m, r)))
+                    smp = smp._replace(memory_utilization_pct=float(round(smp.utilization_pct * _busy_share(m, r))))
                 g.new_samples = [smp]
         models.update(reg, 1.0)
     keys = sorted(models.gpus) + [("unknown", 0)]
