@@ -19,6 +19,7 @@ request. The check of a plan's caps costs one type lookup and two comparisons pe
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import struct
@@ -147,20 +148,62 @@ def cap_plan(cache: SafeCapsCache, node: str, caps: dict[int, float], safe: dict
 
 def packed_plan(node: str, caps: dict[int, float], safe: dict[int, float], seq: int, phase: str,
                 lease_expiry_s: float, lease_s: float, dry_run: bool, term: int,
-                snapshot_time_s: float) -> pb.CoordinatorMessage:
+                snapshot_time_s: float, safe_rows: bytes | None = None) -> pb.CoordinatorMessage:
     """:func:`cap_plan` with ``packed=True`` and these fields (the coordinator's plans to agents
     that read packed caps, :meth:`coordinator.loop.Coordinator.send_plan`), equal to it field for
     field; same checks, same errors. Written as wire bytes and parsed (:func:`_plan_wire`) when
-    the fields have the coordinator's own types, else built field by field."""
+    the fields have the coordinator's own types, else built field by field. ``safe_rows``:
+    ``safe`` checked and packed already (:func:`packed_rows`), or None (done here)."""
     check_caps(node, "caps", caps)
-    check_caps(node, "safe_caps", safe)
+    if safe_rows is None:
+        check_caps(node, "safe_caps", safe)
+        safe_rows = plancaps.pack(safe) if safe else b""
     caps_rows = plancaps.pack(caps) if caps else b""
-    safe_rows = plancaps.pack(safe) if safe else b""
     wire = _plan_wire(caps_rows, safe_rows, seq, phase, lease_expiry_s, lease_s, dry_run, term, snapshot_time_s)
     if wire is not None:
         return _FROM_WIRE(wire)
     return cap_plan(None, node, caps, safe, packed=True, seq=seq, phase=phase, lease_expiry_s=lease_expiry_s,
                     lease_s=lease_s, dry_run=dry_run, term=term, snapshot_time_s=snapshot_time_s)
+
+
+_ROW = np.dtype([("index", "<u4"), ("cap_w", "<f8")])
+"""One packed cap as numpy writes it: :data:`capctl.plancaps.CAP` (12 bytes, no padding)."""
+
+
+def packed_rows(by_node: dict[str, dict[int, float]]) -> dict[str, bytes]:
+    """``{node: plancaps.pack(caps)}`` for the nodes of ``by_node`` (node -> GPU index -> W) whose
+    caps :func:`check_caps` takes and whose indices are ascending, all in one pass of arrays; the
+    others are left out (their plans check and pack their caps themselves, with the same errors).
+    Every value must be a ``float`` and every index an ``int``, else nothing is returned.
+
+    Why: the failsafe caps of every live node go out each interval; checked and packed per node,
+    ~1.6 us a node of 8 GPUs (micro) and 2-3 us within the interval; here ~1 ms for 1,000 nodes
+    (measured 7 Dec 2026, 2-core host)."""
+    dicts = list(by_node.values())
+    indices = list(itertools.chain.from_iterable(dicts))
+    values = list(itertools.chain.from_iterable(map(dict.values, dicts)))
+    if not set(map(type, values)) <= {float} or not set(map(type, indices)) <= {int}:
+        return {}
+    try:
+        idx = np.array(indices, dtype=np.int64) if indices else np.zeros(0, np.int64)
+    except OverflowError:  # an index beyond int64: the per-node path says so
+        return {}
+    counts = np.fromiter(map(len, dicts), np.int64, len(dicts))
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    caps_w = np.array(values, dtype=float)
+    ascending = np.ones(len(idx), bool)
+    ascending[1:] = idx[1:] > idx[:-1]
+    ascending[starts[counts > 0]] = True  # (a node's first row is not compared with the node before)
+    good = (caps_w > 0.0) & (caps_w <= _MAX_W) & (idx >= 0) & (idx <= 0xFFFFFFFF) & ascending  # (NaN: not > 0)
+    bad_before = np.concatenate(([0], np.cumsum(~good)))
+    keep = bad_before[ends] == bad_before[starts]
+    rows = np.empty(len(idx), _ROW)
+    rows["index"] = np.where(good, idx, 0)
+    rows["cap_w"] = caps_w
+    data = rows.tobytes()
+    return {name: data[12 * a:12 * b] for name, a, b, ok in zip(by_node, starts.tolist(), ends.tolist(), keep.tolist())
+            if ok}
 
 
 # -- the packed plan as wire bytes ---------------------------------------------------------------

@@ -232,3 +232,49 @@ def test_wire_written_packed_plans_equal_the_ones_built_field_by_field():
             planmsg.packed_plan("n1", {}, {}, **fields)
     with pytest.raises(ValueError, match="safe_caps GPU 3: cap_w True"):
         planmsg.packed_plan("n1", {}, {3: True}, 1, "hold", 1.0, 10.0, False, 0, 1.0)
+
+
+def test_packed_rows_equal_each_nodes_own_check_and_pack():
+    """planmsg.packed_rows (every node's failsafe caps checked and packed at once) gives, for each
+    node it keeps, plancaps.pack of its caps, and keeps exactly the nodes whose caps check_caps
+    takes with ascending indices (bad values: NaN, inf, 0, < 0, above the largest double; indices
+    out of order, above uint32); values or indices of other types: nothing (each plan packs its own)."""
+    from capctl import plancaps
+
+    rng = random.Random(4)
+    bad_values = [math.nan, math.inf, -math.inf, 0.0, -0.0, -5.0]
+    for _ in range(300):
+        by_node = {}
+        for k in range(rng.randint(0, 12)):
+            caps = {i: rng.uniform(100, 700) for i in sorted(rng.sample(range(16), rng.randint(0, 8)))}
+            roll = rng.random()
+            if caps and roll < 0.15:
+                caps[rng.choice(list(caps))] = rng.choice(bad_values)
+            elif len(caps) > 1 and roll < 0.25:
+                caps = dict(reversed(list(caps.items())))  # indices out of order
+            elif roll < 0.28:
+                caps[2**32 + rng.randint(0, 5)] = 300.0
+            by_node[f"n{k}"] = caps
+        got = planmsg.packed_rows(by_node)
+        for node, caps in by_node.items():
+            ascending = list(caps) == sorted(caps)
+            try:
+                planmsg.check_caps(node, "safe_caps", caps)
+                want = plancaps.pack(caps)
+            except ValueError:
+                want = None
+            if want is not None and ascending:
+                assert got[node] == want
+            else:
+                assert node not in got
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {0: np.float64(300.0)}}) == {}
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {True: 300.0}}) == {}
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {2**70: 300.0}}) == {}
+    assert planmsg.packed_rows({}) == {} and planmsg.packed_rows({"a": {}}) == {"a": b""}
+
+
+def test_packed_plan_with_safe_rows_given_is_the_same_plan():
+    safe = {0: 310.5, 3: 250.0}
+    fields = (9, "hold", 1.7e9, 10.0, False, 2, 1.6e9)
+    rows = planmsg.packed_rows({"n1": safe})["n1"]
+    assert planmsg.packed_plan("n1", {}, safe, *fields, rows) == planmsg.packed_plan("n1", {}, safe, *fields)
