@@ -559,8 +559,8 @@ class Coordinator:
         agent per interval). ``safe_rows``: ``safe`` checked and packed already
         (:func:`coordinator.planmsg.packed_rows`), or None.
 
-        A plan to an agent that reads packed plans is written by :func:`coordinator.planmsg.packed_plan`
-        (its wire bytes parsed in one call); the plans older than :data:`SENT_MEMORY_S` are looked
+        A plan to an agent that reads packed plans is made by :func:`coordinator.planmsg.packed_plan`
+        (one constructor call); the plans older than :data:`SENT_MEMORY_S` are looked
         for only when the session's oldest one is (:meth:`_forget_sent`), not at every plan.
         Measured 7 Dec 2026 (bench/interval_cost.py, 8,000 GPUs, medians of 3 runs on the shared
         2-core host, +-15 % noise), with :mod:`coordinator.ackwait` and the failsafe caps packed

@@ -12,10 +12,11 @@ an interval of bench/interval_cost.py), the message is built directly and only i
 form kept: 9 us against 17 us built, serialized and parsed back (4 Dec 2026). The message is
 field for field the one built directly (tests/coordinator/test_planmsg.py).
 
-Agents that read packed plans (every agent since 5 Dec 2026) get :func:`packed_plan`: the plan's
-wire bytes written here (:func:`_plan_wire`) and parsed in one C call, 3.4 us a hold against 5.1 us
-with its fields set one by one (micro, 7 Dec 2026, 2-core host); the failsafe caps of all nodes are
-checked and packed in one pass of arrays per interval (:func:`packed_rows`).
+Agents that read packed plans (every agent since 5 Dec 2026) get :func:`packed_plan`: the plan
+made by protobuf's constructor with every field as a keyword (one C call), 1.6 us a hold against
+5.3 us with its fields set one by one (micro, 7 Dec 2026, 2-core host; the plan's wire bytes
+written by hand and parsed measured 1.9 us: not kept); the failsafe caps of all nodes are checked
+and packed in one pass of arrays per interval (:func:`packed_rows`).
 
 Every cap is checked before anything is serialized (:func:`check_caps`): protobuf itself takes
 ``None`` as 0 W and ``True`` as 1 W, and a NaN, an infinity or a cap <= 0 W is never a limit to
@@ -27,7 +28,6 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import struct
 import sys
 
 import numpy as np
@@ -127,11 +127,6 @@ def cap_plan(cache: SafeCapsCache, node: str, caps: dict[int, float], safe: dict
     """
     check_caps(node, "caps", caps)
     check_caps(node, "safe_caps", safe)
-    if packed and fields.keys() <= _WIRE_FIELDS:
-        wire = _plan_wire(plancaps.pack(caps) if caps else b"", plancaps.pack(safe) if safe else b"",
-                          **{**_WIRE_DEFAULTS, **fields})
-        if wire is not None:
-            return _FROM_WIRE(wire)
     if packed:
         msg = pb.CoordinatorMessage()
         msg.plan.SetInParent()  # a plan even without caps
@@ -156,19 +151,20 @@ def packed_plan(node: str, caps: dict[int, float], safe: dict[int, float], seq: 
                 snapshot_time_s: float, safe_rows: bytes | None = None) -> pb.CoordinatorMessage:
     """:func:`cap_plan` with ``packed=True`` and these fields (the coordinator's plans to agents
     that read packed caps, :meth:`coordinator.loop.Coordinator.send_plan`), equal to it field for
-    field; same checks, same errors. Written as wire bytes and parsed (:func:`_plan_wire`) when
-    the fields have the coordinator's own types, else built field by field. ``safe_rows``:
-    ``safe`` checked and packed already (:func:`packed_rows`), or None (done here)."""
+    field; same checks, same errors, made by one constructor call (module docstring).
+    ``safe_rows``: ``safe`` checked and packed already (:func:`packed_rows`), or None (done here).
+
+    Raises:
+        ValueError: a cap that is not a finite real number of watts > 0 (:func:`check_caps`).
+        TypeError, ValueError: a bad field value (protobuf's).
+    """
     check_caps(node, "caps", caps)
     if safe_rows is None:
         check_caps(node, "safe_caps", safe)
         safe_rows = plancaps.pack(safe) if safe else b""
-    caps_rows = plancaps.pack(caps) if caps else b""
-    wire = _plan_wire(caps_rows, safe_rows, seq, phase, lease_expiry_s, lease_s, dry_run, term, snapshot_time_s)
-    if wire is not None:
-        return _FROM_WIRE(wire)
-    return cap_plan(None, node, caps, safe, packed=True, seq=seq, phase=phase, lease_expiry_s=lease_expiry_s,
-                    lease_s=lease_s, dry_run=dry_run, term=term, snapshot_time_s=snapshot_time_s)
+    return pb.CoordinatorMessage(plan=pb.CapPlan(
+        seq=seq, phase=phase, lease_expiry_s=lease_expiry_s, lease_s=lease_s, dry_run=dry_run, term=term,
+        snapshot_time_s=snapshot_time_s, caps_rows=plancaps.pack(caps) if caps else b"", safe_caps_rows=safe_rows))
 
 
 _ROW = np.dtype([("index", "<u4"), ("cap_w", "<f8")])
@@ -209,65 +205,3 @@ def packed_rows(by_node: dict[str, dict[int, float]]) -> dict[str, bytes]:
     data = rows.tobytes()
     return {name: data[12 * a:12 * b] for name, a, b, ok in zip(by_node, starts.tolist(), ends.tolist(), keep.tolist())
             if ok}
-
-
-# -- the packed plan as wire bytes ---------------------------------------------------------------
-# A plan built field by field costs ~5 us a hold with its scalar fields set one by one (setattr on
-# a upb message, ~0.15 us each, and the message objects); written as bytes here and parsed in one C
-# call, ~2 us (measured 7 Dec 2026, 2-core host). The bytes are protobuf's encoding of the same
-# field values (https://protobuf.dev/programming-guides/encoding/): what the agent receives is the
-# message re-serialized by gRPC, field for field the one built directly (tests/coordinator/test_planmsg.py).
-
-_FROM_WIRE = pb.CoordinatorMessage.FromString
-_WIRE_FIELDS = frozenset({"seq", "phase", "lease_expiry_s", "lease_s", "dry_run", "term", "snapshot_time_s"})
-"""The ``CapPlan`` fields :func:`_plan_wire` writes (numbers in capctl/v1/capctl.proto)."""
-_WIRE_DEFAULTS = {"seq": 0, "phase": "", "lease_expiry_s": 0.0, "lease_s": 0.0, "dry_run": False, "term": 0,
-                  "snapshot_time_s": 0.0}
-_DOUBLES = struct.Struct("<BdBd2sd")
-"""lease_expiry_s (field 4, 64-bit: tag 0x21), lease_s (5: 0x29), snapshot_time_s (131: tag varint 0x99 0x08)."""
-_SMALL_VARINTS = [bytes((v,)) for v in range(128)]
-_PHASES: dict[str, bytes] = {}
-"""Phase -> its field (2, length-delimited: tag 0x12), written once per phase name."""
-_U64 = 1 << 64
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf's base-128 varint of ``value`` (0 <= value < 2^64)."""
-    if value < 128:
-        return _SMALL_VARINTS[value]
-    out = bytearray()
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _plan_wire(caps_rows: bytes, safe_rows: bytes, seq, phase, lease_expiry_s, lease_s, dry_run, term,
-               snapshot_time_s) -> bytes | None:
-    """The serialized ``CoordinatorMessage(plan=CapPlan(...))`` of these fields (packed rows as
-    given), or None when a value is not of the type written here (an ``int`` 0..2^64-1 for seq
-    and term, a ``str`` phase, ``float`` times, a ``bool`` dry_run): the caller then builds the
-    message field by field, with protobuf's own conversions and errors."""
-    if not (type(seq) is int and type(term) is int and 0 <= seq < _U64 and 0 <= term < _U64
-            and type(lease_expiry_s) is float and type(lease_s) is float and type(snapshot_time_s) is float
-            and type(dry_run) is bool and type(phase) is str):
-        return None
-    ph = _PHASES.get(phase)
-    if ph is None:
-        try:
-            data = phase.encode()
-        except UnicodeEncodeError:  # (a lone surrogate: protobuf's own error, field by field)
-            return None
-        ph = b"\x12" + _varint(len(data)) + data
-        if len(_PHASES) < 16:
-            _PHASES[phase] = ph
-    body = b"".join((
-        b"\x08", _varint(seq), ph,
-        _DOUBLES.pack(0x21, lease_expiry_s, 0x29, lease_s, b"\x99\x08", snapshot_time_s),
-        b"\x38\x01" if dry_run else b"",
-        b"\x42" + _varint(len(caps_rows)) + caps_rows if caps_rows else b"",
-        b"\x4a" + _varint(len(safe_rows)) + safe_rows if safe_rows else b"",
-        b"\xe0\x03" + _varint(term) if term else b"",
-    ))
-    return b"\x12" + _varint(len(body)) + body

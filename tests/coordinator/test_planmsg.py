@@ -184,7 +184,7 @@ def test_bad_packed_plan_rows_are_named_and_apply_nothing():
 
 
 def _field_by_field(caps, safe, **fields):
-    """The packed plan built field by field (the path before the wire-written one)."""
+    """The packed plan built field by field (cap_plan's way)."""
     from capctl import plancaps
 
     msg = pb.CoordinatorMessage()
@@ -198,11 +198,11 @@ def _field_by_field(caps, safe, **fields):
     return msg
 
 
-def test_wire_written_packed_plans_equal_the_ones_built_field_by_field():
-    """coordinator/planmsg.py writes the coordinator's packed plans as wire bytes: the message is
-    the one built field by field, and serializes to the same bytes, across the varint sizes of seq
-    and term (0, 1 byte, 2 bytes, 2^64 - 1), zeros and -0.0 in the times, phases of any length,
-    up to 64 caps; values of other types take the field-by-field path (same result or error)."""
+def test_packed_plans_equal_the_ones_built_field_by_field():
+    """coordinator/planmsg.py makes the coordinator's packed plans in one constructor call: the
+    message is the one built field by field, and serializes to the same bytes, across seq and
+    term sizes (0 to 2^64 - 1), zeros and -0.0 in the times, phases of any length, up to 64 caps;
+    values of other types give the same result or error."""
     rng = random.Random(5)
     for _ in range(3000):
         caps = {i: rng.uniform(1, 1e4) for i in rng.sample(range(64), rng.randint(0, 64 if rng.random() < 0.1 else 8))}
@@ -220,8 +220,7 @@ def test_wire_written_packed_plans_equal_the_ones_built_field_by_field():
         if not math.isnan(fields["lease_expiry_s"]):
             assert got == _field_by_field(caps, safe, **fields)
     other = dict(seq=np.int64(7), phase="hold", lease_expiry_s=5, lease_s=np.float64(10.0), dry_run=np.True_,
-                 term=np.uint32(2), snapshot_time_s=1)  # not the coordinator's own types: built field by field
-    assert planmsg._plan_wire(b"", b"", **other) is None
+                 term=np.uint32(2), snapshot_time_s=1)  # not the coordinator's own types
     assert planmsg.packed_plan("n1", {0: 300.0}, {}, **other) == _field_by_field({0: 300.0}, {}, **other)
     for bad in (dict(seq=-1), dict(seq=2**64), dict(term=-1), dict(phase="\ud800"), dict(lease_s="10")):
         fields = dict(seq=1, phase="hold", lease_expiry_s=1.0, lease_s=10.0, dry_run=False, term=0,
