@@ -451,12 +451,15 @@ def plan_increases(decision: Decision, state: FleetState) -> dict[GpuKey, float]
     pa = with_desired(decision.solution, state)
     doms = decision.doms if pa.keys == decision.gpus.keys else planner.domain_index(decision.domains, pa.keys)
     sel, caps_w = planner.plan_increases_arrays(pa, doms)
-    return {pa.keys[i]: c for i, c in zip(sel.tolist(), caps_w.tolist())}
+    return dict(zip(map(pa.keys.__getitem__, sel.tolist()), caps_w.tolist()))
 
 
 def increases_by_node(increases: Mapping[GpuKey, float]) -> dict[str, dict[int, float]]:
     """``{node: {index: cap W}}`` of :func:`plan_increases`' result."""
     out: dict[str, dict[int, float]] = {}
     for (n, i), c in increases.items():
-        out.setdefault(n, {})[i] = c
+        caps = out.get(n)
+        if caps is None:
+            caps = out[n] = {}
+        caps[i] = c
     return out

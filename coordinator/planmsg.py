@@ -12,6 +12,12 @@ an interval of bench/interval_cost.py), the message is built directly and only i
 form kept: 9 us against 17 us built, serialized and parsed back (4 Dec 2026). The message is
 field for field the one built directly (tests/coordinator/test_planmsg.py).
 
+Agents that read packed plans (every agent since 5 Dec 2026) get :func:`packed_plan`: the plan
+made by protobuf's constructor with every field as a keyword (one C call), 1.6 us a hold against
+5.3 us with its fields set one by one (micro, 7 Dec 2026, 2-core host; the plan's wire bytes
+written by hand and parsed measured 1.9 us: not kept); the failsafe caps of all nodes are checked
+and packed in one pass of arrays per interval (:func:`packed_rows`).
+
 Every cap is checked before anything is serialized (:func:`check_caps`): protobuf itself takes
 ``None`` as 0 W and ``True`` as 1 W, and a NaN, an infinity or a cap <= 0 W is never a limit to
 request. The check of a plan's caps costs one type lookup and two comparisons per cap.
@@ -19,6 +25,7 @@ request. The check of a plan's caps costs one type lookup and two comparisons pe
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import sys
@@ -137,3 +144,64 @@ def cap_plan(cache: SafeCapsCache, node: str, caps: dict[int, float], safe: dict
         for i, c in sorted(caps.items()):
             add(index=i, cap_w=c)
     return msg
+
+
+def packed_plan(node: str, caps: dict[int, float], safe: dict[int, float], seq: int, phase: str,
+                lease_expiry_s: float, lease_s: float, dry_run: bool, term: int,
+                snapshot_time_s: float, safe_rows: bytes | None = None) -> pb.CoordinatorMessage:
+    """:func:`cap_plan` with ``packed=True`` and these fields (the coordinator's plans to agents
+    that read packed caps, :meth:`coordinator.loop.Coordinator.send_plan`), equal to it field for
+    field; same checks, same errors, made by one constructor call (module docstring).
+    ``safe_rows``: ``safe`` checked and packed already (:func:`packed_rows`), or None (done here).
+
+    Raises:
+        ValueError: a cap that is not a finite real number of watts > 0 (:func:`check_caps`).
+        TypeError, ValueError: a bad field value (protobuf's).
+    """
+    check_caps(node, "caps", caps)
+    if safe_rows is None:
+        check_caps(node, "safe_caps", safe)
+        safe_rows = plancaps.pack(safe) if safe else b""
+    return pb.CoordinatorMessage(plan=pb.CapPlan(
+        seq=seq, phase=phase, lease_expiry_s=lease_expiry_s, lease_s=lease_s, dry_run=dry_run, term=term,
+        snapshot_time_s=snapshot_time_s, caps_rows=plancaps.pack(caps) if caps else b"", safe_caps_rows=safe_rows))
+
+
+_ROW = np.dtype([("index", "<u4"), ("cap_w", "<f8")])
+"""One packed cap as numpy writes it: :data:`capctl.plancaps.CAP` (12 bytes, no padding)."""
+
+
+def packed_rows(by_node: dict[str, dict[int, float]]) -> dict[str, bytes]:
+    """``{node: plancaps.pack(caps)}`` for the nodes of ``by_node`` (node -> GPU index -> W) whose
+    caps :func:`check_caps` takes and whose indices are ascending, all in one pass of arrays; the
+    others are left out (their plans check and pack their caps themselves, with the same errors).
+    Every value must be a ``float`` and every index an ``int``, else nothing is returned.
+
+    Why: the failsafe caps of every live node go out each interval; checked and packed per node,
+    ~1.6 us a node of 8 GPUs (micro) and 2-3 us within the interval; here ~1 ms for 1,000 nodes
+    (measured 7 Dec 2026, 2-core host)."""
+    dicts = list(by_node.values())
+    indices = list(itertools.chain.from_iterable(dicts))
+    values = list(itertools.chain.from_iterable(map(dict.values, dicts)))
+    if not set(map(type, values)) <= {float} or not set(map(type, indices)) <= {int}:
+        return {}
+    try:
+        idx = np.array(indices, dtype=np.int64) if indices else np.zeros(0, np.int64)
+    except OverflowError:  # an index beyond int64: the per-node path says so
+        return {}
+    counts = np.fromiter(map(len, dicts), np.int64, len(dicts))
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    caps_w = np.array(values, dtype=float)
+    ascending = np.ones(len(idx), bool)
+    ascending[1:] = idx[1:] > idx[:-1]
+    ascending[starts[counts > 0]] = True  # (a node's first row is not compared with the node before)
+    good = (caps_w > 0.0) & (caps_w <= _MAX_W) & (idx >= 0) & (idx <= 0xFFFFFFFF) & ascending  # (NaN: not > 0)
+    bad_before = np.concatenate(([0], np.cumsum(~good)))
+    keep = bad_before[ends] == bad_before[starts]
+    rows = np.empty(len(idx), _ROW)
+    rows["index"] = np.where(good, idx, 0)
+    rows["cap_w"] = caps_w
+    data = rows.tobytes()
+    return {name: data[12 * a:12 * b] for name, a, b, ok in zip(by_node, starts.tolist(), ends.tolist(), keep.tolist())
+            if ok}

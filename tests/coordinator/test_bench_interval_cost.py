@@ -89,8 +89,8 @@ def test_no_increase_is_sent_under_a_policy_changed_during_the_interval():
     change = {"on": False}
     phase1 = coord._send_phase1
 
-    async def phase1_then_change(decision):
-        out = await phase1(decision)
+    async def phase1_then_change(decision, *rest):
+        out = await phase1(decision, *rest)
         if change["on"]:  # what an admin's budget set does on the event loop during the wait
             coord.policy = coord.file_policy.with_budget(coord.policy.budget_w - 1.0)
         return out

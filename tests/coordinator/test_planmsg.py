@@ -181,3 +181,99 @@ def test_bad_packed_plan_rows_are_named_and_apply_nothing():
     assert plancaps.of_plan(both) == ({}, {}, "CapPlan.caps_rows and CapPlan.caps both set: a coordinator sends one form")
     with pytest.raises(ValueError, match="packed caps"):  # as the per-GPU form: one except for both in send_plan
         planmsg.cap_plan(planmsg.SafeCapsCache(), "n1", {-1: 250.0}, {}, packed=True, seq=1)
+
+
+def _field_by_field(caps, safe, **fields):
+    """The packed plan built field by field (cap_plan's way)."""
+    from capctl import plancaps
+
+    msg = pb.CoordinatorMessage()
+    msg.plan.SetInParent()
+    for name, value in fields.items():
+        setattr(msg.plan, name, value)
+    if caps:
+        msg.plan.caps_rows = plancaps.pack(caps)
+    if safe:
+        msg.plan.safe_caps_rows = plancaps.pack(safe)
+    return msg
+
+
+def test_packed_plans_equal_the_ones_built_field_by_field():
+    """coordinator/planmsg.py makes the coordinator's packed plans in one constructor call: the
+    message is the one built field by field, and serializes to the same bytes, across seq and
+    term sizes (0 to 2^64 - 1), zeros and -0.0 in the times, phases of any length, up to 64 caps;
+    values of other types give the same result or error."""
+    rng = random.Random(5)
+    for _ in range(3000):
+        caps = {i: rng.uniform(1, 1e4) for i in rng.sample(range(64), rng.randint(0, 64 if rng.random() < 0.1 else 8))}
+        safe = {i: rng.uniform(1, 1e4) for i in rng.sample(range(64), rng.randint(0, 8))}
+        fields = dict(seq=rng.choice([0, 1, 127, 128, 300, 2**32, 2**64 - 1, rng.randrange(2**40)]),
+                      phase=rng.choice(["", "hold", "decrease", "increase", "\u00e9" * 200]),
+                      lease_expiry_s=rng.choice([0.0, -0.0, 1.7e9 + rng.random(), math.inf, math.nan]),
+                      lease_s=rng.choice([0.0, 10.0, 1e-300]), dry_run=rng.random() < 0.5,
+                      term=rng.choice([0, 1, 200, 2**63, 2**64 - 1]),
+                      snapshot_time_s=rng.choice([0.0, -0.0, 1.7e9 + rng.random()]))
+        want = _field_by_field(caps, safe, **fields).SerializeToString()
+        got = planmsg.packed_plan("n1", caps, safe, **fields)
+        assert got.SerializeToString() == want and got.WhichOneof("body") == "plan"
+        assert planmsg.cap_plan(None, "n1", caps, safe, packed=True, **fields).SerializeToString() == want
+        if not math.isnan(fields["lease_expiry_s"]):
+            assert got == _field_by_field(caps, safe, **fields)
+    other = dict(seq=np.int64(7), phase="hold", lease_expiry_s=5, lease_s=np.float64(10.0), dry_run=np.True_,
+                 term=np.uint32(2), snapshot_time_s=1)  # not the coordinator's own types
+    assert planmsg.packed_plan("n1", {0: 300.0}, {}, **other) == _field_by_field({0: 300.0}, {}, **other)
+    for bad in (dict(seq=-1), dict(seq=2**64), dict(term=-1), dict(phase="\ud800"), dict(lease_s="10")):
+        fields = dict(seq=1, phase="hold", lease_expiry_s=1.0, lease_s=10.0, dry_run=False, term=0,
+                      snapshot_time_s=1.0) | bad
+        with pytest.raises((TypeError, ValueError)) as direct:
+            _field_by_field({}, {}, **fields)
+        with pytest.raises(direct.type):
+            planmsg.packed_plan("n1", {}, {}, **fields)
+    with pytest.raises(ValueError, match="safe_caps GPU 3: cap_w True"):
+        planmsg.packed_plan("n1", {}, {3: True}, 1, "hold", 1.0, 10.0, False, 0, 1.0)
+
+
+def test_packed_rows_equal_each_nodes_own_check_and_pack():
+    """planmsg.packed_rows (every node's failsafe caps checked and packed at once) gives, for each
+    node it keeps, plancaps.pack of its caps, and keeps exactly the nodes whose caps check_caps
+    takes with ascending indices (bad values: NaN, inf, 0, < 0, above the largest double; indices
+    out of order, above uint32); values or indices of other types: nothing (each plan packs its own)."""
+    from capctl import plancaps
+
+    rng = random.Random(4)
+    bad_values = [math.nan, math.inf, -math.inf, 0.0, -0.0, -5.0]
+    for _ in range(300):
+        by_node = {}
+        for k in range(rng.randint(0, 12)):
+            caps = {i: rng.uniform(100, 700) for i in sorted(rng.sample(range(16), rng.randint(0, 8)))}
+            roll = rng.random()
+            if caps and roll < 0.15:
+                caps[rng.choice(list(caps))] = rng.choice(bad_values)
+            elif len(caps) > 1 and roll < 0.25:
+                caps = dict(reversed(list(caps.items())))  # indices out of order
+            elif roll < 0.28:
+                caps[2**32 + rng.randint(0, 5)] = 300.0
+            by_node[f"n{k}"] = caps
+        got = planmsg.packed_rows(by_node)
+        for node, caps in by_node.items():
+            ascending = list(caps) == sorted(caps)
+            try:
+                planmsg.check_caps(node, "safe_caps", caps)
+                want = plancaps.pack(caps)
+            except ValueError:
+                want = None
+            if want is not None and ascending:
+                assert got[node] == want
+            else:
+                assert node not in got
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {0: np.float64(300.0)}}) == {}
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {True: 300.0}}) == {}
+    assert planmsg.packed_rows({"a": {0: 300.0}, "b": {2**70: 300.0}}) == {}
+    assert planmsg.packed_rows({}) == {} and planmsg.packed_rows({"a": {}}) == {"a": b""}
+
+
+def test_packed_plan_with_safe_rows_given_is_the_same_plan():
+    safe = {0: 310.5, 3: 250.0}
+    fields = (9, "hold", 1.7e9, 10.0, False, 2, 1.6e9)
+    rows = planmsg.packed_rows({"n1": safe})["n1"]
+    assert planmsg.packed_plan("n1", {}, safe, *fields, rows) == planmsg.packed_plan("n1", {}, safe, *fields)
