@@ -266,7 +266,6 @@ class BenchSession:
         self.close_reason = ""
 
     def send(self, msg) -> bool:
-        t0 = time.process_time()
         data = msg.SerializeToString()  # what gRPC would put on the wire
         t1 = time.process_time()  # the agent's side from here: not the coordinator's
         plan = type(msg).FromString(data).plan

@@ -688,6 +688,7 @@ class Registry:
                 if node.session is None and now - node.seen_mono > forget_s and n not in keep]
         for name in gone:
             del self.nodes[name]
+            self._energy_seen.pop(name, None)  # (a node back later: its counters start again, none charged)
             self.events.append(f"forgot {name}: silent for more than {forget_s:.0f} s")
         return gone
 

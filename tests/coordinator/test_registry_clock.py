@@ -57,3 +57,36 @@ def test_the_coordinator_keeps_its_policy_nodes(tmp_path, monkeypatch):
     now[0] += 2 * loop.NODE_FORGET_S
     coord._after_plans(None)
     assert sorted(coord.registry.nodes) == ["n1"]
+
+
+def test_a_forgotten_node_back_charges_no_energy_from_before_it_was_forgotten():
+    # its agent's energy counter kept counting while the node was forgotten (a day): the first
+    # report after its return starts the counter again; before 7 Dec 2026 the registry kept the
+    # counter's old value and charged the job bound now the whole gap (86,400 s x 700 W here)
+    from capctl.v1 import capctl_pb2 as pb
+
+    now = [1000.0]
+    reg = Registry(clock=lambda: now[0])
+    job = [pb.JobBinding(job_id="j1", node="n1", gpu_indices=[0])]
+
+    def hello():
+        reg.on_hello(pb.AgentHello(node="n1", gpus=[pb.GpuInfo(index=0, uuid="GPU-a", min_cap_w=200.0, max_cap_w=700.0)],
+                                   jobs=job), session=object())
+
+    def report(energy_j: float):
+        reg.on_telemetry("n1", pb.NodeTelemetry(node="n1", seq=1, gpus=[pb.GpuTelemetry(
+            index=0, power_w=700.0, cap_w=700.0, enforced_w=700.0, temp_c=60.0, energy_j=energy_j)]))
+
+    hello()
+    report(1000.0)
+    now[0] += 1.0
+    report(1700.0)
+    assert reg.job_energy_j["j1"] == 700.0
+    reg.on_disconnect("n1", reg.nodes["n1"].session)
+    now[0] += 2 * 86400.0
+    assert reg.forget_silent(86400.0) == ["n1"]
+    hello()
+    report(1700.0 + 700.0 * 86400.0)
+    now[0] += 1.0
+    report(1700.0 + 700.0 * 86401.0)
+    assert reg.job_energy_j["j1"] == 1400.0  # the second after its return, not the day before it
