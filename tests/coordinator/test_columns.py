@@ -237,3 +237,49 @@ def test_gather_one_pass_equals_fields_record_by_record():
             np.testing.assert_array_equal(got, expect, err_msg=name)
         assert list(c.col) == (all_names if names is None else list(names))
     assert len(gpucolumns.gather((), [], gpucolumns.ACCOUNTING)["enforced_w"]) == 0
+
+
+def test_view_rows_equal_the_records_fields_and_accounted_w():
+    """``gpucolumns.view_rows`` (the published view's GPU rows, read as columns) == each record's
+    :data:`gpucolumns.VIEW_FIELDS` and ``GpuObs.accounted_w``, value and type (bools, int clocks),
+    NaN readings, no reading, pending caps, unusable constraints included; UUIDs read again after
+    a hello."""
+    from capctl.v1 import capctl_pb2 as pb
+
+    rng = random.Random(8)
+    reg = Registry(clock=lambda: 100.0)
+    for n in range(3):
+        reg.on_hello(pb.AgentHello(node=f"n{n}", gpus=[pb.GpuInfo(
+            index=i, uuid=f"GPU-{n}-{i}", min_cap_w=200.0, max_cap_w=rng.choice([700.0, 1e12]), default_cap_w=650.0,
+            slowdown_temp_c=87.0, max_sm_clock_mhz=1980) for i in range(4)]), session=object())
+    for g in reg.all_gpus():
+        g.have_reading = rng.random() < 0.8
+        g.reading_live = rng.random() < 0.7
+        g.power_w = rng.choice([rng.uniform(0, 700), math.nan])
+        g.enforced_w, g.cap_w = rng.uniform(150, 700), rng.uniform(150, 700)
+        g.temp_c, g.sm_clock_mhz = rng.choice([60.0, math.nan]), rng.choice([0, 1410, 1980])
+        g.reasons, g.cap_state = rng.choice(REASONS), rng.choice(["", "OK", "LOST"])
+        g.utilization_pct, g.energy_j, g.error = rng.uniform(0, 100), rng.uniform(0, 1e6), rng.choice(["", "x"])
+        g.last_ack_w, g.last_ack_mono = rng.uniform(150, 700), rng.choice([-1e18, 99.5])
+        if rng.random() < 0.3:
+            g.pending[7] = rng.uniform(150, 700)
+
+    def want(t):
+        return [(tuple(getattr(g, f) for f in gpucolumns.VIEW_FIELDS), g.accounted_w(100.0, 2.0)) for g in t.gpus]
+
+    def same(a, b):
+        return type(a) is type(b) and (a == b or (a != a and b != b))
+
+    t = reg.gpu_table()
+    got = gpucolumns.view_rows(t, 100.0, 2.0)
+    rows = got.rows()
+    assert len(rows) == len(want(t)) == 12
+    for (f, acc), (wf, wacc) in zip(rows, want(t)):
+        assert acc == wacc and all(same(x, y) for x, y in zip(f, wf)), (f, wf)
+    span = got.span(4, 8)
+    assert len(span) == 4 and list(span) == rows[4:8] and span[1] == rows[5] and {r[0][0] for r in span} == {0, 1, 2, 3}
+    reg.on_hello(pb.AgentHello(node="n1", gpus=[pb.GpuInfo(index=i, uuid=f"NEW-{i}", min_cap_w=200.0, max_cap_w=700.0,
+                                                          max_sm_clock_mhz=1980) for i in range(4)]), session=object())
+    t = reg.gpu_table()
+    assert [f[1] for f, _ in gpucolumns.view_rows(t, 100.0, 2.0).rows()] == [g.uuid for g in t.gpus]
+    assert gpucolumns.view_rows(t, 100.0, 2.0).rows()[4][0][1] == "NEW-0"
