@@ -396,34 +396,14 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     table = registry.gpu_table()
     topology = table.topology
     domains, node_domain, members, limited, positions = _structure(policy, topology)
-    jobs: dict[str, float] = {}
-    weights: dict[tuple, float] = {}
-    job_names: list[str] = []
-    job_pos: dict[str, int] = {}
-    job = np.full(len(table.keys), -1, np.int64)
-    stale = np.zeros(len(topology), bool)
-    start = 0
-    for j, ((name, indices), node) in enumerate(zip(topology, table.nodes)):
-        stale[j] = node.stale(now_mono, lease_s)
-        job_of = _node_jobs(node, policy, jobs, weights)
-        if job_of:
-            for p, idx in enumerate(indices):
-                jid = job_of.get(idx)
-                if jid is not None:
-                    q = job_pos.get(jid)
-                    if q is None:
-                        q = job_pos[jid] = len(job_names)
-                        job_names.append(jid)
-                    job[start + p] = q
-        start += len(indices)
+    jobs, job_names, job = _jobs_of(table, policy)
+    stale = np.fromiter((node.stale(now_mono, lease_s) for node in table.nodes), bool, len(topology))
     c = gpucolumns.gather(table.keys, table.gpus, static=table.static)
     cols = _input_columns(c, table, policy, models, now_mono, ack_memory_s, stale[table.node_of] if len(stale) else
                           np.zeros(0, bool))
     dom_names = [node_domain[name] for name, _ in topology]
     cols.domain, cols.domain_names, cols.job, cols.job_names = table.node_of, dom_names, job, job_names
     cols.idle_target_w = np.where(job >= 0, 0.0, cols.idle_target_w)
-    # jobs whose GPUs are all unknown to the registry cannot be allocated
-    jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
     claims = registry.claims_refused(now_mono, CLAIM_HOLD_S)
     reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"], claims)
     ghosts = registry.ghost_reserve(now_mono, GHOST_HOLD_S)
@@ -531,8 +511,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     lo_c, hi_c = c["min_cap_w"], c["max_cap_w"]
     problem = gpucolumns.constraints_unusable(lo_c, hi_c)
     acc = gpucolumns.accounted_w(c, now_mono, ack_memory_s, problem)
-    states = c["cap_state"]
-    unc = np.fromiter((s in UNCONTROLLABLE_STATES for s in states), bool, G)
+    states = state_codes(c["cap_state"])
+    unc = (states & UNCONTROLLABLE_BIT) != 0
     fixed = stale | ~have | (hi_c <= 0) | unc | problem
     policy_min = policy.min_cap_w
     lo = lo_c if policy_min is None else np.maximum(lo_c, np.minimum(policy_min, hi_c))
@@ -545,7 +525,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         hi[sp] = np.maximum(lo[sp], np.minimum(np.minimum(hi[sp], c["sample_enforced_w"][sp]),
                                                STRAGGLER_MARGIN * c["power_w"][sp] + 5.0))
     enforced = c["enforced_w"]
-    oob_now = np.fromiter((s == capstates.OOB_LIMITED for s in states), bool, G) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
+    oob_now = ((states & OOB_BIT) != 0) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
     # observed state first: another limit binds below the request (out-of-band): the GPU is
     # planned (and its request brought down) within its enforced limit; once the request is down
     # the device no longer shows that limit, so it is kept for OOB_HOLD_S after it was last seen
@@ -560,13 +540,14 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     target = np.where(fixed, 0.0, target)
     ceiling, r_c_per_w = _ceilings(c, table, models, policy, fixed, stale)
     ceiling = thermal_damping(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, r_c_per_w)
-    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c))
+    codes = reason_codes(c["reasons"])
+    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, codes))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
     strag_pos += _oob_below_minimum(c, lo, oob_now & ~fixed & fresh, straggler)
-    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler)
+    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler, codes)
     # each GPU's measured slope of power over pace (coordinator.paceslope; its state is the models')
     tracker = getattr(models, "pace_slopes", None)
     slope = None
@@ -637,7 +618,7 @@ slowdown, per interval: this fraction of its limit range (V100 150-300 W: 15 W; 
 
 
 def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, hi_w: np.ndarray,
-                  margin_c: float) -> np.ndarray:
+                  margin_c: float, codes: np.ndarray | None = None) -> np.ndarray:
     """[G] thermal ceilings (W) bounded by what each device reports, whatever its thermal model
     says: a GPU at or above its target temperature (its slowdown temperature minus ``margin_c``,
     °C; from :data:`HOLD_MARGIN_FRACTION` of the margin) or with a thermal clocks event reason is
@@ -658,10 +639,11 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     temperature flat) can say R ~20x too low: ``capctl sim``, a V100 at 0.69 °C/W, 32.7 °C inlet,
     interval 5 s: ceilings of 486-1,261 W at 87 °C, its cap raised 150 -> 185 W while in slowdown,
     thermal shutdown at 90 °C 76 s in (the oracle held it at 150 W: alive; found by a try-out).
-    NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is."""
+    NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is. ``codes``:
+    :func:`reason_codes` of ``c["reasons"]`` (None: computed here)."""
     temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
     known = np.isfinite(temp) & (slowdown > 0)
-    codes = np.fromiter(map(_thermal_reason, c["reasons"]), np.int64, len(ceiling))  # 1 SW/HW, 2 HW
+    codes = (reason_codes(c["reasons"]) if codes is None else codes) & THERMAL_BITS  # 1 SW/HW, 2 HW
     with np.errstate(invalid="ignore"):
         hot = (known & (temp >= slowdown - HOLD_MARGIN_FRACTION * margin_c)) | (codes > 0)
         slowed = (known & (temp >= slowdown)) | (~known & (codes == 2))
@@ -731,29 +713,82 @@ def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray,
     return np.where(below, np.minimum(out, acc_w + rise), out)
 
 
-_THERMAL_REASONS: dict[tuple, int] = {}
+_REASON_BITS: dict = {}
+"""Clocks-event-reason set (tuple) -> :func:`_reason_bits` (memo; bounded by :data:`_MEMO_MAX`)."""
+_STATE_BITS: dict = {}
+"""Cap state -> :func:`_state_bits` (memo; bounded by :data:`_MEMO_MAX`)."""
+_MEMO_MAX = 4096
+THERMAL_BITS = 3
+"""``reason_codes(...) & THERMAL_BITS``: 2 ``HW_THERMAL_SLOWDOWN``, 1 another thermal slowdown, 0 none."""
+PACE_SLOWDOWN_BIT = 4
+"""A reason naming a slowdown (any ``*SLOWDOWN*``: the clock is not the cap's)."""
+PACE_POWER_CAP_BIT = 8
+"""A reason naming the power cap (any ``*POWER_CAP*``: the cap sets the clock)."""
+UNCONTROLLABLE_BIT = 1
+"""``state_codes``: a state of :data:`UNCONTROLLABLE_STATES`."""
+OOB_BIT = 2
+"""``state_codes``: ``OOB_LIMITED``."""
 
 
-def _thermal_reason(reasons) -> int:
-    """2 when ``reasons`` (clocks event reason names) hold ``HW_THERMAL_SLOWDOWN``, 1 for another
-    thermal slowdown (:data:`capctl.reasons.THERMAL_SLOWDOWN`: ``SW_THERMAL_SLOWDOWN``), else 0;
-    memoized per tuple (bounded)."""
-    key = reasons if isinstance(reasons, tuple) else tuple(reasons)
-    hit = _THERMAL_REASONS.get(key)
+def _reason_bits(key: tuple) -> int:
+    """The flags of one reason set (memoized, bounded): its thermal code (2 when it holds
+    ``HW_THERMAL_SLOWDOWN``, 1 for another thermal slowdown, :func:`capctl.reasons.is_thermal`:
+    ``SW_THERMAL_SLOWDOWN``; else 0) | :data:`PACE_SLOWDOWN_BIT` (a name containing ``SLOWDOWN``,
+    any case) | :data:`PACE_POWER_CAP_BIT` (one containing ``POWER_CAP``)."""
+    hit = _REASON_BITS.get(key)
     if hit is None:
         from capctl.reasons import is_thermal
 
         hit = 2 if "HW_THERMAL_SLOWDOWN" in key else 1 if is_thermal(key) else 0
-        if len(_THERMAL_REASONS) >= 4096:
-            _THERMAL_REASONS.clear()
-        _THERMAL_REASONS[key] = hit
+        up = [r.upper() for r in key]
+        if any("SLOWDOWN" in r for r in up):
+            hit |= PACE_SLOWDOWN_BIT
+        if any("POWER_CAP" in r for r in up):
+            hit |= PACE_POWER_CAP_BIT
+        if len(_REASON_BITS) >= _MEMO_MAX:
+            _REASON_BITS.clear()
+        _REASON_BITS[key] = hit
     return hit
 
 
-def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> tuple:
+def reason_codes(reasons) -> np.ndarray:
+    """[G] int64: :func:`_reason_bits` of each GPU's reason set (``reasons``: a sequence of tuples or
+    lists of names). One C-level pass over the memo when every set is known (the usual case: a
+    fleet shows a few distinct sets), else one call per GPU that fills it. Measured (7 Dec 2026,
+    bench/interval_cost.py, 8,000 GPUs): two per-GPU memo calls before (``thermal_guard``,
+    ``_pace_columns``) and a list of pairs -> one pass; see the commit for the figures."""
+    n = len(reasons)
+    try:
+        return np.fromiter(map(_REASON_BITS.__getitem__, reasons), np.int64, n)
+    except (KeyError, TypeError):  # a set not seen yet (or not a tuple): filled one by one
+        return np.fromiter((_reason_bits(r if isinstance(r, tuple) else tuple(r)) for r in reasons), np.int64, n)
+
+
+def _state_bits(state) -> int:
+    """:data:`UNCONTROLLABLE_BIT` | :data:`OOB_BIT` of one cap state (memoized, bounded)."""
+    hit = _STATE_BITS.get(state)
+    if hit is None:
+        hit = (UNCONTROLLABLE_BIT if state in UNCONTROLLABLE_STATES else 0) | (OOB_BIT if state == capstates.OOB_LIMITED else 0)
+        if len(_STATE_BITS) >= _MEMO_MAX:
+            _STATE_BITS.clear()
+        _STATE_BITS[state] = hit
+    return hit
+
+
+def state_codes(states) -> np.ndarray:
+    """[G] int64: :func:`_state_bits` of each GPU's cap state; one C-level pass over the memo (as
+    :func:`reason_codes`)."""
+    n = len(states)
+    try:
+        return np.fromiter(map(_STATE_BITS.__getitem__, states), np.int64, n)
+    except (KeyError, TypeError):
+        return np.fromiter(map(_state_bits, states), np.int64, n)
+
+
+def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict, codes: np.ndarray | None = None) -> tuple:
     """``(pace, pace_at_w, paced, draw_w, pace_step)`` [G] of every GPU (see :class:`GpuInput` and
     :func:`_pace`): measured from a fresh sample of a GPU not fixed with a known maximum clock (else
-    NaN, 0, False, 0, 0)."""
+    NaN, 0, False, 0, 0). ``codes``: :func:`reason_codes` of ``c["reasons"]`` (None: computed)."""
     G = len(fixed)
     mx = c["max_sm_clock_mhz"]
     has = ~fixed & (mx > 0) & fresh
@@ -763,15 +798,57 @@ def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> t
     pw = c["power_w"]
     draw = np.where(has & np.isfinite(pw) & (pw > 0), pw, 0.0)
     step = np.where(has, CLOCK_STEP_MHZ / np.where(mx > 0, mx, 1.0), 0.0)
-    flags = np.array([_pace_reasons(r if isinstance(r, tuple) else tuple(r)) for r in c["reasons"]],
-                     bool).reshape(G, 2)
+    if codes is None:
+        codes = reason_codes(c["reasons"])
+    slowdown, power_cap = (codes & PACE_SLOWDOWN_BIT) != 0, (codes & PACE_POWER_CAP_BIT) != 0
     strag = np.zeros(G, bool)
     if straggler:
         strag[np.fromiter(straggler, np.int64, len(straggler))] = True
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
-    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~flags[:, 0] & (flags[:, 1] | (pace >= 0.99))
+    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~slowdown & (power_cap | (pace >= 0.99))
              & (pace > 0) & (pace_at > 0))
     return pace, pace_at, paced, draw, step
+
+
+_JOBS_CACHE: list = [None, None, None, None]
+"""[policy, topology, the nodes' bindings, (jobs, job names, job [G])] of the last :func:`_jobs_of`."""
+
+
+def _jobs_of(table, policy) -> tuple[dict, list, np.ndarray]:
+    """``(jobs, job_names, job)`` of the registry's GPU slots ``table`` (``GpuTable``): job id ->
+    its policy weight, of the jobs bound to some GPU of ``table`` (a job whose GPUs are all unknown
+    to the registry cannot be allocated); job ids in order of first GPU; [G] int each GPU's position
+    in ``job_names`` (-1: idle). Fresh objects each call; computed again only when the policy, the
+    topology or a node's bindings (compared by value) changed since the last call. Why: the
+    per-GPU lookup of every node's jobs, every interval, for bindings that change at job start
+    and end: measured (7 Dec 2026, bench/interval_cost.py, 8,000 GPUs) see the commit."""
+    sig = tuple([tuple(node.bindings.values()) for node in table.nodes])
+    hit = _JOBS_CACHE
+    if hit[0] is policy and hit[1] == table.topology and hit[2] == sig:
+        jobs, names, job = hit[3]
+        return dict(jobs), list(names), job.copy()
+    jobs: dict[str, float] = {}
+    weights: dict[tuple, float] = {}
+    job_names: list[str] = []
+    job_pos: dict[str, int] = {}
+    job = np.full(len(table.keys), -1, np.int64)
+    start = 0
+    for (name, indices), node in zip(table.topology, table.nodes):
+        job_of = _node_jobs(node, policy, jobs, weights)
+        if job_of:
+            for p, idx in enumerate(indices):
+                jid = job_of.get(idx)
+                if jid is not None:
+                    q = job_pos.get(jid)
+                    if q is None:
+                        q = job_pos[jid] = len(job_names)
+                        job_names.append(jid)
+                    job[start + p] = q
+        start += len(indices)
+    # jobs whose GPUs are all unknown to the registry cannot be allocated
+    jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
+    _JOBS_CACHE[:] = [policy, table.topology, sig, (dict(jobs), list(job_names), job.copy())]
+    return jobs, job_names, job
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
@@ -825,21 +902,6 @@ def _oob_below_minimum(c, lo: np.ndarray, oob_now: np.ndarray, straggler: dict) 
                             f"its pace")
             out.append(i)
     return out
-
-
-_PACE_REASONS: dict[tuple, tuple[bool, bool]] = {}
-
-
-def _pace_reasons(reasons: tuple) -> tuple[bool, bool]:
-    """``(a slowdown, the power cap)`` among ``reasons`` (memoized per tuple; bounded)."""
-    hit = _PACE_REASONS.get(reasons)
-    if hit is None:
-        up = [r.upper() for r in reasons]
-        hit = (any("SLOWDOWN" in r for r in up), any("POWER_CAP" in r for r in up))
-        if len(_PACE_REASONS) >= 4096:
-            _PACE_REASONS.clear()
-        _PACE_REASONS[reasons] = hit
-    return hit
 
 
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
