@@ -282,7 +282,8 @@ def solve(problem: Problem) -> Solution:
     alerts.extend(out.alerts)
     desired = out.desired_w
     keys = allocation.columns_of(inputs).keys
-    at = allocation.values_at(desired, keys, math.nan)
+    kept = out.desired_at
+    at = kept.copy() if kept is not None and len(kept) == len(keys) else allocation.values_at(desired, keys, math.nan)
     return Solution(desired, tuple(alerts), watch, out=out, desired_at=at)
 
 

@@ -38,3 +38,35 @@ def test_keyed_values_read_as_a_dict():
     assert kv == want and want == kv and dict(kv) == want and len(kv) == 3 and list(kv) == list(keys)
     assert kv[("a", 1)] == 2.0 and kv.get(("z", 0)) is None and ("b", 0) in kv
     assert type(kv[("b", 0)]) is float
+
+
+def test_the_solve_keeps_its_desired_array_equal_to_its_dict(monkeypatch):
+    """``SolveOutput.desired_at`` (the desired caps as an array, updated by the pace split, the
+    step margin, the idle rule and the spare watts instead of read back from the dict each step)
+    == the dict, value for value, on bench/interval_cost.py's fleet with the spare watts on and off."""
+    import asyncio
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    from coordinator import allocation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import interval_cost as ic
+
+    seen = []
+    inner = allocation.solve
+
+    def checked(inputs):
+        out = inner(inputs)
+        keys = allocation.columns_of(inputs).keys
+        assert out.desired_at.tolist() == allocation.values_at(out.desired_w, keys).tolist()
+        seen.append((inputs.spread_spare, len(out.idle_grant_w)))
+        return out
+
+    monkeypatch.setattr(allocation, "solve", checked)
+    for spread in (False, True):
+        bench = ic.IntervalBench(512, seed=2)
+        bench.coord.policy = dataclasses.replace(bench.coord.policy, spread_spare_watts=spread)
+        asyncio.run(bench.run(4, 2, ""))
+    assert {s for s, _ in seen} == {False, True} and any(n for _, n in seen)
