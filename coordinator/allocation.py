@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import operator
 import time
 
 import numpy as np
@@ -1072,7 +1073,7 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
     # their curves (the pace loop is independent of the fitted curves by design: paceloop.slope_w)
     cand = _pace_candidates(c, inputs.jobs).tolist()
     gpus = pace_rows(c, cand)
-    pos_of = {g.key: i for i, g in zip(cand, gpus)}
+    pos_of = dict(zip(map(_ROW_KEY, gpus), cand))
 
     granted_w: dict = {}  # job -> (its domains, the headroom granted to it)
 
@@ -1083,7 +1084,7 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
         # really moves is booked per domain, so the watts it leaves go to the jobs after it
         if not n:
             return 0.0
-        p = np.fromiter((pos_of[g.key] for g in members), np.int64, len(members))
+        p = np.fromiter(map(pos_of.__getitem__, map(_ROW_KEY, members)), np.int64, len(members))
         if caps is not None:
             back = granted_w.pop(members[0].job, None)
             if back is not None:
@@ -1106,12 +1107,12 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
     moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned, _pace_jobs(c, cand))
     if not moved:
         return set()
-    job_of = {g.key: g.job for g in gpus}
+    job_of = dict(zip(map(_ROW_KEY, gpus), map(_ROW_JOB, gpus)))
     by_job: dict = {}
     for k, cap in moved.items():
         by_job.setdefault(job_of[k], {})[k] = cap
     for caps in by_job.values():
-        p = np.fromiter((pos_of[k] for k in caps), np.int64, len(caps))
+        p = np.fromiter(map(pos_of.__getitem__, caps), np.int64, len(caps))
         diff = np.fromiter((cap - desired[k] for k, cap in caps.items()), float, len(caps))
         delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
         if bool(np.all(load + delta <= lims + 1e-6)):
@@ -1128,6 +1129,10 @@ PaceRow = collections.namedtuple("PaceRow", ("key", "job", "paced", "straggler",
                                              "draw_w", "pace_step", "min_cap_w", "max_cap_w", "thermal_ceiling_w"))
 """The fields of a :class:`GpuInput` that :func:`coordinator.paceloop.correct` reads (same names, units
 and values): a row of :func:`pace_rows`."""
+
+
+_ROW_KEY = operator.attrgetter("key")
+_ROW_JOB = operator.attrgetter("job")
 
 
 def pace_rows(c: InputColumns, positions: list) -> list:
