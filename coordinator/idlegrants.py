@@ -46,7 +46,8 @@ class IdleGrants:
         GPU without one (not idle in the last interval, or the rule off). Visits the GPUs with a
         history only (the idle ones), their positions from a map kept per ``keys`` tuple (the
         registry's slots, the same object while the topology holds). Measured (7 Dec 2026,
-        bench/interval_cost.py, 8,000 GPUs, 10 % idle): 0.15 -> 0.01 us a GPU, a lookup per GPU before."""
+        bench/interval_cost.py's fleet, 8,000 GPUs, 800 idle, best of 21 in one process): 0.075 ->
+        0.021 us a GPU, a lookup per GPU before."""
         n = len(keys)
         out = np.full(n, math.inf)
         if not self._recent or not n:
