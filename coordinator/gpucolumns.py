@@ -14,7 +14,6 @@ MHz, %, seconds on the registry's monotonic clock (``*_mono``).
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import itertools
 import math
@@ -56,15 +55,7 @@ ACCOUNTING = ("have_reading", "enforced_w", "cap_w", "min_cap_w", "max_cap_w", "
               "last_ack_mono", "safe_cap_w", "pending")
 """The fields :func:`accounted_w` and the planner read (a cheaper gather after the solve)."""
 
-VIEW_ONLY: tuple[tuple[str, object], ...] = (
-    ("uuid", object),
-    ("error", object),
-    ("energy_j", float),
-    ("reading_live", bool),
-)
-"""``GpuObs`` fields only the published view reads (:func:`view_rows`), gathered by name only."""
-
-_DTYPE = dict(COLUMNS + VIEW_ONLY)
+_DTYPE = dict(COLUMNS)
 
 STATIC = ("min_cap_w", "max_cap_w", "default_cap_w", "slowdown_temp_c", "max_sm_clock_mhz")
 """The gathered fields only a hello writes (a GPU's limit constraints and device facts): read once
@@ -161,92 +152,3 @@ def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.nd
     lo, hi, dflt = c["min_cap_w"], c["max_cap_w"], c["default_cap_w"]
     unread = np.where(problem, np.minimum(np.maximum(np.maximum(lo, hi), dflt), devicedata.MAX_SANE_LIMIT_W), hi)
     return np.where(c["have_reading"], value, unread)
-
-
-VIEW_FIELDS = ("index", "uuid", "have_reading", "power_w", "enforced_w", "temp_c", "slowdown_temp_c", "sm_clock_mhz",
-               "reasons", "min_cap_w", "max_cap_w", "cap_state", "max_sm_clock_mhz", "utilization_pct", "energy_j",
-               "error", "reading_live")
-"""The ``GpuObs`` fields of a view row (:class:`ViewRows`), in row order."""
-_VIEW_GATHER = ("have_reading", "power_w", "enforced_w", "temp_c", "sm_clock_mhz", "utilization_pct", "energy_j",
-                "reading_live", "cap_w", "last_ack_w", "last_ack_mono", "min_cap_w", "max_cap_w", "default_cap_w",
-                "slowdown_temp_c", "max_sm_clock_mhz", "reasons", "cap_state", "error", "pending")
-_BOOL_FIELDS = ("have_reading", "reading_live")
-_INT_FIELDS = ("sm_clock_mhz", "max_sm_clock_mhz")
-_UUIDS: list = [None, ()]  # [the GpuTable.static dict they were read with, the UUIDs (slot order)]
-
-
-def view_rows(table, now_mono: float, ack_memory_s: float) -> "ViewRows":
-    """The view's rows of the registry's GPU slots ``table`` (``GpuTable``: ``keys``, ``gpus``,
-    ``static``) read now: :data:`VIEW_FIELDS` and the accounted cap at ``now_mono`` (s,
-    :func:`accounted_w`, ``ack_memory_s`` s) of every GPU, as columns; the row tuples are made when
-    the view is built (:class:`ViewRows`). UUIDs (only a hello writes them) are read again only when
-    the static columns were (a hello or a replaced record: ``GpuTable.static`` is a new dict).
-
-    Why: one tuple of 17 fields and an ``accounted_w`` call per GPU, every interval, for a view
-    built only when read. Measured (7 Dec 2026, bench/interval_cost.py's fleet, 8,000 GPUs,
-    ``Coordinator._publish`` best of 21 in one process): caches evicted between calls 2.5-2.8 ->
-    2.1-2.2 us a GPU; warm 1.9-2.2 either way (the attribute reads are the cost: ~20 a GPU)."""
-    gpus = table.gpus
-    static = table.static
-    c = gather(table.keys, gpus, _VIEW_GATHER, static)
-    if static is not None and _UUIDS[0] is static:
-        uuids = _UUIDS[1]
-    else:
-        uuids = tuple(map(operator.attrgetter("uuid"), gpus))
-        if static is not None:
-            _UUIDS[:] = [static, uuids]
-    acc = accounted_w(c, now_mono, ack_memory_s, constraints_unusable(c["min_cap_w"], c["max_cap_w"]))
-    return ViewRows(table.keys, {**c.col, "uuid": uuids}, acc)
-
-
-class ViewRows:
-    """The view's rows of many GPUs, kept as the columns they were read as (:func:`view_rows`):
-    ``(fields, accounted W)`` with ``fields`` a tuple of :data:`VIEW_FIELDS` (each value of the
-    record's type: bools, ints for the clocks, floats, the objects as they were), made on first use
-    (any thread; the columns are never changed). :meth:`span` is a node's sequence of them."""
-
-    def __init__(self, keys: tuple, col: dict, accounted: np.ndarray) -> None:
-        self._keys = keys
-        self._col = col
-        self._acc = accounted
-        self._rows: list | None = None
-
-    def rows(self) -> list:
-        """Every GPU's ``(fields, accounted W)``, slot order."""
-        if self._rows is None:
-            col = self._col
-            lists = []
-            for name in VIEW_FIELDS:
-                if name == "index":
-                    lists.append([k[1] for k in self._keys])
-                    continue
-                v = col[name]
-                if name in _BOOL_FIELDS:
-                    v = np.asarray(v, bool).tolist()
-                elif name in _INT_FIELDS:
-                    v = np.asarray(v).astype(np.int64).tolist()
-                elif isinstance(v, np.ndarray):
-                    v = v.tolist()
-                lists.append(v)
-            self._rows = list(zip(zip(*lists), self._acc.tolist()))
-        return self._rows
-
-    def span(self, start: int, end: int) -> "RowSpan":
-        """The rows of slots ``start`` to ``end`` (one node's GPUs)."""
-        return RowSpan(self, start, end)
-
-
-class RowSpan(collections.abc.Sequence):
-    """Rows ``start:end`` of a :class:`ViewRows` (a node's GPUs), read-only."""
-
-    def __init__(self, rows: ViewRows, start: int, end: int) -> None:
-        self._all, self._start, self._end = rows, start, end
-
-    def __len__(self) -> int:
-        return self._end - self._start
-
-    def __getitem__(self, i):
-        return self._all.rows()[self._start:self._end][i]
-
-    def __iter__(self):
-        return iter(self._all.rows()[self._start:self._end])
