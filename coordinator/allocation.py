@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import operator
 import time
 
 import numpy as np
@@ -298,6 +299,7 @@ class SolveOutput:
     solve_s: float
     solver: str
     idle_grant_w: dict = dataclasses.field(default_factory=dict)  # GPU key -> raw idle grant (W), coordinator.idlegrants
+    desired_at: np.ndarray | None = None  # desired_w [G] in the order of the inputs' GPUs (None: not kept)
 
 
 def ceiling_w(temp_c, thermal, interval_s, slowdown_temp_c, margin_c) -> float:
@@ -396,34 +398,14 @@ def build_inputs(registry, models, policy, now_mono: float, lease_s: float, ack_
     table = registry.gpu_table()
     topology = table.topology
     domains, node_domain, members, limited, positions = _structure(policy, topology)
-    jobs: dict[str, float] = {}
-    weights: dict[tuple, float] = {}
-    job_names: list[str] = []
-    job_pos: dict[str, int] = {}
-    job = np.full(len(table.keys), -1, np.int64)
-    stale = np.zeros(len(topology), bool)
-    start = 0
-    for j, ((name, indices), node) in enumerate(zip(topology, table.nodes)):
-        stale[j] = node.stale(now_mono, lease_s)
-        job_of = _node_jobs(node, policy, jobs, weights)
-        if job_of:
-            for p, idx in enumerate(indices):
-                jid = job_of.get(idx)
-                if jid is not None:
-                    q = job_pos.get(jid)
-                    if q is None:
-                        q = job_pos[jid] = len(job_names)
-                        job_names.append(jid)
-                    job[start + p] = q
-        start += len(indices)
+    jobs, job_names, job = _jobs_of(table, policy)
+    stale = np.fromiter((node.stale(now_mono, lease_s) for node in table.nodes), bool, len(topology))
     c = gpucolumns.gather(table.keys, table.gpus, static=table.static)
     cols = _input_columns(c, table, policy, models, now_mono, ack_memory_s, stale[table.node_of] if len(stale) else
                           np.zeros(0, bool))
     dom_names = [node_domain[name] for name, _ in topology]
     cols.domain, cols.domain_names, cols.job, cols.job_names = table.node_of, dom_names, job, job_names
     cols.idle_target_w = np.where(job >= 0, 0.0, cols.idle_target_w)
-    # jobs whose GPUs are all unknown to the registry cannot be allocated
-    jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
     claims = registry.claims_refused(now_mono, CLAIM_HOLD_S)
     reserved = unreported_reserve(policy, topology, table.node_of, c["max_cap_w"], claims)
     ghosts = registry.ghost_reserve(now_mono, GHOST_HOLD_S)
@@ -531,8 +513,8 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     lo_c, hi_c = c["min_cap_w"], c["max_cap_w"]
     problem = gpucolumns.constraints_unusable(lo_c, hi_c)
     acc = gpucolumns.accounted_w(c, now_mono, ack_memory_s, problem)
-    states = c["cap_state"]
-    unc = np.fromiter((s in UNCONTROLLABLE_STATES for s in states), bool, G)
+    states = state_codes(c["cap_state"])
+    unc = (states & UNCONTROLLABLE_BIT) != 0
     fixed = stale | ~have | (hi_c <= 0) | unc | problem
     policy_min = policy.min_cap_w
     lo = lo_c if policy_min is None else np.maximum(lo_c, np.minimum(policy_min, hi_c))
@@ -545,7 +527,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
         hi[sp] = np.maximum(lo[sp], np.minimum(np.minimum(hi[sp], c["sample_enforced_w"][sp]),
                                                STRAGGLER_MARGIN * c["power_w"][sp] + 5.0))
     enforced = c["enforced_w"]
-    oob_now = np.fromiter((s == capstates.OOB_LIMITED for s in states), bool, G) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
+    oob_now = ((states & OOB_BIT) != 0) & (enforced < c["cap_w"] - OOB_TOLERANCE_W)
     # observed state first: another limit binds below the request (out-of-band): the GPU is
     # planned (and its request brought down) within its enforced limit; once the request is down
     # the device no longer shows that limit, so it is kept for OOB_HOLD_S after it was last seen
@@ -560,13 +542,14 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     target = np.where(fixed, 0.0, target)
     ceiling, r_c_per_w = _ceilings(c, table, models, policy, fixed, stale)
     ceiling = thermal_damping(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, r_c_per_w)
-    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c))
+    codes = reason_codes(c["reasons"])
+    ceiling = np.where(fixed, ceiling, thermal_guard(ceiling, c, acc, lo, hi_c, policy.thermal.margin_c, codes))
     curves = models.curve_arrays(table.keys)
     # a straggler's pace (and so its speed and flag) needs its maximum clock
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
     strag_pos += _oob_below_minimum(c, lo, oob_now & ~fixed & fresh, straggler)
-    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler)
+    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler, codes)
     # each GPU's measured slope of power over pace (coordinator.paceslope; its state is the models')
     tracker = getattr(models, "pace_slopes", None)
     slope = None
@@ -637,7 +620,7 @@ slowdown, per interval: this fraction of its limit range (V100 150-300 W: 15 W; 
 
 
 def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, hi_w: np.ndarray,
-                  margin_c: float) -> np.ndarray:
+                  margin_c: float, codes: np.ndarray | None = None) -> np.ndarray:
     """[G] thermal ceilings (W) bounded by what each device reports, whatever its thermal model
     says: a GPU at or above its target temperature (its slowdown temperature minus ``margin_c``,
     °C; from :data:`HOLD_MARGIN_FRACTION` of the margin) or with a thermal clocks event reason is
@@ -658,10 +641,11 @@ def thermal_guard(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray, h
     temperature flat) can say R ~20x too low: ``capctl sim``, a V100 at 0.69 °C/W, 32.7 °C inlet,
     interval 5 s: ceilings of 486-1,261 W at 87 °C, its cap raised 150 -> 185 W while in slowdown,
     thermal shutdown at 90 °C 76 s in (the oracle held it at 150 W: alive; found by a try-out).
-    NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is."""
+    NaN or unknown temperatures and slowdown temperatures leave the ceiling as it is. ``codes``:
+    :func:`reason_codes` of ``c["reasons"]`` (None: computed here)."""
     temp, slowdown = c["temp_c"], c["slowdown_temp_c"]
     known = np.isfinite(temp) & (slowdown > 0)
-    codes = np.fromiter(map(_thermal_reason, c["reasons"]), np.int64, len(ceiling))  # 1 SW/HW, 2 HW
+    codes = (reason_codes(c["reasons"]) if codes is None else codes) & THERMAL_BITS  # 1 SW/HW, 2 HW
     with np.errstate(invalid="ignore"):
         hot = (known & (temp >= slowdown - HOLD_MARGIN_FRACTION * margin_c)) | (codes > 0)
         slowed = (known & (temp >= slowdown)) | (~known & (codes == 2))
@@ -731,29 +715,83 @@ def thermal_damping(ceiling: np.ndarray, c, acc_w: np.ndarray, lo_w: np.ndarray,
     return np.where(below, np.minimum(out, acc_w + rise), out)
 
 
-_THERMAL_REASONS: dict[tuple, int] = {}
+_REASON_BITS: dict = {}
+"""Clocks-event-reason set (tuple) -> :func:`_reason_bits` (memo; bounded by :data:`_MEMO_MAX`)."""
+_STATE_BITS: dict = {}
+"""Cap state -> :func:`_state_bits` (memo; bounded by :data:`_MEMO_MAX`)."""
+_MEMO_MAX = 4096
+THERMAL_BITS = 3
+"""``reason_codes(...) & THERMAL_BITS``: 2 ``HW_THERMAL_SLOWDOWN``, 1 another thermal slowdown, 0 none."""
+PACE_SLOWDOWN_BIT = 4
+"""A reason naming a slowdown (any ``*SLOWDOWN*``: the clock is not the cap's)."""
+PACE_POWER_CAP_BIT = 8
+"""A reason naming the power cap (any ``*POWER_CAP*``: the cap sets the clock)."""
+UNCONTROLLABLE_BIT = 1
+"""``state_codes``: a state of :data:`UNCONTROLLABLE_STATES`."""
+OOB_BIT = 2
+"""``state_codes``: ``OOB_LIMITED``."""
 
 
-def _thermal_reason(reasons) -> int:
-    """2 when ``reasons`` (clocks event reason names) hold ``HW_THERMAL_SLOWDOWN``, 1 for another
-    thermal slowdown (:data:`capctl.reasons.THERMAL_SLOWDOWN`: ``SW_THERMAL_SLOWDOWN``), else 0;
-    memoized per tuple (bounded)."""
-    key = reasons if isinstance(reasons, tuple) else tuple(reasons)
-    hit = _THERMAL_REASONS.get(key)
+def _reason_bits(key: tuple) -> int:
+    """The flags of one reason set (memoized, bounded): its thermal code (2 when it holds
+    ``HW_THERMAL_SLOWDOWN``, 1 for another thermal slowdown, :func:`capctl.reasons.is_thermal`:
+    ``SW_THERMAL_SLOWDOWN``; else 0) | :data:`PACE_SLOWDOWN_BIT` (a name containing ``SLOWDOWN``,
+    any case) | :data:`PACE_POWER_CAP_BIT` (one containing ``POWER_CAP``)."""
+    hit = _REASON_BITS.get(key)
     if hit is None:
         from capctl.reasons import is_thermal
 
         hit = 2 if "HW_THERMAL_SLOWDOWN" in key else 1 if is_thermal(key) else 0
-        if len(_THERMAL_REASONS) >= 4096:
-            _THERMAL_REASONS.clear()
-        _THERMAL_REASONS[key] = hit
+        up = [r.upper() for r in key]
+        if any("SLOWDOWN" in r for r in up):
+            hit |= PACE_SLOWDOWN_BIT
+        if any("POWER_CAP" in r for r in up):
+            hit |= PACE_POWER_CAP_BIT
+        if len(_REASON_BITS) >= _MEMO_MAX:
+            _REASON_BITS.clear()
+        _REASON_BITS[key] = hit
     return hit
 
 
-def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> tuple:
+def reason_codes(reasons) -> np.ndarray:
+    """[G] int64: :func:`_reason_bits` of each GPU's reason set (``reasons``: a sequence of tuples or
+    lists of names). One C-level pass over the memo when every set is known (the usual case: a
+    fleet shows a few distinct sets), else one call per GPU that fills it. Measured (7 Dec 2026,
+    bench/interval_cost.py's fleet, 8,000 GPUs, best of 21 in one process): the cap states' two
+    generator passes and the reasons' two per-GPU memo calls (``thermal_guard``, ``_pace_columns``,
+    a list of pairs) 0.56 -> 0.06 us a GPU with :func:`state_codes`."""
+    n = len(reasons)
+    try:
+        return np.fromiter(map(_REASON_BITS.__getitem__, reasons), np.int64, n)
+    except (KeyError, TypeError):  # a set not seen yet (or not a tuple): filled one by one
+        return np.fromiter((_reason_bits(r if isinstance(r, tuple) else tuple(r)) for r in reasons), np.int64, n)
+
+
+def _state_bits(state) -> int:
+    """:data:`UNCONTROLLABLE_BIT` | :data:`OOB_BIT` of one cap state (memoized, bounded)."""
+    hit = _STATE_BITS.get(state)
+    if hit is None:
+        hit = (UNCONTROLLABLE_BIT if state in UNCONTROLLABLE_STATES else 0) | (OOB_BIT if state == capstates.OOB_LIMITED else 0)
+        if len(_STATE_BITS) >= _MEMO_MAX:
+            _STATE_BITS.clear()
+        _STATE_BITS[state] = hit
+    return hit
+
+
+def state_codes(states) -> np.ndarray:
+    """[G] int64: :func:`_state_bits` of each GPU's cap state; one C-level pass over the memo (as
+    :func:`reason_codes`)."""
+    n = len(states)
+    try:
+        return np.fromiter(map(_STATE_BITS.__getitem__, states), np.int64, n)
+    except (KeyError, TypeError):
+        return np.fromiter(map(_state_bits, states), np.int64, n)
+
+
+def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict, codes: np.ndarray | None = None) -> tuple:
     """``(pace, pace_at_w, paced, draw_w, pace_step)`` [G] of every GPU (see :class:`GpuInput` and
     :func:`_pace`): measured from a fresh sample of a GPU not fixed with a known maximum clock (else
-    NaN, 0, False, 0, 0)."""
+    NaN, 0, False, 0, 0). ``codes``: :func:`reason_codes` of ``c["reasons"]`` (None: computed)."""
     G = len(fixed)
     mx = c["max_sm_clock_mhz"]
     has = ~fixed & (mx > 0) & fresh
@@ -763,15 +801,58 @@ def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict) -> t
     pw = c["power_w"]
     draw = np.where(has & np.isfinite(pw) & (pw > 0), pw, 0.0)
     step = np.where(has, CLOCK_STEP_MHZ / np.where(mx > 0, mx, 1.0), 0.0)
-    flags = np.array([_pace_reasons(r if isinstance(r, tuple) else tuple(r)) for r in c["reasons"]],
-                     bool).reshape(G, 2)
+    if codes is None:
+        codes = reason_codes(c["reasons"])
+    slowdown, power_cap = (codes & PACE_SLOWDOWN_BIT) != 0, (codes & PACE_POWER_CAP_BIT) != 0
     strag = np.zeros(G, bool)
     if straggler:
         strag[np.fromiter(straggler, np.int64, len(straggler))] = True
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
-    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~flags[:, 0] & (flags[:, 1] | (pace >= 0.99))
+    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~slowdown & (power_cap | (pace >= 0.99))
              & (pace > 0) & (pace_at > 0))
     return pace, pace_at, paced, draw, step
+
+
+_JOBS_CACHE: list = [None, None, None, None]
+"""[policy, topology, the nodes' bindings, (jobs, job names, job [G])] of the last :func:`_jobs_of`."""
+
+
+def _jobs_of(table, policy) -> tuple[dict, list, np.ndarray]:
+    """``(jobs, job_names, job)`` of the registry's GPU slots ``table`` (``GpuTable``): job id ->
+    its policy weight, of the jobs bound to some GPU of ``table`` (a job whose GPUs are all unknown
+    to the registry cannot be allocated); job ids in order of first GPU; [G] int each GPU's position
+    in ``job_names`` (-1: idle). Fresh objects each call; computed again only when the policy, the
+    topology or a node's bindings (compared by value) changed since the last call. Why: the
+    per-GPU lookup of every node's jobs, every interval, for bindings that change at job start
+    and end: measured (7 Dec 2026, bench/interval_cost.py's fleet, 8,000 GPUs, best of 21 in one
+    process) 0.40 us a GPU computed, 0.02 when the bindings held."""
+    sig = tuple([tuple(node.bindings.values()) for node in table.nodes])
+    hit = _JOBS_CACHE
+    if hit[0] is policy and hit[1] == table.topology and hit[2] == sig:
+        jobs, names, job = hit[3]
+        return dict(jobs), list(names), job.copy()
+    jobs: dict[str, float] = {}
+    weights: dict[tuple, float] = {}
+    job_names: list[str] = []
+    job_pos: dict[str, int] = {}
+    job = np.full(len(table.keys), -1, np.int64)
+    start = 0
+    for (name, indices), node in zip(table.topology, table.nodes):
+        job_of = _node_jobs(node, policy, jobs, weights)
+        if job_of:
+            for p, idx in enumerate(indices):
+                jid = job_of.get(idx)
+                if jid is not None:
+                    q = job_pos.get(jid)
+                    if q is None:
+                        q = job_pos[jid] = len(job_names)
+                        job_names.append(jid)
+                    job[start + p] = q
+        start += len(indices)
+    # jobs whose GPUs are all unknown to the registry cannot be allocated
+    jobs = {jid: w for jid, w in jobs.items() if jid in job_pos}
+    _JOBS_CACHE[:] = [policy, table.topology, sig, (dict(jobs), list(job_names), job.copy())]
+    return jobs, job_names, job
 
 
 def _node_jobs(node, policy, jobs: dict[str, float], weights: dict[tuple, float]) -> dict[int, str]:
@@ -827,21 +908,6 @@ def _oob_below_minimum(c, lo: np.ndarray, oob_now: np.ndarray, straggler: dict) 
     return out
 
 
-_PACE_REASONS: dict[tuple, tuple[bool, bool]] = {}
-
-
-def _pace_reasons(reasons: tuple) -> tuple[bool, bool]:
-    """``(a slowdown, the power cap)`` among ``reasons`` (memoized per tuple; bounded)."""
-    hit = _PACE_REASONS.get(reasons)
-    if hit is None:
-        up = [r.upper() for r in reasons]
-        hit = (any("SLOWDOWN" in r for r in up), any("POWER_CAP" in r for r in up))
-        if len(_PACE_REASONS) >= 4096:
-            _PACE_REASONS.clear()
-        _PACE_REASONS[reasons] = hit
-    return hit
-
-
 def ceilings_w(rows, interval_s: float, margin_c: float) -> list[float]:
     """Thermal ceilings (W) of many GPUs in one vectorized call; ``rows`` are
     ``(temp_c, r_c_per_w, tau_s, inlet_c, slowdown_temp_c)``. Element-wise equal to
@@ -877,11 +943,12 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     keys = c.keys
     caps = np.where(c.fixed, c.accounted_w, np.asarray(result.cap_w, dtype=float))
     desired = dict(zip(keys, caps.tolist()))
-    aligned = paced_split(inputs, desired)
-    step_margin(inputs, desired, aligned)
-    grants = idle_from_headroom(inputs, desired)
+    at = caps  # ``desired`` as an array [G], kept equal to it by the steps below (no dict read back each)
+    aligned = paced_split(inputs, desired, at)
+    step_margin(inputs, desired, aligned, at)
+    grants = idle_from_headroom(inputs, desired, at)
     if inputs.spread_spare:
-        spread_spare(inputs, desired)
+        spread_spare(inputs, desired, at)
     names = list(problem.job_names)
     job_rate = {n: float(result.job_rate[j]) for j, n in enumerate(names)}
     job_binding = {n: str(result.job_binding[j]) for j, n in enumerate(names)}
@@ -897,7 +964,7 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
                        _held_named(_reserve_named([str(a) for a in result.alerts], inputs.domains), inputs, c), solve_s,
-                       getattr(result, "solver", "fast"), grants)
+                       getattr(result, "solver", "fast"), grants, at)
 
 
 def _held_named(alerts: list[str], inputs: SolveInputs, c: InputColumns) -> list[str]:
@@ -970,6 +1037,15 @@ def observed_binding(binding: str, c: InputColumns, s: int) -> str:
     return binding
 
 
+AT_DOC = None
+"""``at`` of the steps after the solve (:func:`paced_split`, :func:`step_margin`,
+:func:`idle_from_headroom`, :func:`spread_spare`): the desired caps [G] (W) in the order of the
+inputs' GPUs, equal to ``desired`` (every GPU has a value) and updated with it, so each step reads
+the array instead of the dict (:func:`values_at`: a hash of every GPU key per read, 0.04 us a GPU
+at 8,000, best of 21, 7 Dec 2026; five reads an interval before); returned as
+``SolveOutput.desired_at``."""
+
+
 def values_at(values: dict, keys, default: float = 0.0) -> np.ndarray:
     """[G] float: ``values[k]`` (W) of each key of ``keys`` (a GPU without one: ``default``). One
     C-level pass when every key has a value (the solve's ``desired`` covers every GPU of its
@@ -981,25 +1057,26 @@ def values_at(values: dict, keys, default: float = 0.0) -> np.ndarray:
         return np.fromiter((values.get(k, default) for k in keys), float, n)
 
 
-def paced_split(inputs: SolveInputs, desired: dict) -> set:
+def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None) -> set:
     """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
     job, keeping a job's correction only when every limited domain stays within its limit (domain
     sums on arrays: :func:`domain_levels`). Returns the jobs put on one clock step whose caps were
-    kept (for :func:`step_margin`)."""
+    kept (for :func:`step_margin`). ``at``: ``desired`` as an array [G] of the inputs' GPUs
+    (:data:`AT_DOC`), changed with it; None: read from it."""
     from coordinator import paceloop
 
     limited, levels = domain_levels(inputs)
     c = columns_of(inputs)
     n = len(limited)
     lims = np.array([lim for _, lim in limited], float)
-    d = values_at(desired, c.keys)
+    d = values_at(desired, c.keys) if at is None else at
     load = _domain_sums(levels, d, n)
     head = lims - load - LIMIT_SLACK_W
     # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move, without
     # their curves (the pace loop is independent of the fitted curves by design: paceloop.slope_w)
     cand = _pace_candidates(c, inputs.jobs).tolist()
-    gpus = c.rows_at(cand, with_curves=False)
-    pos_of = {g.key: i for i, g in zip(cand, gpus)}
+    gpus = pace_rows(c, cand)
+    pos_of = dict(zip(map(_ROW_KEY, gpus), cand))
 
     granted_w: dict = {}  # job -> (its domains, the headroom granted to it)
 
@@ -1010,7 +1087,7 @@ def paced_split(inputs: SolveInputs, desired: dict) -> set:
         # really moves is booked per domain, so the watts it leaves go to the jobs after it
         if not n:
             return 0.0
-        p = np.fromiter((pos_of[g.key] for g in members), np.int64, len(members))
+        p = np.fromiter(map(pos_of.__getitem__, map(_ROW_KEY, members)), np.int64, len(members))
         if caps is not None:
             back = granted_w.pop(members[0].job, None)
             if back is not None:
@@ -1033,20 +1110,50 @@ def paced_split(inputs: SolveInputs, desired: dict) -> set:
     moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned, _pace_jobs(c, cand))
     if not moved:
         return set()
-    job_of = {g.key: g.job for g in gpus}
+    job_of = dict(zip(map(_ROW_KEY, gpus), map(_ROW_JOB, gpus)))
     by_job: dict = {}
     for k, cap in moved.items():
         by_job.setdefault(job_of[k], {})[k] = cap
     for caps in by_job.values():
-        p = np.fromiter((pos_of[k] for k in caps), np.int64, len(caps))
+        p = np.fromiter(map(pos_of.__getitem__, caps), np.int64, len(caps))
         diff = np.fromiter((cap - desired[k] for k, cap in caps.items()), float, len(caps))
         delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
         if bool(np.all(load + delta <= lims + 1e-6)):
             desired.update(caps)
+            if at is not None:
+                at[p] = np.fromiter(caps.values(), float, len(caps))
             load += delta
         else:
             aligned = [j for j in aligned if j != job_of[next(iter(caps))]]
     return set(aligned)
+
+
+PaceRow = collections.namedtuple("PaceRow", ("key", "job", "paced", "straggler", "fixed", "pace", "pace_at_w", "observed_w",
+                                             "draw_w", "pace_step", "min_cap_w", "max_cap_w", "thermal_ceiling_w"))
+"""The fields of a :class:`GpuInput` that :func:`coordinator.paceloop.correct` reads (same names, units
+and values): a row of :func:`pace_rows`."""
+
+
+_ROW_KEY = operator.attrgetter("key")
+_ROW_JOB = operator.attrgetter("job")
+
+
+def pace_rows(c: InputColumns, positions: list) -> list:
+    """The GPUs at ``positions`` of the columns ``c`` as :class:`PaceRow` rows for
+    :func:`coordinator.paceloop.correct` (each field the value :meth:`InputColumns.rows_at` gives
+    the :class:`GpuInput` of that GPU; a GPU of no job: ``job`` None). Why not ``rows_at``: a
+    dataclass of 20 fields per GPU, its curve left out; measured (7 Dec 2026,
+    bench/interval_cost.py's fleet, 8,000 GPUs, 2,592 rows, best of 21 in one process) 0.28 ->
+    0.17 us a GPU of the fleet."""
+    if not positions:
+        return []
+    pos = np.asarray(positions, np.int64)
+    keys, names, strag = c.keys, c.job_names, c.straggler
+    jobs = [names[j] if j >= 0 else None for j in c.job[pos].tolist()]
+    cols = [np.asarray(a)[pos].tolist() for a in (c.paced, c.fixed, c.pace, c.pace_at_w, c.observed_w, c.draw_w,
+                                                   c.pace_step, c.min_cap_w, c.max_cap_w, c.thermal_ceiling_w)]
+    return list(map(PaceRow._make, zip([keys[p] for p in positions], jobs, cols[0],
+                                       [strag.get(p, "") for p in positions], *cols[1:])))
 
 
 def _pace_jobs(c: InputColumns, cand: list) -> dict:
@@ -1091,7 +1198,7 @@ def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:
     return np.nonzero(busy & ok[np.maximum(j, 0)])[0]
 
 
-def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
+def idle_from_headroom(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None) -> dict:
     """Raise idle GPUs toward their pre-job limit (``GpuInput.idle_target_w``, W) out of the
     headroom the solve left, in place on ``desired`` (GPU key -> W). Returns the raw grants (GPU
     key -> W) of the idle GPUs it could raise; each GPU's cap is the lower of its raw grant and
@@ -1107,11 +1214,11 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     domain, so what one domain cannot take goes to idle GPUs under the others (found by a try-out:
     100 W of a 3,600 W budget left unallocated beside a PDU with room, one pass). With headroom
     enough (as at a job's end under a budget that allows it) every pre-job limit comes back fully.
-    Domain sums on arrays (:func:`domain_levels`)."""
+    Domain sums on arrays (:func:`domain_levels`). ``at``: ``desired`` as an array (:data:`AT_DOC`)."""
     c = columns_of(inputs)
     keys = c.keys
     G = len(keys)
-    d = values_at(desired, keys)
+    d = values_at(desired, keys) if at is None else at.copy()
     # within its thermal ceiling (thermal_guard: a hot idle GPU is not raised; found by a review)
     t = np.where(c.idle_target_w > 0, np.minimum(c.idle_target_w, np.maximum(c.min_cap_w, c.thermal_ceiling_w)), 0.0)
     rows = np.nonzero((t > 0) & ~c.fixed & (c.job < 0) & (t > d + 1e-6))[0]
@@ -1150,6 +1257,8 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict) -> dict:
     moved = np.nonzero(d != start)[0]
     for i, v in zip(moved.tolist(), d[moved].tolist()):
         desired[keys[i]] = v
+    if at is not None:
+        at[moved] = d[moved]
     return grants
 
 
@@ -1163,7 +1272,7 @@ LIMIT_SLACK_W = 0.01
 """Watts kept unallocated in each domain by :func:`idle_from_headroom` (float rounding)."""
 
 
-def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
+def step_margin(inputs: SolveInputs, desired: dict, aligned, at: np.ndarray | None = None) -> None:
     """Hand the headroom left after the pace loop to the GPUs of the ``aligned`` jobs (put on one
     clock step by :func:`paced_split`) as margin within their step, in place on ``desired`` (GPU
     key -> W); before :func:`idle_from_headroom` (running jobs first, the policy's idle rule).
@@ -1176,7 +1285,8 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
     :func:`coordinator.pacealign.step_top_w` (7/8 of its step: no GPU reaches the next step), in
     proportion to that room, one pass with each GPU's grant the smallest of its limited domains'
     ratios (as :func:`idle_from_headroom`): no domain exceeds its limit, and the clocks (so draw
-    and pace) stay where the alignment put them, with more margin against draw noise."""
+    and pace) stay where the alignment put them, with more margin against draw noise. ``at``:
+    ``desired`` as an array (:data:`AT_DOC`)."""
     from coordinator import pacealign
 
     limited, levels = domain_levels(inputs)
@@ -1192,7 +1302,7 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
     rows = np.nonzero(jobs[c.job] & ~c.fixed & ~strag & c.paced)[0]
     if not rows.size:
         return
-    d = values_at(desired, keys)
+    d = values_at(desired, keys) if at is None else at.copy()
     hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, np.where(np.isfinite(c.thermal_ceiling_w),
                                                                  c.thermal_ceiling_w, np.inf)))[rows]
     top = pacealign.step_top_w(c.pace[rows], c.pace_step[rows], c.draw_w[rows], c.pace_at_w[rows],
@@ -1207,13 +1317,15 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned) -> None:
     for i, r, f in zip(rows.tolist(), room[rows].tolist(), factor.tolist()):
         if r * f > 0.0:
             desired[keys[i]] += r * f
+            if at is not None:
+                at[i] = desired[keys[i]]
 
 
 SPARE_PASSES = 3
 """Water-filling passes of :func:`spread_spare` (each within every domain's limit)."""
 
 
-def spread_spare(inputs: SolveInputs, desired: dict) -> None:
+def spread_spare(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None) -> None:
     """Hand the headroom every limited domain still has after the solve, the pace loop,
     :func:`step_margin` and the idle rule (:func:`idle_from_headroom`: pre-job limits come back
     first, from headroom no running job's pace can use) to the running jobs' GPUs, up to their
@@ -1234,7 +1346,7 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     ``headroom / wanted`` of its limited domains (as :func:`step_margin`), so no domain exceeds its
     limit; the next passes hand out what a domain bounded by a fuller one left (up to
     :data:`SPARE_PASSES`, fewer when a pass grants less than :data:`IDLE_PASS_MIN_W`). Cost: a few
-    array operations over the running GPUs per pass."""
+    array operations over the running GPUs per pass. ``at``: ``desired`` as an array (:data:`AT_DOC`)."""
     limited, levels = domain_levels(inputs)
     n = len(limited)
     if not n or not levels.shape[1]:
@@ -1248,7 +1360,7 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     rows = np.nonzero(ok)[0]
     if not rows.size:
         return
-    d = values_at(desired, keys)
+    d = values_at(desired, keys) if at is None else at.copy()
     ceiling = np.where(np.isnan(c.thermal_ceiling_w), np.inf, c.thermal_ceiling_w)  # (-inf: too hot, none)
     hi = np.maximum(c.min_cap_w, np.minimum(c.max_cap_w, ceiling))[rows]
     if inputs.slew_w is not None:  # the policy's largest change per interval, from the cap now
@@ -1271,6 +1383,8 @@ def spread_spare(inputs: SolveInputs, desired: dict) -> None:
     for i, old, new in zip(rows.tolist(), before.tolist(), d[rows].tolist()):
         if new > old:
             desired[keys[i]] = new
+            if at is not None:
+                at[i] = new
 
 
 def build_problem(inputs: SolveInputs):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping
 
 import numpy as np
@@ -171,7 +172,7 @@ class Decision:
 
     now: float
     mode: str
-    desired_w: dict
+    desired_w: Mapping  # GPU key -> W (a KeyedValues)
     safe_caps: dict
     decreases: dict
     increase_candidates: frozenset
@@ -281,21 +282,33 @@ def solve(problem: Problem) -> Solution:
     alerts.extend(out.alerts)
     desired = out.desired_w
     keys = allocation.columns_of(inputs).keys
-    at = allocation.values_at(desired, keys, math.nan)
+    kept = out.desired_at
+    at = kept.copy() if kept is not None and len(kept) == len(keys) else allocation.values_at(desired, keys, math.nan)
     return Solution(desired, tuple(alerts), watch, out=out, desired_at=at)
 
 
 # -- stage 2 -----------------------------------------------------------------------------------
+_SPECS: list = [None, None, ()]
+"""[domains, members, their specs] of the last :func:`domain_specs` (the objects kept: compared by identity)."""
+
+
 def domain_specs(inputs: allocation.SolveInputs) -> tuple[planner.DomainSpec, ...]:
-    """The planner's domains of ``inputs`` (a limit that is None or not finite: none)."""
+    """The planner's domains of ``inputs`` (a limit that is None or not finite: none). The same
+    (immutable) specs again while ``inputs`` holds the same domain and member objects as the last
+    call (:func:`coordinator.allocation.build_inputs` shares them between intervals while the
+    policy and topology hold: one spec per node domain, every interval, before: 0.09 -> 0.00 us a
+    GPU at 8,000, 7 Dec 2026, best of 21 in one process)."""
     members = inputs.domain_members
+    if _SPECS[0] is inputs.domains and _SPECS[1] is members:
+        return _SPECS[2]
     out = []
     for d in inputs.domains:
         lim = d["limit_w"]
         out.append(planner.DomainSpec(d["name"], d.get("kind", ""),
                                       None if lim is None or not math.isfinite(lim) else float(lim),
                                       frozenset(members.get(d["name"], ()))))
-    return tuple(out)
+    _SPECS[:] = [inputs.domains, members, tuple(out)]
+    return _SPECS[2]
 
 
 def with_desired(solution: Solution, state: FleetState) -> planner.PlanArrays:
@@ -315,8 +328,9 @@ def unreported_nodes(policy, nodes: tuple[NodeState, ...]) -> list[str]:
     return sorted(name for name in policy.domains.all_nodes() if name not in known)
 
 
-def _holds(obs: Observations, solution: Solution) -> tuple[str, tuple, bool, list[str]]:
-    """``(mode, waiting nodes, startup hold on, hold reasons)`` of ``obs``.
+def _holds(obs: Observations, solution: Solution, unreported: list | None = None) -> tuple[str, tuple, bool, list[str]]:
+    """``(mode, waiting nodes, startup hold on, hold reasons)`` of ``obs`` (``unreported``: its
+    :func:`unreported_nodes`, None: read here).
 
     A node that just said hello has not reported its caps yet (counted at its maximum limit): every
     cap is held until its first telemetry (at most one interval) instead of squeezing the others for
@@ -325,7 +339,8 @@ def _holds(obs: Observations, solution: Solution) -> tuple[str, tuple, bool, lis
     now = obs.now
     waiting = tuple(n.name for n in obs.state.nodes
                     if n.connected and n.gpus and not n.any_reading and now - n.connected_s < obs.interval_s)
-    unreported = unreported_nodes(obs.policy, obs.state.nodes)
+    if unreported is None:
+        unreported = unreported_nodes(obs.policy, obs.state.nodes)
     hold_increases = bool(unreported) and now - obs.start_s < obs.lease_s
     reasons = []
     if obs.dry_run:
@@ -368,8 +383,37 @@ def _deficit_alerts(out, alerts=()) -> list[str]:
             for name, deficit in out.domain_deficit_w.items() if deficit > 0 and f"domain {name}" not in said]
 
 
+class KeyedValues(Mapping):
+    """A read-only mapping GPU key -> value of ``keys`` [G] and ``values`` [G] (an array, not
+    copied: the caller's read-only or no longer changed), made a ``dict`` on first use: a
+    decision's desired caps, read by tests and tools, not by the interval (a dict of every GPU
+    per interval before: 0.06 us a GPU at 8,000, 7 Dec 2026, best of 21 in one process)."""
+
+    def __init__(self, keys, values) -> None:
+        self._keys, self._values, self._dict = keys, values, None
+
+    def _d(self) -> dict:
+        if self._dict is None:
+            self._dict = dict(zip(self._keys, np.asarray(self._values, float).tolist()))
+        return self._dict
+
+    def __getitem__(self, key):
+        return self._d()[key]
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self) -> int:
+        return len(self._d())
+
+    def __repr__(self) -> str:
+        return repr(self._d())
+
+
 def by_node(keys, positions, values) -> dict[str, dict[int, float]]:
-    """``{node: {index: value}}`` of ``keys[p]`` for ``p`` in ``positions`` (in that order)."""
+    """``{node: {index: value}}`` of ``keys[p]`` for ``p`` in ``positions`` (in that order). (Built
+    per run of a node's positions with numpy it measured slower: 0.10 -> 0.19 us a GPU at 8,000,
+    7 Dec 2026.)"""
     out: dict[str, dict[int, float]] = {}
     for i, v in zip(positions, values):
         n, x = keys[i]
@@ -382,7 +426,10 @@ def _candidate_nodes(pa: planner.PlanArrays) -> frozenset:
     deadband: the candidate rule of :func:`coordinator.planner.plan_increases_arrays`."""
     target = np.minimum(np.maximum(pa.desired_w, pa.min_cap_w), np.where(pa.max_cap_w > 0, pa.max_cap_w, np.inf))
     cand = np.nonzero(pa.live & ~(target <= pa.observed_w + planner.DEADBAND_W))[0].tolist()
-    return frozenset(pa.keys[i][0] for i in cand)
+    return frozenset(map(_FIRST, map(pa.keys.__getitem__, cand)))
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def _domain_index(inputs: allocation.SolveInputs, domains, state: FleetState) -> list:
@@ -405,11 +452,12 @@ def plan(solution: Solution, obs: Observations) -> Decision:
     inputs = obs.problem.inputs
     domains = domain_specs(inputs)
     doms = _domain_index(inputs, domains, obs.state)
-    live_pos = np.nonzero(pa.live)[0].tolist()
+    live_pos = np.nonzero(pa.live)[0]
     safe = planner.safe_caps_arrays(np.minimum(pa.desired_w, pa.accounted_w), pa, doms,
-                                    obs.policy.failsafe.safe_cap_w).tolist()
-    safe_caps = by_node(keys, live_pos, (safe[i] for i in live_pos))
-    mode, waiting, hold_increases, reasons = _holds(obs, solution)
+                                    obs.policy.failsafe.safe_cap_w)
+    safe_caps = by_node(keys, live_pos.tolist(), np.asarray(safe)[live_pos].tolist())  # (one list, no generator)
+    unreported = unreported_nodes(obs.policy, obs.state.nodes)
+    mode, waiting, hold_increases, reasons = _holds(obs, solution, unreported)
     live_nodes = tuple(n.name for n in obs.state.nodes if n.live)
     decreases: dict = {}
     candidates: frozenset = frozenset()
@@ -420,7 +468,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
         early = tuple(n for n in live_nodes if n not in decreases and n not in candidates)
     alerts = (list(solution.alerts)
-              + _unreported_alert(unreported_nodes(obs.policy, obs.state.nodes), hold_increases, inputs.reserved_w)
+              + _unreported_alert(unreported, hold_increases, inputs.reserved_w)
               + [f"two agents claim node {n}: {why}; the refused agent's GPUs counted at "
                  f"{inputs.reserved_w.get(n, 0.0):.0f} W more until it stops trying" for n, why in sorted(inputs.claims.items())]
               + [f"node {n}: {len(u)} GPU(s) its agent no longer lists ({', '.join(u[:2])}{', ...' if len(u) > 2 else ''}; "
@@ -428,7 +476,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
                  f"caps, {w:.0f} W, until a hello lists them again or for 24 h" for n, (w, u) in sorted(inputs.ghosts.items())]
               + _deficit_alerts(solution.out, solution.alerts))
     return Decision(
-        now=obs.now, mode=mode, desired_w=dict(zip(keys, pa.desired_w.tolist())), safe_caps=safe_caps,
+        now=obs.now, mode=mode, desired_w=KeyedValues(keys, pa.desired_w), safe_caps=safe_caps,
         decreases=decreases, increase_candidates=candidates, early_holds=early, live_nodes=live_nodes,
         waiting=waiting, hold_increases=hold_increases, hold_reasons=tuple(reasons), alerts=tuple(alerts),
         solution=solution, gpus=pa, domains=domains, doms=doms,

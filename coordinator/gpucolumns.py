@@ -15,6 +15,7 @@ MHz, %, seconds on the registry's monotonic clock (``*_mono``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import operator
 
@@ -78,21 +79,39 @@ class Columns:
 
 def gather(keys, gpus: list, names=None, static: dict | None = None) -> Columns:
     """The fields ``names`` (default: all of :data:`COLUMNS`) of the ``GpuObs`` records ``gpus``
-    (aligned with ``keys``) as columns: one pass per field (``np.fromiter`` over an
-    ``operator.attrgetter`` map; measured faster than one pass of all fields at once and a
-    transpose: the fields' values are objects scattered in memory). ``static``: field -> read-only
-    array [G] of these same records (:data:`STATIC`, ``GpuTable.static``), used as they are."""
+    (aligned with ``keys``) as columns. ``static``: field -> read-only array [G] of these same
+    records (:data:`STATIC`, ``GpuTable.static``), used as they are.
+
+    The numeric fields (float, bool, int) in one pass over the records (one ``operator.attrgetter``
+    of them all per record, flattened by ``itertools.chain`` into one ``np.fromiter`` [G x k],
+    then one row per field; bools and ints converted back from the float64 values, exact for
+    the registry's flags and counters); each object field in a pass of its own (a tuple). The
+    records and their values are scattered in memory: one pass of k fields reads each record
+    once, k passes read the fleet's records k times (out of cache at 8,000 GPUs). Measured
+    (7 Dec 2026, bench/interval_cost.py's fleet, 8,000 GPUs, best of 20): the 14 float fields of
+    an interval's gather 1.50 -> 0.78 us per GPU, one pass per field before."""
     names = tuple(n for n, _ in COLUMNS) if names is None else tuple(names)
     n = len(gpus)
     col: dict = {}
+    numeric = []
     for name in names:
         if static is not None and name in static:
             col[name] = static[name]
-            continue
-        dt = _DTYPE[name]
-        values = map(operator.attrgetter(name), gpus)
-        col[name] = tuple(values) if dt is object else np.fromiter(values, dt, n)
-    return Columns(keys=tuple(keys), col=col)
+        elif _DTYPE[name] is object:
+            col[name] = tuple(map(operator.attrgetter(name), gpus))
+        else:
+            numeric.append(name)
+    if len(numeric) == 1:
+        name = numeric[0]
+        col[name] = np.fromiter(map(operator.attrgetter(name), gpus), _DTYPE[name], n)
+    elif numeric:
+        k = len(numeric)
+        flat = np.fromiter(itertools.chain.from_iterable(map(operator.attrgetter(*numeric), gpus)), float, n * k)
+        block = flat.reshape(n, k).T.copy()  # one contiguous row per field
+        for j, name in enumerate(numeric):
+            dt = _DTYPE[name]
+            col[name] = block[j] if dt is float else block[j].astype(dt)
+    return Columns(keys=tuple(keys), col={name: col[name] for name in names})
 
 
 def constraints_unusable(min_cap_w, max_cap_w) -> np.ndarray:

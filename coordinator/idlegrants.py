@@ -39,12 +39,34 @@ class IdleGrants:
     def __init__(self, raise_intervals: int = RAISE_INTERVALS) -> None:
         self.keep = max(0, int(raise_intervals) - 1)
         self._recent: dict = {}  # GPU key -> tuple of its last raw grants (W), newest last
+        self._pos: tuple = ((), {})  # (the keys tuple of the last recent() call, key -> its position)
 
     def recent(self, keys) -> np.ndarray:
         """[G] (W): the lowest raw grant of each GPU of ``keys`` over the kept intervals; +inf for a
-        GPU without one (not idle in the last interval, or the rule off)."""
-        get = self._recent.get
-        return np.fromiter((min(g) if (g := get(k)) else math.inf for k in keys), float, len(keys))
+        GPU without one (not idle in the last interval, or the rule off). Visits the GPUs with a
+        history only (the idle ones), their positions from a map kept per ``keys`` tuple (the
+        registry's slots, the same object while the topology holds). Measured (7 Dec 2026,
+        bench/interval_cost.py's fleet, 8,000 GPUs, 800 idle, best of 21 in one process): 0.075 ->
+        0.021 us a GPU, a lookup per GPU before."""
+        n = len(keys)
+        out = np.full(n, math.inf)
+        if not self._recent or not n:
+            return out
+        if isinstance(keys, tuple):
+            if self._pos[0] is not keys:
+                self._pos = (keys, {k: i for i, k in enumerate(keys)})
+            pos = self._pos[1]
+        else:
+            pos = {k: i for i, k in enumerate(keys)}
+        at, low = [], []
+        for k, g in self._recent.items():
+            p = pos.get(k)
+            if p is not None and g:
+                at.append(p)
+                low.append(min(g))
+        if at:
+            out[at] = low
+        return out
 
     def clear(self) -> None:
         """Forget every GPU's history (no grant this interval: a failed solve; a change of leader)."""

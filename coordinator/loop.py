@@ -980,8 +980,10 @@ class Coordinator:
         lease = self.lease_s
         nodes = []
         # one pass over each GPU's record (its fields and accounted cap while it is in cache: a
-        # gather of the accounting columns, one pass per field, cost more at 100,000 GPUs); the
-        # throttling lanes are kept per node and counted per GPU when the view is read
+        # gather of the accounting columns, one pass per field, cost more at 100,000 GPUs; read as
+        # columns, gpucolumns' one-pass gather with the row tuples made when the view is built,
+        # stage "after" measured 2.82 -> 3.13 us per GPU at 8,000, 7 Dec 2026, and the stages after
+        # it slower too); the throttling lanes are kept per node and counted per GPU when the view is read
         for name in sorted(reg.nodes):
             node = reg.nodes[name]
             gpus = node.gpus

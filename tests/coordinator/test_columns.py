@@ -201,3 +201,39 @@ def test_batched_memory_bound_share_equals_per_gpu_update(seed):
         m = models.gpus[key]
         assert _close([m.mem_share, m.mem_weight], [share, weight]), key
         assert models.memory_bound(key) == (share if weight > 0 else None) or _close(models.memory_bound(key), share)
+
+
+def test_gather_one_pass_equals_fields_record_by_record():
+    """``gpucolumns.gather`` (numeric fields in one pass, converted back to bool / int) returns each
+    field exactly as read record by record: NaN, infinities, huge limits, negative counters, empty
+    and non-empty pending dicts, any subset of fields in any order."""
+    rng = random.Random(5)
+    odd = [math.nan, math.inf, -math.inf, 0.0, -1.0, 1e12, 5e-324, 2.0 ** 52 + 1.0]
+    gpus = []
+    for i in range(257):
+        g = GpuObs(node="n", index=i, min_cap_w=rng.choice([200.0] + odd), max_cap_w=rng.choice([700.0] + odd),
+                   have_reading=rng.random() < 0.7, reading_live=rng.random() < 0.5,
+                   enforced_w=rng.choice([rng.uniform(150, 700)] + odd), cap_w=rng.uniform(0, 700),
+                   power_w=rng.choice([rng.uniform(0, 720), math.nan]), temp_c=rng.choice([55.0, math.nan, -40.0]),
+                   sm_clock_mhz=rng.choice([0, 1980, 2 ** 31 - 1]), max_sm_clock_mhz=rng.choice([0, 1980]),
+                   reasons=rng.choice(REASONS), cap_state=rng.choice(["", "OK", "LOST"]),
+                   slowdown_run=rng.choice([0, 3, 2 ** 40]), oob_w=rng.choice([math.nan, 321.5]),
+                   last_ack_mono=rng.choice([-1e18, 99.5]), sample_mono=rng.choice([-1e18, 3.25]))
+        if rng.random() < 0.3:
+            g.pending[i] = rng.uniform(150, 700)
+        gpus.append(g)
+    all_names = [n for n, _ in gpucolumns.COLUMNS]
+    for names in (None, gpucolumns.ACCOUNTING, gpucolumns.STATIC, ("power_w",), ("pending", "cap_state"),
+                  rng.sample(all_names, 9)):
+        c = gpucolumns.gather([g.key for g in gpus], gpus, names)
+        for name in (all_names if names is None else names):
+            want = [getattr(g, name) for g in gpus]
+            got = c[name]
+            if gpucolumns._DTYPE[name] is object:
+                assert isinstance(got, tuple) and all(a is b for a, b in zip(got, want)), name
+                continue
+            assert got.dtype == np.dtype(gpucolumns._DTYPE[name]), name
+            expect = np.array(want, dtype=gpucolumns._DTYPE[name])
+            np.testing.assert_array_equal(got, expect, err_msg=name)
+        assert list(c.col) == (all_names if names is None else list(names))
+    assert len(gpucolumns.gather((), [], gpucolumns.ACCOUNTING)["enforced_w"]) == 0

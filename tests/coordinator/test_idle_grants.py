@@ -29,6 +29,22 @@ def test_the_lowest_grant_of_the_last_intervals_and_a_gpu_not_idle_forgets():
     assert np.isinf(off.recent(keys)).all()
 
 
+def test_recent_equals_the_lookup_per_key_on_tuples_lists_and_other_keys():
+    """``IdleGrants.recent`` (visits the GPUs with a history, positions kept per keys tuple) == the
+    lowest kept grant per key, +inf without one, for the same tuple again, another tuple, a list,
+    keys it has no history of and histories of GPUs not among the keys."""
+    import random
+
+    rng = random.Random(4)
+    g = IdleGrants()
+    every = tuple((f"n{k}", i) for k in range(20) for i in range(4))
+    for _ in range(5):
+        g.record({k: rng.uniform(100, 700) for k in every if rng.random() < 0.4})
+        for keys in (every, every, every[7:50], list(every[::3]), tuple(every[::-1]) + (("gone", 0),), ()):
+            want = [min(g._recent[k]) if g._recent.get(k) else math.inf for k in keys]
+            assert g.recent(keys).tolist() == want
+
+
 def test_a_raise_waits_until_the_headroom_held_and_a_cut_applies_at_once():
     grants = IdleGrants()
     caps = []

@@ -68,6 +68,10 @@ def _registry(rng: random.Random) -> tuple[Registry, Models]:
             if rng.random() < 0.2:
                 g.pending[1] = rng.uniform(250, 700)
             node.gpus[i] = g
+        if k == 5:  # reason sets of several names, a list, lower case (the rules' memo: allocation.reason_codes)
+            for g, r in zip(node.gpus.values(), [("SW_POWER_CAP", "HW_SLOWDOWN"), ["HW_THERMAL_SLOWDOWN", "SW_POWER_CAP"],
+                                                 ("sw_power_cap",), ("HW_SLOWDOWN", "sw_thermal_slowdown")]):
+                g.reasons = r
         if k % 3:
             node.bindings[f"j{k // 3}"] = Binding(f"j{k // 3}", name, (0, 1, 2) if k % 2 else (1, 3))
         reg.nodes[name] = node
@@ -180,3 +184,61 @@ def test_columns_equal_the_per_gpu_rules(seed, idle, min_cap, reserve):
     assert any(math.isfinite(w["thermal_ceiling_w"]) for w in want) and any(w["idle_target_w"] for w in want) == (
         idle == "null" and not reserve)
     assert got.jobs == {j: 1.0 for j in sorted({w["job"] for w in want if w["job"]})}
+
+
+def test_reason_and_state_codes_equal_the_per_gpu_rules():
+    """``reason_codes`` / ``state_codes`` (one pass over a memo of distinct values) == the rules per
+    GPU (thermal code, a slowdown, the power cap; uncontrollable, out-of-band), on tuples, lists,
+    any case, unknown names, the memo filled, cleared at its bound and read again."""
+    names = ["SW_POWER_CAP", "HW_SLOWDOWN", "SW_THERMAL_SLOWDOWN", "HW_THERMAL_SLOWDOWN", "hw_power_brake_slowdown",
+             "GPU_IDLE", "sw_power_cap", "APPLICATIONS_CLOCKS_SETTING", "X"]
+    rng = random.Random(3)
+    sets = [tuple(rng.sample(names, rng.randrange(0, 4))) for _ in range(300)] + [["HW_THERMAL_SLOWDOWN"], []]
+
+    def want(r):
+        up = [x.upper() for x in r]
+        thermal = 2 if "HW_THERMAL_SLOWDOWN" in r else 1 if is_thermal(r) else 0
+        return (thermal | (A.PACE_SLOWDOWN_BIT if any("SLOWDOWN" in x for x in up) else 0)
+                | (A.PACE_POWER_CAP_BIT if any("POWER_CAP" in x for x in up) else 0))
+
+    for _ in range(2):  # a cold memo (filled one by one), then the one pass
+        assert A.reason_codes(sets).tolist() == [want(r) for r in sets]
+    A._REASON_BITS.clear()
+    many = [(f"R{i}",) for i in range(A._MEMO_MAX + 10)] + [("HW_THERMAL_SLOWDOWN",)]
+    assert A.reason_codes(many).tolist() == [want(r) for r in many] and len(A._REASON_BITS) <= A._MEMO_MAX
+    states = ["", "OK", capstates.OOB_LIMITED, capstates.LOST, capstates.SET_FAILED, "ZZZ"] + sorted(A.UNCONTROLLABLE_STATES)
+    for _ in range(2):
+        got = A.state_codes(states).tolist()
+        assert got == [(A.UNCONTROLLABLE_BIT if s in A.UNCONTROLLABLE_STATES else 0)
+                       | (A.OOB_BIT if s == capstates.OOB_LIMITED else 0) for s in states]
+    assert A.reason_codes([]).shape == A.state_codes(()).shape == (0,)
+
+
+def test_jobs_follow_binding_changes_between_intervals():
+    """The jobs of the inputs (computed again only when the policy, topology or bindings changed:
+    ``allocation._jobs_of``) follow a job's start and end, a binding replaced by an equal one, and
+    a new policy object; each call returns fresh objects."""
+    rng = random.Random(0)
+    reg, models = _registry(rng)
+    policy = _policy("null", "null", False)
+
+    def check(p=policy):
+        got = A.build_inputs(reg, models, p, NOW, 10.0, 1.0)
+        want = _reference(reg, models, p, NOW, 10.0, 1.0)
+        assert [g.job for g in got.gpus] == [w["job"] for w in want]
+        assert got.jobs == {j: 1.0 for j in dict.fromkeys(w["job"] for w in want if w["job"])}
+        return got
+
+    first = check()
+    again = check()
+    assert again.jobs == first.jobs and again.jobs is not first.jobs
+    again.jobs["x"] = 2.0  # (a caller's change does not reach the next interval's)
+    assert "x" not in check().jobs
+    reg.nodes["n00"].bindings["new"] = Binding("new", "n00", (0, 3))
+    assert "new" in check().jobs
+    reg.nodes["n00"].bindings["new"] = Binding("new", "n00", (0, 3))  # equal, another object
+    check()
+    del reg.nodes["n01"].bindings["j0"]
+    check()
+    reg.nodes["n01"].bindings = {}
+    check(_policy("null", "null", False))
