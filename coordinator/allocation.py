@@ -1126,10 +1126,11 @@ def _pace_jobs(c: InputColumns, cand: list) -> list:
     :func:`coordinator.paceloop.correct` takes them (by their first GPU; GPUs ascending), from
     column slices (:func:`paceloop.job_arrays` per job, no per-GPU attribute reads). A job is kept
     on ``correct``'s condition (two GPUs or more, all paced or stragglers, none fixed, one paced).
-    Why not rows (:class:`GpuInput`) per GPU: measured (7 Dec 2026, bench/interval_cost.py's fleet,
-    8,000 GPUs, 2,300-2,600 of them candidates, best of 15 in one process) the pace stage
-    2.6 -> 0.9 us a GPU of the fleet, with the clock-step alignment on arrays
-    (:func:`coordinator.pacealign.align_caps`)."""
+    Why not rows (:class:`GpuInput`, :func:`coordinator.paceloop.correct`) per GPU: measured (7 Dec
+    2026, bench/interval_cost.py's fleet, 8,000 GPUs, 2,300-2,600 of them candidates; with the
+    clock-step alignment on arrays, :func:`coordinator.pacealign.align_caps`) the pace stage 3.5 ->
+    1.2 us a GPU of the fleet (median of 3 runs, a shared host), one call best of 15 1.7-3.7 ->
+    0.7-1.15 (the same intervals' inputs)."""
     from coordinator import paceloop
 
     if not cand:

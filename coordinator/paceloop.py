@@ -230,9 +230,10 @@ def job_caps(a: JobGpus, solve_w: float, avail_w: float) -> tuple:
     (no positive current draw to scale, or the caps would exceed the job's watts); ``aligned``:
     they came from :func:`_align` (true even where then refused). Per GPU the operations of the
     per-row loop it replaced, on arrays (sums in its order; Python's ``min``/``max`` kept where a
-    NaN could differ): identical floats (tests/coordinator/test_pace_equivalence.py). Measured on
-    bench/interval_cost.py's fleet (8,000 GPUs, 2,300-2,600 of them in jobs it moves; 7 Dec
-    2026): the pace stage 2.7 -> see allocation.paced_split."""
+    NaN could differ): identical floats (tests/coordinator/test_pace_equivalence.py). Why arrays:
+    the per-GPU Python of the row loop was most of the pace stage (measured figures:
+    :func:`coordinator.allocation._pace_jobs`). Raises KeyError, as the row loop did, where no
+    GPU but the stragglers has a positive step gain and a straggler bounds the pace (:func:`_split`)."""
     strag, rest = a.straggler, ~a.straggler
     j, paces = a.j, a.pace.tolist()
     low = min(range(len(paces)), key=paces.__getitem__)  # the pace-setter (the first slowest)
