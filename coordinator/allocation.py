@@ -1128,9 +1128,8 @@ def _pace_jobs(c: InputColumns, cand: list) -> list:
     on ``correct``'s condition (two GPUs or more, all paced or stragglers, none fixed, one paced).
     Why not rows (:class:`GpuInput`, :func:`coordinator.paceloop.correct`) per GPU: measured (7 Dec
     2026, bench/interval_cost.py's fleet, 8,000 GPUs, 2,300-2,600 of them candidates; with the
-    clock-step alignment on arrays, :func:`coordinator.pacealign.align_caps`) the pace stage 3.5 ->
-    1.2 us a GPU of the fleet (median of 3 runs, a shared host), one call best of 15 1.7-3.7 ->
-    0.7-1.15 (the same intervals' inputs)."""
+    clock-step alignment on arrays, :func:`coordinator.pacealign.align_caps`) the pace stage 2.6 ->
+    1.1 us a GPU of the fleet (median of 3 runs each, one host; 3.5 -> 1.2 while it was loaded)."""
     from coordinator import paceloop
 
     if not cand:
