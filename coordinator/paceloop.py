@@ -232,8 +232,9 @@ def job_caps(a: JobGpus, solve_w: float, avail_w: float) -> tuple:
     per-row loop it replaced, on arrays (sums in its order; Python's ``min``/``max`` kept where a
     NaN could differ): identical floats (tests/coordinator/test_pace_equivalence.py). Why arrays:
     the per-GPU Python of the row loop was most of the pace stage (measured figures:
-    :func:`coordinator.allocation._pace_jobs`). Raises KeyError, as the row loop did, where no
-    GPU but the stragglers has a positive step gain and a straggler bounds the pace (:func:`_split`)."""
+    :func:`coordinator.allocation._pace_jobs`). Where no GPU but the stragglers has a positive step
+    gain, the job keeps the solve's caps (the row loop raised KeyError there when a straggler
+    bounded the pace: the whole interval failed, no plan sent)."""
     strag, rest = a.straggler, ~a.straggler
     j, paces = a.j, a.pace.tolist()
     low = min(range(len(paces)), key=paces.__getitem__)  # the pace-setter (the first slowest)
@@ -353,9 +354,7 @@ def _split(a: JobGpus, total_w: float):
     for i in range(_PASSES):
         den = sum(s[free].tolist())
         if den <= 0 and free.size and not i:  # no GPU got a cap: the job keeps the solve's (the per-row
-            if math.isfinite(min([math.inf] + f[a.straggler].tolist())):  # loop failed looking one up
-                raise KeyError(int(free[0]))  # where a straggler bounds the pace)
-            return None
+            return None  # loop raised KeyError here where a straggler bounds the pace: the interval failed)
         if den <= 0 or not free.size:
             break
         target = (budget - sum((op[free] - s[free] * f[free]).tolist())) / den

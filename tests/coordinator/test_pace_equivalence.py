@@ -213,3 +213,18 @@ def test_align_caps_on_all_targets_equals_the_per_target_loop():
             assert new is not None and new.tobytes() == np.asarray(ref).tobytes()
             found += 1
     assert found > 500 and nothing > 50, (found, nothing)
+
+
+def test_a_job_whose_free_gpus_have_no_step_gain_keeps_the_solves_caps():
+    # no GPU but the straggler has a positive step gain (a zero operating point) and the
+    # straggler's finite pace bounds the job: the row loop raised KeyError here, failing the whole
+    # interval (no plan to any node); now the job keeps the solve's caps
+    from coordinator import paceloop
+
+    n = 3
+    arr = lambda *v: np.array(v, dtype=float)  # noqa: E731
+    j = paceloop._Job(s=arr(0.0, 0.0, 900.0), op=arr(0.0, 0.0, 500.0), hi=arr(700.0, 700.0, 700.0))
+    a = paceloop.JobGpus(pace=arr(0.9, 0.8, 0.5), pace_at_w=arr(400.0, 400.0, 700.0), observed_w=arr(400.0, 400.0, 700.0),
+                         draw_w=arr(390.0, 395.0, 650.0), pace_step=np.full(n, np.nan), min_cap_w=np.full(n, 200.0),
+                         max_cap_w=np.full(n, 700.0), straggler=np.array([False, False, True]), j=j)
+    assert paceloop._split(a, 1500.0) is None
