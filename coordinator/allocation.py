@@ -299,7 +299,13 @@ class SolveOutput:
     solve_s: float
     solver: str
     idle_grant_w: dict = dataclasses.field(default_factory=dict)  # GPU key -> raw idle grant (W), coordinator.idlegrants
-    desired_at: np.ndarray | None = None  # desired_w [G] in the order of the inputs' GPUs (None: not kept)
+    desired_at: np.ndarray | None = None
+    """``desired_w`` as an array [G] (W) in the order of the inputs' GPUs (None: not kept): the
+    ``at`` of the steps after the solve (:func:`paced_split`, :func:`step_margin`,
+    :func:`idle_from_headroom`, :func:`spread_spare`), equal to ``desired`` (every GPU has a value)
+    and updated with it, so each step reads the array instead of the dict (:func:`values_at`: a
+    hash of every GPU key per read, 0.04 us a GPU at 8,000, best of 21, 7 Dec 2026; five reads an
+    interval before)."""
 
 
 def ceiling_w(temp_c, thermal, interval_s, slowdown_temp_c, margin_c) -> float:
@@ -1037,13 +1043,6 @@ def observed_binding(binding: str, c: InputColumns, s: int) -> str:
     return binding
 
 
-AT_DOC = None
-"""``at`` of the steps after the solve (:func:`paced_split`, :func:`step_margin`,
-:func:`idle_from_headroom`, :func:`spread_spare`): the desired caps [G] (W) in the order of the
-inputs' GPUs, equal to ``desired`` (every GPU has a value) and updated with it, so each step reads
-the array instead of the dict (:func:`values_at`: a hash of every GPU key per read, 0.04 us a GPU
-at 8,000, best of 21, 7 Dec 2026; five reads an interval before); returned as
-``SolveOutput.desired_at``."""
 
 
 def values_at(values: dict, keys, default: float = 0.0) -> np.ndarray:
@@ -1062,7 +1061,7 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
     job, keeping a job's correction only when every limited domain stays within its limit (domain
     sums on arrays: :func:`domain_levels`). Returns the jobs put on one clock step whose caps were
     kept (for :func:`step_margin`). ``at``: ``desired`` as an array [G] of the inputs' GPUs
-    (:data:`AT_DOC`), changed with it; None: read from it."""
+    (:attr:`SolveOutput.desired_at`), changed with it; None: read from it."""
     from coordinator import paceloop
 
     limited, levels = domain_levels(inputs)
@@ -1214,7 +1213,7 @@ def idle_from_headroom(inputs: SolveInputs, desired: dict, at: np.ndarray | None
     domain, so what one domain cannot take goes to idle GPUs under the others (found by a try-out:
     100 W of a 3,600 W budget left unallocated beside a PDU with room, one pass). With headroom
     enough (as at a job's end under a budget that allows it) every pre-job limit comes back fully.
-    Domain sums on arrays (:func:`domain_levels`). ``at``: ``desired`` as an array (:data:`AT_DOC`)."""
+    Domain sums on arrays (:func:`domain_levels`). ``at``: ``desired`` as an array (:attr:`SolveOutput.desired_at`)."""
     c = columns_of(inputs)
     keys = c.keys
     G = len(keys)
@@ -1286,7 +1285,7 @@ def step_margin(inputs: SolveInputs, desired: dict, aligned, at: np.ndarray | No
     proportion to that room, one pass with each GPU's grant the smallest of its limited domains'
     ratios (as :func:`idle_from_headroom`): no domain exceeds its limit, and the clocks (so draw
     and pace) stay where the alignment put them, with more margin against draw noise. ``at``:
-    ``desired`` as an array (:data:`AT_DOC`)."""
+    ``desired`` as an array (:attr:`SolveOutput.desired_at`)."""
     from coordinator import pacealign
 
     limited, levels = domain_levels(inputs)
@@ -1346,7 +1345,7 @@ def spread_spare(inputs: SolveInputs, desired: dict, at: np.ndarray | None = Non
     ``headroom / wanted`` of its limited domains (as :func:`step_margin`), so no domain exceeds its
     limit; the next passes hand out what a domain bounded by a fuller one left (up to
     :data:`SPARE_PASSES`, fewer when a pass grants less than :data:`IDLE_PASS_MIN_W`). Cost: a few
-    array operations over the running GPUs per pass. ``at``: ``desired`` as an array (:data:`AT_DOC`)."""
+    array operations over the running GPUs per pass. ``at``: ``desired`` as an array (:attr:`SolveOutput.desired_at`)."""
     limited, levels = domain_levels(inputs)
     n = len(limited)
     if not n or not levels.shape[1]:
