@@ -854,9 +854,7 @@ class Coordinator:
         inc = {} if decision.hold_increases or self._policy_changed() else \
             decide.plan_increases(decision, self._fleet_state(inputs))
         if inc and self._ledger_below(inc):  # write-ahead: a restart must count these caps even for nodes not back yet
-            pending = self._save_ledger(inc, high_water=True)
-            if pending is not None:  # etcd: in the store worker; reports are handled meanwhile
-                await asyncio.wait([pending])
+            inc = await self._write_ahead(inc)
         inc_by_node = decide.increases_by_node(inc)
         for n in decision.live_nodes:
             if n in inc_by_node:
@@ -866,6 +864,39 @@ class Coordinator:
                 self.send_plan(n, "hold", {}, decision.safe_for(n), safe_rows=rows(n))
                 sent += 1
         return sent
+
+    async def _write_ahead(self, inc: dict) -> dict:
+        """Write the node ledger ahead of the increases ``inc`` ((node, index) -> cap W) and return
+        those that may be sent: the ones the saved ledger now counts at or above their cap. When
+        the write fails (etcd without a quorum, a locked database: :class:`StoreError`, alert
+        "node ledger not saved"), an increase above the ledger saved last is held; the next
+        interval plans and writes it again.
+
+        Why: a successor (a failover, a restart) restores the ledger and counts each node at its
+        caps there, from the agent's hello until its first telemetry (a ledger record is a
+        reading: :meth:`Registry.restore_ledger`); a cap sent above it is enforced but not
+        counted, and the successor's first plans raise other GPUs into those watts. Found with
+        the journal of tests/ha/test_failover.py (etcd quorum lost): the leader's write-ahead
+        timed out and its increases went out anyway (seen: n2's GPUs 2-3 sent 403.74 W, enforced
+        402.76 W, the ledger kept 401.28 W), so the new leader counted them below their enforced
+        limits and raised other GPUs: 2,801.9 W on the 2,800 W cluster for 273 ms in one run.
+        Without a usable store (none, or it failed to open) no ledger is restored: every increase
+        is sent."""
+        if self.store is None or not self.store.ok:
+            return inc
+        pending = self._save_ledger(inc, high_water=True)
+        if pending is not None:  # etcd: in the store worker; reports are handled meanwhile
+            await asyncio.wait([pending])
+        # _ledger_w is what the store holds: set by _ledger_saved on success only (inline, or a
+        # done callback of ``pending`` run before this wait returns; were it not, the increases
+        # would only be held once more)
+        saved = self._ledger_w
+        held = [k for k, cap_w in inc.items() if cap_w > saved.get(k, -math.inf)]
+        if not held:
+            return inc
+        log.warning("node ledger not saved: %d increase(s) held until it is (%s)", len(held),
+                    ", ".join(f"{n}/{i}" for n, i in sorted(held)[:4]) + (", ..." if len(held) > 4 else ""))
+        return {k: cap_w for k, cap_w in inc.items() if cap_w <= saved.get(k, -math.inf)}
 
     def _policy_changed(self) -> bool:
         """True when the policy in force is not the one this interval started with (``budget set``
@@ -966,7 +997,8 @@ class Coordinator:
             if self.persistent_alerts.get("store", "").startswith("node ledger"):
                 self.persistent_alerts.pop("store", None)
             return
-        self.persistent_alerts["store"] = f"node ledger not saved ({exc}): after a restart, nodes not yet reconnected are not counted"
+        self.persistent_alerts["store"] = (f"node ledger not saved ({exc}): after a restart, nodes not yet reconnected "
+                                           "are not counted; no cap is raised above the ledger saved last until it is saved")
         log.error("%s", exc)
 
     # -- views ----------------------------------------------------------------------------------
