@@ -23,6 +23,14 @@ import numpy as np
 
 from capctl import devicedata
 
+FOREIGN_HOLD_S = 40.0
+"""A GPU's foreign-writer mark (``coordinator.registry.GpuObs.foreign_w``, :func:`accounted_w`)
+counts until its cap state has been other than ``FOREIGN_WRITER`` for this long (s): the node
+agent's default re-write period under a foreign writer (``nodeagent.caps.CapManager``'s
+``rewrite_interval_s``, 30 s) plus 10 s for the reports in flight (a few intervals). The agent
+itself clears the state only after ``foreign_window_s`` (4 re-write periods) without a foreign
+write, so a clear state plus this hold means the other writer is evidently gone."""
+
 COLUMNS: tuple[tuple[str, object], ...] = (
     ("have_reading", bool),
     ("enforced_w", float),
@@ -48,11 +56,13 @@ COLUMNS: tuple[tuple[str, object], ...] = (
     ("slowdown_run", np.int64),
     ("oob_w", float),
     ("oob_mono", float),
+    ("foreign_w", float),
+    ("foreign_clear_mono", float),
 )
 """Every gathered ``GpuObs`` field: (name, dtype; ``object`` keeps the Python values as a tuple)."""
 
 ACCOUNTING = ("have_reading", "enforced_w", "cap_w", "min_cap_w", "max_cap_w", "default_cap_w", "last_ack_w",
-              "last_ack_mono", "safe_cap_w", "pending")
+              "last_ack_mono", "safe_cap_w", "pending", "foreign_w", "foreign_clear_mono")
 """The fields :func:`accounted_w` and the planner read (a cheaper gather after the solve)."""
 
 _DTYPE = dict(COLUMNS)
@@ -138,8 +148,8 @@ def pending_top_w(pending) -> np.ndarray:
 def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.ndarray) -> np.ndarray:
     """[G] (W): :meth:`coordinator.registry.GpuObs.accounted_w` of every GPU, element-wise equal:
     ``max(enforced read-back, requested limit read back, pending caps, the last acknowledged
-    read-back within ack_memory_s)``;
-    without a reading its maximum limit (unusable constraints, ``problem``: the highest value it
+    read-back within ack_memory_s, the foreign-writer mark until FOREIGN_HOLD_S after its state
+    cleared)``; without a reading its maximum limit (unusable constraints, ``problem``: the highest value it
     reported, at most :data:`capctl.devicedata.MAX_SANE_LIMIT_W`)."""
     value = c["enforced_w"]
     cap = c["cap_w"]
@@ -149,6 +159,9 @@ def accounted_w(c: Columns, now_mono: float, ack_memory_s: float, problem: np.nd
     ack = c["last_ack_w"]
     recent = (now_mono - c["last_ack_mono"]) <= ack_memory_s
     value = np.where(recent & (ack > value), ack, value)
+    foreign = c["foreign_w"]  # (NaN: no mark, never greater)
+    held = (now_mono - c["foreign_clear_mono"]) <= FOREIGN_HOLD_S
+    value = np.where(held & (foreign > value), foreign, value)
     lo, hi, dflt = c["min_cap_w"], c["max_cap_w"], c["default_cap_w"]
     unread = np.where(problem, np.minimum(np.maximum(np.maximum(lo, hi), dflt), devicedata.MAX_SANE_LIMIT_W), hi)
     return np.where(c["have_reading"], value, unread)

@@ -21,6 +21,14 @@ out-of-band limit enforces the request the instant that limit lifts (found with 
 340 W request booked at its 250 W enforced limit put a 3,600 W cluster at 3,690 W for 0.74 s when
 the out-of-band limit was cleared). A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
 
+A GPU reported ``FOREIGN_WRITER`` counts at least at the highest limit read back while in that
+state (``foreign_w``, a high-water mark of its requested and enforced limits), until its state has
+been clear for :data:`FOREIGN_HOLD_S`: the agent re-writes such a GPU down to capctl's cap at most
+once per its re-write period, and the other writer puts it back within its own period; counted at
+the re-write, the freed watts went to other GPUs and the foreign writer's next write put the
+cluster over its budget (found with the journal: 5,202.7 W on a 4,800 W budget for 1.06 s after
+every re-write, 30 s apart).
+
 Per interval the decision path reads the GPUs as columns, not record by record:
 :meth:`Registry.gpu_table` gives the GPU slots (nodes by name, GPUs by index, cached per
 topology) and :mod:`coordinator.gpucolumns` reads the fields of every slot into one array per
@@ -43,6 +51,7 @@ import numpy as np
 from capctl import capstates, devicedata, readings
 from capctl.readings import R_INDEX
 from capctl.reasons import classify as classify_reasons  # the one definition of the reason classes
+from coordinator.gpucolumns import FOREIGN_HOLD_S
 from coordinator.throttle import LANE_BITS, WINDOW_S, NodeThrottle
 
 log = logging.getLogger("capctl.coordinator.registry")
@@ -54,6 +63,7 @@ NODE_FORGET_S = 86400.0
 longer counted (it counted only against the cluster budget). A node of the policy never is
 (:meth:`coordinator.registry.Registry.forget_silent`): a dead agent's GPUs keep their caps."""
 OOB_LIMITED = capstates.OOB_LIMITED
+FOREIGN_WRITER = capstates.FOREIGN_WRITER
 OOB_TOLERANCE_W = 1.0
 """An enforced limit this far or more below the requested one is another limit binding (W; the
 agent's ``OOB_LIMITED`` tolerance, nodeagent.caps.ENFORCED_TOLERANCE_W); the registry's OOB memory
@@ -171,6 +181,11 @@ class GpuObs:
     # down to it (then the device can no longer show the limit: enforced == requested)
     oob_w: float = math.nan
     oob_mono: float = -1e18
+    # the highest limit (requested or enforced, W) read back while the GPU was FOREIGN_WRITER (NaN:
+    # none), and since when (mono s) its state has been clear (inf: still FOREIGN_WRITER): counted
+    # until FOREIGN_HOLD_S after that (accounted_w, foreign_mark)
+    foreign_w: float = math.nan
+    foreign_clear_mono: float = -1e18
 
     @property
     def key(self) -> tuple[str, int]:
@@ -202,6 +217,9 @@ class GpuObs:
             ack = self.last_ack_w
             if ack > value:
                 value = ack
+        foreign = self.foreign_w  # (NaN: no mark; NaN > value is False)
+        if foreign > value and now_mono - self.foreign_clear_mono <= FOREIGN_HOLD_S:
+            value = foreign
         return value
 
 
@@ -251,6 +269,7 @@ def _constraints_problem(min_w: float, max_w: float) -> str:
 
 
 _MAX_W = devicedata.MAX_SANE_LIMIT_W
+_INF = math.inf
 _MIN_W = devicedata.MIN_SANE_LIMIT_W
 """Limit constraints with ``_MIN_W <= min <= max <= _MAX_W`` are usable for sure
 (:func:`capctl.devicedata.constraints_problem`): the readings' loops ask the memo only for others
@@ -270,6 +289,24 @@ def bad_limits_detail(index: int, enforced_w: float, cap_w: float) -> str:
     return (f"GPU {index}: enforced limit {enforced_w!r} W, requested limit {cap_w!r} W read from the device: "
             f"need 0 < enforced <= {_MAX_W:g} W and 0 <= requested <= {_MAX_W:g} W; not taken as a reading "
             f"(counted at its last known limits)")
+
+
+def foreign_mark(g: GpuObs, cap_w: float, enforced_w: float, now_mono: float) -> None:
+    """Update ``g``'s foreign-writer mark from a valid reading (requested ``cap_w`` and enforced
+    ``enforced_w`` limits, W) at ``now_mono`` (s), ``g.cap_state`` already set from it. Called
+    while the GPU is ``FOREIGN_WRITER`` or its mark has no clear time yet (``foreign_clear_mono``
+    inf). FOREIGN_WRITER: the mark is raised to the reading's higher limit (a mark expired
+    :data:`FOREIGN_HOLD_S` after an earlier clear state starts again from this reading) and held;
+    any other state: the mark's clear time starts now (it counts :data:`FOREIGN_HOLD_S` more)."""
+    if g.cap_state != FOREIGN_WRITER:
+        g.foreign_clear_mono = now_mono
+        return
+    top = cap_w if cap_w > enforced_w else enforced_w
+    mark = g.foreign_w
+    if g.foreign_clear_mono != _INF and not now_mono - g.foreign_clear_mono <= FOREIGN_HOLD_S:
+        mark = math.nan  # an earlier episode's mark, expired
+    g.foreign_w = mark if mark >= top else top
+    g.foreign_clear_mono = _INF
 
 
 def held_detail(min_w: float, max_w: float, state: str, error: str) -> str:
@@ -530,6 +567,8 @@ class Registry:
                 g.cap_state = state
             if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
                 g.oob_w, g.oob_mono = enforced_w, now
+            if g.cap_state == FOREIGN_WRITER or g.foreign_clear_mono == _INF:  # (a mark: rarely)
+                foreign_mark(g, cap_w, enforced_w, now)
             g.pre_job_cap_w, g.power_w, g.temp_c, g.sm_clock_mhz, g.reasons = pre_job_w, power_w, temp_c, sm_clock, reasons
             g.utilization_pct, g.memory_utilization_pct, g.job_id, g.error = util, mem_pct, job_id, error
             thermal, power, stuck = flags_of(reasons) or reason_flags(reasons)
@@ -628,6 +667,8 @@ class Registry:
             g.cap_state = state
         if state == OOB_LIMITED and enforced_w < cap_w - OOB_TOLERANCE_W:
             g.oob_w, g.oob_mono = enforced_w, self.clock()
+        if g.cap_state == FOREIGN_WRITER or g.foreign_clear_mono == _INF:
+            foreign_mark(g, cap_w, enforced_w, self.clock())
         g.pre_job_cap_w = pre_job_w
         if error:
             g.error = error

@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvml-timeout-s", type=float, default=None,
                    help="per-GPU NVML call timeout in seconds: a GPU whose call does not return in time is "
                         "reported STALLED while the others go on (default 0.5; nodeagent/callguard.py)")
+    p.add_argument("--rewrite-interval-s", type=float, default=None,
+                   help="a GPU whose limit another process keeps setting (FOREIGN_WRITER) is re-written "
+                        "at most once per this many seconds (1..3600; default 30; nodeagent/caps.py)")
     p.add_argument("--socket-group", default=None, help="group allowed on the local socket besides root")
     p.add_argument("--reconnect-max-s", type=float, default=5.0, help="ceiling of the reconnect backoff, seconds")
     p.add_argument("--metrics-listen", default="none", metavar="HOST:PORT",
@@ -234,6 +237,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UserInputError(f"--interval-s {args.interval_s}: allowed 0.05..3600 seconds")
     if args.nvml_timeout_s is not None and not (0.01 <= args.nvml_timeout_s <= 60):
         raise UserInputError(f"--nvml-timeout-s {args.nvml_timeout_s}: allowed 0.01..60 seconds")
+    if args.rewrite_interval_s is not None and not (1 <= args.rewrite_interval_s <= 3600):
+        raise UserInputError(f"--rewrite-interval-s {args.rewrite_interval_s}: allowed 1..3600 seconds")
     if not (0.2 <= args.reconnect_max_s <= 300):
         raise UserInputError(f"--reconnect-max-s {args.reconnect_max_s}: allowed 0.2..300 seconds")
     if not args.node.strip() or "/" in args.node:
@@ -427,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
     agent = metrics = None
     stop, hangup = _stop_on_signals()
     try:
-        caps = CapManager(backend, s.state_dir)
+        caps = CapManager(backend, s.state_dir, **({} if args.rewrite_interval_s is None
+                                                   else {"rewrite_interval_s": args.rewrite_interval_s}))
         agent = Agent(args.node, args.coordinator, s.socket_path, s.state_dir, backend, caps,
                       start_cap_w=s.start_cap_w, policy_safe_cap_w=s.safe_cap_w, interval_s=s.interval_s,
                       socket_gid=s.socket_gid, backoff_max_s=args.reconnect_max_s, tls=s.tls)

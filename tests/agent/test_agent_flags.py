@@ -37,6 +37,8 @@ def test_missing_flag_is_usage_error(tmp_path):
 @pytest.mark.parametrize("args, expect", [
     (["--nvml-library", "lib/libnvidia-ml.so.1"], "is not allowed; use 'system', 'simulated' or an absolute path"),
     (["--interval-s", "0"], "--interval-s 0.0: allowed 0.05..3600 seconds"),
+    (["--rewrite-interval-s", "0.5"], "--rewrite-interval-s 0.5: allowed 1..3600 seconds"),
+    (["--rewrite-interval-s", "nan"], "--rewrite-interval-s nan: allowed 1..3600 seconds"),
     (["--policy", "/nonexistent/policy.yaml"], "/nonexistent/policy.yaml"),
 ])
 def test_bad_values_one_line(tmp_path, args, expect):

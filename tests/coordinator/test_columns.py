@@ -125,7 +125,10 @@ def test_gathered_accounting_equals_accounted_w_per_gpu():
         lo, hi = rng.choice([(200.0, 700.0), (0.0, 700.0), (300.0, 1e12), (200.0, 700.0)])
         g = GpuObs(node="n", index=i, min_cap_w=lo, max_cap_w=hi, default_cap_w=rng.choice([0.0, 650.0]),
                    have_reading=rng.random() < 0.8, enforced_w=rng.uniform(150, 700),
-                   last_ack_w=rng.uniform(150, 700), last_ack_mono=rng.choice([-1e18, 95.0, 99.5]))
+                   last_ack_w=rng.uniform(150, 700), last_ack_mono=rng.choice([-1e18, 95.0, 99.5]),
+                   foreign_w=rng.choice([math.nan, math.nan, rng.uniform(150, 700), 700.0]),
+                   # a foreign-writer mark: held (inf), cleared within FOREIGN_HOLD_S (at its edge), expired, none
+                   foreign_clear_mono=rng.choice([math.inf, 100.0 - gpucolumns.FOREIGN_HOLD_S, 80.0, 50.0, -1e18]))
         for seq in range(rng.choice([0, 0, 1, 3])):
             g.pending[seq] = rng.uniform(150, 700)
         gpus.append(g)
@@ -218,6 +221,7 @@ def test_gather_one_pass_equals_fields_record_by_record():
                    sm_clock_mhz=rng.choice([0, 1980, 2 ** 31 - 1]), max_sm_clock_mhz=rng.choice([0, 1980]),
                    reasons=rng.choice(REASONS), cap_state=rng.choice(["", "OK", "LOST"]),
                    slowdown_run=rng.choice([0, 3, 2 ** 40]), oob_w=rng.choice([math.nan, 321.5]),
+                   foreign_w=rng.choice([math.nan, 700.0]), foreign_clear_mono=rng.choice([math.inf, -1e18, 7.5]),
                    last_ack_mono=rng.choice([-1e18, 99.5]), sample_mono=rng.choice([-1e18, 3.25]))
         if rng.random() < 0.3:
             g.pending[i] = rng.uniform(150, 700)

@@ -29,7 +29,7 @@ from coordinator.registry import Binding, GpuObs, NodeObs, Registry, Sample
 
 REASONS = ((), ("SW_POWER_CAP",), ("SW_THERMAL_SLOWDOWN",), ("HW_SLOWDOWN",), ("SW_POWER_CAP", "HW_SLOWDOWN"),
            ("HW_SLOWDOWN", "HW_THERMAL_SLOWDOWN"))
-NAMES = ("", "OK", "OOB_LIMITED", "SAFE_CAP", "weird")
+NAMES = ("", "OK", "OOB_LIMITED", "SAFE_CAP", "FOREIGN_WRITER", "weird")
 
 
 def _reference_record(reg: Registry, node: NodeObs, msg, now: float, hist: dict) -> None:
@@ -139,7 +139,7 @@ def _gpu_message(rng: random.Random, i: int) -> pb.GpuTelemetry:
                         energy_j=rng.choice([rng.uniform(0, 1e6), rng.uniform(0, 1e3), rng.uniform(0, 1e3),
                                              math.inf, math.nan, -1e300, 1e300]),
                         job_id=rng.choice(["", "j0a"]), cap_state_name=rng.choice(NAMES),
-                        cap_state=rng.choice([0, 0, 1, 2, 5, 8]), error=rng.choice(["", "", "nvml: timeout"]),
+                        cap_state=rng.choice([0, 0, 1, 2, 3, 5, 8]), error=rng.choice(["", "", "nvml: timeout"]),
                         pre_job_cap_w=rng.choice([0.0, 450.0]))
     t.clocks_event_reasons.extend(rng.choice(REASONS))
     if rng.random() < 0.7:
@@ -223,6 +223,7 @@ def test_telemetry_and_acks_equal_the_per_gpu_definitions():
     assert valid > 300 and any(fast.job_energy_j.values())  # the random data did exercise the paths
     assert any(g.cap_state == capstates.UNSUPPORTED_CONSTRAINTS for g in fast.all_gpus())
     assert any(g.slowdown_run > 0 for g in fast.all_gpus())
+    assert any(math.isfinite(g.foreign_w) for g in fast.all_gpus())  # foreign-writer marks were kept
 
 
 def test_pending_top_equals_the_per_gpu_max():

@@ -119,13 +119,14 @@ class Cluster:
         before_agents: called with ``{node: SimNode}`` once the simulated nodes exist, before any
             agent opens them (e.g. to inject a fault the agent must find at start).
         policy_only: node names the policy lists too, with no simulated node and no agent.
+        agent_args: extra ``capctl-agent`` flags for every agent (e.g. ``["--rewrite-interval-s", "4"]``).
     """
 
     def __init__(self, workdir: Path, nodes: dict[str, int], *, budget_w: float | None = None,
                  interval_s: float = 0.5, lease_s: float = 3.0, coordinator: bool = True,
                  coordinator_address: str | None = None, sim_kwargs: dict[str, dict] | None = None,
                  start_cap_w: float = 300.0, safe_cap_w: float | None = None, before_agents=None,
-                 policy_only: tuple = ()) -> None:
+                 policy_only: tuple = (), agent_args: list[str] | None = None) -> None:
         require_simulated_gpus()
         if coordinator:
             require_coordinator()
@@ -142,6 +143,7 @@ class Cluster:
         self.safe_cap_w = safe_cap_w
         self.before_agents = before_agents
         self.policy_only = tuple(policy_only)
+        self.agent_args = list(agent_args or [])
         self.group = ProcessGroup()
         self.sims: dict = {}
         self.agents: dict[str, AgentProc] = {}
@@ -185,7 +187,8 @@ class Cluster:
     def start_agent(self, name: str, address: str | None = None) -> AgentProc:
         address = address or (self.coordinator.address if self.coordinator else self.coordinator_address)
         agent = self.group.add(start_agent(self.workdir, name, address, sim_env=self.sims[name].env(),
-                                           policy=self.policy_path, reconnect_max_s=1.0))
+                                           policy=self.policy_path, reconnect_max_s=1.0,
+                                           extra_args=self.agent_args))
         self.agents[name] = agent
         return agent
 
