@@ -35,6 +35,8 @@ Cap states: ``OK``, ``OOB_LIMITED``, ``FOREIGN_WRITER``, ``RESTORE_FAILED``, ``L
 :mod:`capctl.devicedata`: the GPU is never written; checked at open and before every write),
 ``STALLED`` (an NVML call on the GPU did not return within the agent's timeout,
 :mod:`nodeagent.callguard`: nothing is written until it returns; the next read recovers it).
+A GPU back from one of :data:`HELD_STATES` is written no higher than its limit read then until a
+plan of the coordinator names it (:meth:`CapManager.lift_raise_hold`): decreases only.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from capctl.capstates import (  # the one vocabulary (the protocol's CapState en
 from capctl.devicedata import unsupported_message
 from capctl.errors import CapctlError, UserInputError
 from nodeagent.backend import GpuBackend, GpuLostError, NvmlError, NvmlStalledError, UnsupportedConstraintsError
+from nodeagent.errorlog import REPEAT_LOG_S, GpuErrorLog  # noqa: F401 (REPEAT_LOG_S: the module's, re-exported)
 from nodeagent.savedstate import (
     STATE_FILE_NAME,
     GpuRecord,
@@ -147,10 +150,17 @@ class _Runtime:
     last_alarm_s: float | None = None
     restore_ceiling_w: float | None = None  # coordinator's allowance while a restore is held below it
     held_w: float | None = None  # value written by a restore held below the saved limit
+    raise_hold: bool = False  # was in a HELD_STATES state: no raise until the coordinator's next plan
+    raise_ceiling_w: float | None = None  # its limit when first read again after that (W)
 
 
-REPEAT_LOG_S = 60.0
-"""The same error of one GPU is logged at most once per this many seconds (s)."""
+HELD_STATES = frozenset({UNSUPPORTED_CONSTRAINTS, STALLED, LOST, ERROR})
+"""States in which the agent does not write a GPU (it cannot read or may not write it) and the
+coordinator counts it at its current limit (``capctl.capstates.UNCONTROLLABLE``). A cap the
+coordinator sent meanwhile failed and is forgotten by it; the agent still held it as the GPU's
+target and wrote it when the GPU came back: 609.8 -> 648.1 W, 4831.4 W on a 4800 W budget (a
+try-out). Back from one, the GPU is written no higher than its limit read then until
+:meth:`CapManager.lift_raise_hold` (a plan newer than the state change)."""
 
 
 class CapManager:
@@ -187,7 +197,7 @@ class CapManager:
         self.state_path = Path(state_dir) / STATE_FILE_NAME
         self.store_problem = ""
         """Why the last write of the state file failed ("" when it worked): retried each interval."""
-        self._logged: dict[tuple, tuple[float, int]] = {}  # (GPU, error text) -> (when logged, repeats since)
+        self.errors = GpuErrorLog(LOG)  # per-GPU error lines, rate-limited (nodeagent.errorlog)
         self.clock = clock
         self.rewrite_interval_s = float(rewrite_interval_s)
         self.foreign_window_s = float(
@@ -198,6 +208,10 @@ class CapManager:
         # (:meth:`set_restore_ceiling`) is unknown, e.g. after a restart (allowances are kept in
         # memory only); None from it: no bound. The agent sets it (AgentCore.restore_fallback_w)
         self.fallback_ceiling: Callable[[int], float | None] | None = None
+        # called with a GPU index: whether a coordinator manages its caps (the agent sets it,
+        # AgentCore.coordinator_managed); only then does a GPU back from a held state wait for a
+        # plan before it is raised (HELD_STATES); None: never
+        self.raise_guard: Callable[[int], bool] | None = None
         self._lock = threading.RLock()
         self._devices = backend.devices()
         self._count = len(self._devices)
@@ -206,6 +220,7 @@ class CapManager:
             problem = (unsupported_message(d.min_cap_w, d.max_cap_w) or d.limit_problem) if d.error is None else ""
             if problem and d.index in self._rt:
                 self._rt[d.index].state, self._rt[d.index].message = UNSUPPORTED_CONSTRAINTS, problem
+                self._rt[d.index].raise_hold = True
                 LOG.error("GPU %d: %s", d.index, problem)
         self._recovered = False
         self._state = self._load()
@@ -313,6 +328,7 @@ class CapManager:
                 if rt is not None and rt.state in (STALLED, LOST):
                     rt.state, rt.message = OK, None
                     ended.append(i)
+                    self.errors.cleared(i, "readable")
         return ended
 
     def message(self, index: int) -> str:
@@ -383,33 +399,26 @@ class CapManager:
         if rt is not None:
             rt.state = state
             rt.message = str(err)
-        self._log_error(index, f"GPU {index}: {action} to {requested_w:.3f} W failed: {err}")
+            if state in HELD_STATES:
+                rt.raise_hold, rt.raise_ceiling_w = True, None
+        self._log_error(index, f"GPU {index}: {_attempt(action, requested_w)} failed: {err}")
         self.failed_writes[action] = self.failed_writes.get(action, 0) + 1
         return CapResult(index=index, ok=False, action=action, requested_w=requested_w,
                          state=state, error=str(err), error_type=type(err).__name__)
 
     def _log_error(self, index: int, text: str) -> None:
-        """Log ``text`` for GPU ``index`` unless the same text was logged for it within
-        :data:`REPEAT_LOG_S` (a failing write retried each interval, or a GPU whose state flips
-        between RESTORE_FAILED and UNSUPPORTED_CONSTRAINTS, logged 2-6 lines a second; found by a
-        review); the suppressed count goes with the next line."""
-        now = time.monotonic()
-        key = (index, text)
-        last = self._logged.get(key)
-        if last is not None and now - last[0] < REPEAT_LOG_S:
-            self._logged[key] = (last[0], last[1] + 1)
-            return
-        more = f" (and {last[1]} times more in {now - last[0]:.0f} s)" if last is not None and last[1] else ""
-        LOG.error("%s%s", text, more)
-        if len(self._logged) >= 4096:  # (bounded: texts with changing values)
-            self._logged.clear()
-        self._logged[key] = (now, 0)
+        """Log ``text`` for GPU ``index`` at ERROR, at most once per :data:`REPEAT_LOG_S` for the same
+        error (:class:`~nodeagent.errorlog.GpuErrorLog`: a failing write retried each interval, a GPU
+        whose state flips between RESTORE_FAILED and UNSUPPORTED_CONSTRAINTS, an NVML stall whose
+        text carries its age: 136 lines in minutes); the suppressed count goes with the next line."""
+        self.errors.error(index, text)
 
     def _unsupported(self, index: int, action: str, requested_w: float, err: Exception) -> CapResult:
         """GPU ``index`` reports unusable limit constraints: nothing written; logged on the change."""
         rt = self._rt[index]
         self._log_error(index, str(err))
         rt.state, rt.message = UNSUPPORTED_CONSTRAINTS, str(err)
+        rt.raise_hold, rt.raise_ceiling_w = True, None
         try:  # the limit it is held at: what the result reports (never the 0 W of bad constraints)
             rt.cap_w, rt.enforced_w = self.backend.get_cap_w(index), self.backend.get_enforced_w(index)
         except CapctlError:
@@ -428,6 +437,7 @@ class CapManager:
                 self._check_indices([index], action)
                 target_w = self.backend.clamp_cap_mw(index, cap_w) / 1000.0
                 current_w = self.backend.get_cap_w(index)
+                ceiling_w = self._raise_ceiling_w(index, current_w)
             except UnsupportedConstraintsError as err:
                 results[index] = self._unsupported(index, action, cap_w, err)
                 continue
@@ -440,6 +450,8 @@ class CapManager:
             except CapctlError as err:
                 results[index] = self._fail(index, action, cap_w, err, ERROR)
                 continue
+            if ceiling_w is not None and target_w > ceiling_w:
+                target_w = cap_w = ceiling_w  # back from a held state: no raise before a plan
             plan.append((target_w - current_w, index, cap_w, current_w))
         plan.sort(key=lambda p: (p[0], p[1]))
         return plan
@@ -479,6 +491,7 @@ class CapManager:
                 if done is not None:  # nothing to write: restored (a write that can never succeed
                     # was retried forever for a GPU already at its pre-job limit; found by a review)
                     rt.cap_w, rt.enforced_w, rt.message, rt.state, rt.desired_w = done[0], done[1], None, OK, None
+                    self.errors.cleared(index, "readable")
                     return CapResult(index, True, action, cap_w, done[0], done[1], OK)
             return self._fail(index, action, cap_w, err, RESTORE_FAILED if action == "restore" else SET_FAILED)
         rt.cap_w, rt.enforced_w, rt.message = res.cap_w, res.enforced_w, None
@@ -494,11 +507,13 @@ class CapManager:
                 return self._fail(index, action, cap_w, err, RESTORE_FAILED)
             rt.state = OK
             rt.desired_w = None
+            self.errors.cleared(index, "written")
             return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, OK)
         rec = self._state.gpus[index]
         rec.written_w = res.written_w
         rt.desired_w = res.written_w
         rt.state = self._observed_state(index, res.cap_w, res.enforced_w)
+        self.errors.cleared(index, "written")
         return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, rt.state)
 
     def _already_at(self, index: int, cap_w: float) -> tuple[float, float] | None:
@@ -570,7 +585,9 @@ class CapManager:
         ceiling_w = self._rt[index].restore_ceiling_w
         if ceiling_w is None and self.fallback_ceiling is not None:
             ceiling_w = self.fallback_ceiling(index)
-        return saved_w if ceiling_w is None else min(saved_w, ceiling_w)
+        target_w = saved_w if ceiling_w is None else min(saved_w, ceiling_w)
+        raise_w = self._rt[index].raise_ceiling_w if self._rt[index].raise_hold else None
+        return target_w if raise_w is None else min(target_w, raise_w)
 
     def _restore(self, indices: list[int]) -> dict[int, CapResult]:
         results: dict[int, CapResult] = {}
@@ -585,13 +602,13 @@ class CapManager:
             rt = self._rt[index]
             if res.ok:
                 saved_w = self._state.gpus[index].saved_limit_w
-                if targets[index] < saved_w - 1e-3:
+                if res.requested_w < saved_w - 1e-3:  # (the target, or its raise ceiling: _plan)
                     # held below the pre-job limit by the coordinator's allowance: the restore stays
                     # pending and completes once the allowance reaches the saved value
-                    rt.held_w = targets[index]
+                    rt.held_w = res.requested_w
                     rt.state, rt.message = OK, None
                     LOG.info("GPU %d: pre-job limit %.3f W held at %.3f W (coordinator allowance)",
-                             index, saved_w, targets[index])
+                             index, saved_w, res.requested_w)
                     continue
                 del self._state.gpus[index]
                 rt.drift_s.clear()
@@ -725,8 +742,12 @@ class CapManager:
             self._fail(index, "read", cap_w, err, ERROR)
             return False
         rt.cap_w, rt.enforced_w = cap_now_w, enforced_now_w
-        if rt.state in (LOST, ERROR, UNSUPPORTED_CONSTRAINTS, STALLED):
+        if rt.state in HELD_STATES:
             rt.state, rt.message = OK, None
+            self.errors.cleared(index, "readable")
+        ceiling_w = self._raise_ceiling_w(index, cap_now_w, enforced_now_w)
+        if ceiling_w is not None:
+            target_w = min(target_w, ceiling_w)
         written_w = rec.written_w if rec is not None else None
         if written_w is None or rt.state == SET_FAILED:
             return True
@@ -741,6 +762,39 @@ class CapManager:
             rt.message if rt.state == FOREIGN_WRITER else None
         )
         return False
+
+    def _raise_ceiling_w(self, index: int, cap_now_w: float, enforced_now_w: float | None = None) -> float | None:
+        """The most GPU ``index`` may be written now (W) because it was in a :data:`HELD_STATES`
+        state since the coordinator's last plan for it, else None (no bound; also when no
+        coordinator manages it, :attr:`raise_guard`). Fixed at the first read after the state
+        (``cap_now_w``, ``enforced_now_w``: its requested and enforced limits then, W; the enforced
+        one is read when not given): the lower of the two, what the coordinator counts.
+
+        Raises:
+            CapctlError: reading the enforced limit failed (the caller handles it as any read).
+        """
+        rt = self._rt[index]
+        if not rt.raise_hold or self.raise_guard is None or not self.raise_guard(index):
+            return None
+        if rt.raise_ceiling_w is None:
+            if enforced_now_w is None:
+                enforced_now_w = self.backend.get_enforced_w(index)
+            rt.raise_ceiling_w = min(cap_now_w, enforced_now_w)
+            LOG.info("GPU %d: readable again after a held state: kept at or below its limit %.3f W until "
+                     "the coordinator's next plan for it (a target it set before may not be counted any more)",
+                     index, rt.raise_ceiling_w)
+        return rt.raise_ceiling_w
+
+    def lift_raise_hold(self, indices) -> None:
+        """A plan from the coordinator newer than the GPUs' held state names ``indices``: its caps
+        may raise them (the coordinator counts what it sends). A GPU still held fails that write and
+        is bounded again (:meth:`_fail`, :meth:`_unsupported`)."""
+        with self._lock:
+            for i in indices:
+                rt = self._rt.get(i)
+                if rt is not None and rt.raise_hold:
+                    rt.raise_hold, rt.raise_ceiling_w = False, None
+                    LOG.info("GPU %d: a new plan names it: its caps may rise again", i)
 
     def _verify_held(self, now_s: float) -> None:
         """Idle GPUs whose restore is held below the pre-job limit (at the coordinator's allowance):
@@ -801,6 +855,19 @@ class CapManager:
             rt.last_rewrite_s = now_s
             return True
         return False
+
+
+_ATTEMPTS = {
+    "set": "setting the power limit to {w:.3f} W",
+    "restore": "restoring the pre-job limit (writing {w:.3f} W)",
+    "read": "reading its power limits (to keep the cap at {w:.3f} W)",
+}
+
+
+def _attempt(action: str, requested_w: float) -> str:
+    """What a failed ``action`` of :class:`CapManager` tried, for its log line ("GPU 2: read to
+    200.000 W failed" said nothing of what failed; a try-out)."""
+    return _ATTEMPTS.get(action, action + " {w:.3f} W").format(w=requested_w)
 
 
 HELD_TOLERANCE_W = 0.0015

@@ -96,6 +96,7 @@ class AgentCore:
         self._loop_thread: threading.Thread | None = None
         self.dry_run_plans = False  # the last plan was a dry run (the coordinator manages no cap)
         caps.fallback_ceiling = self.restore_fallback_w
+        caps.raise_guard = self.coordinator_managed
 
     # ------------------------------------------------------------------------------------------
     # state
@@ -172,6 +173,12 @@ class AgentCore:
             return max(self.backend.get_cap_w(index), safe_w)
         except CapctlError:
             return safe_w
+
+    def coordinator_managed(self, index: int) -> bool:
+        """Whether a coordinator manages GPU ``index``'s caps: one sent this agent a plan or safe caps
+        (also before a restart: saved) and does not run a dry run. Then a GPU back from a held state
+        is raised only by a plan (:data:`nodeagent.caps.HELD_STATES`)."""
+        return (self.last_plan_seq > 0 or bool(self.lease.safe_caps_w)) and not self.dry_run_plans
 
     def _safe_cap_for(self, index: int) -> float | None:
         """The failsafe cap of GPU ``index`` (W): the lower of the coordinator's and the policy's."""

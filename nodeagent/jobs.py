@@ -225,6 +225,26 @@ class JobBinding(AgentCore):
                 cap = min(cap, safe) if safe is not None else cap
         return self._clamp(index, cap)
 
+    def _end_message(self, job_id: str, known: bool, ok: bool, results: dict, held: dict,
+                     unsupported: dict) -> str:
+        """The JobEnd reply's text: the GPUs restored, held below the pre-job limit by the allowance
+        (``held``: index -> (held W, pre-job W)), held for unusable constraints (``unsupported``:
+        index -> result) and failed (retried), from ``results`` (index -> cap result)."""
+        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False) and i not in held)
+        failed = sorted(i for i, r in results.items() if not getattr(r, "ok", False) and i not in unsupported)
+        msg = (f"job {job_id} ended on {self.node}" + (f"; restored GPUs {restored}" if restored or not (held or unsupported) else "")
+               if known else f"job {job_id} was not bound on {self.node}; nothing to restore")
+        if held:  # the documented, safe bound: the rest of each pre-job limit comes with the allowance
+            msg += "; held below the pre-job limit by the coordinator's allowance (restored when it allows): " + \
+                ", ".join(f"GPU {i} at {h:g} W of {s:g} W" for i, (h, s) in held.items())
+        if unsupported:
+            msg += "; " + _held_unsupported(unsupported, self.caps.saved_limits_w())
+        if known and failed:
+            msg += f"; GPUs {failed} could not be restored and will be retried"
+        elif not ok:
+            msg += "; some GPUs could not be restored and will be retried"
+        return msg
+
     def end_left_jobs(self) -> list[str]:
         """End the jobs whose epilog could not reach this agent and left their end in its drop box
         (:mod:`capctl.endedjobs`), as :meth:`job_end` would have; returns their ids. A bad id is
@@ -286,26 +306,35 @@ class JobBinding(AgentCore):
                 if i not in still_bound:  # MIG/shared GPUs keep their cap until the last job leaves
                     self.desired_w.pop(i, None)
                     self.safe_mode.discard(i)
-            ok = self._note_errors(results)
+            self._note_errors(results)
+            unsupported = {i: r for i, r in results.items()
+                           if not getattr(r, "ok", False) and getattr(r, "state", "") == capstates.UNSUPPORTED_CONSTRAINTS}
+            # a GPU held for bad device data is not a failed restore: nothing is written to it
+            ok = not any(messages.result_error(r) for i, r in results.items() if i not in unsupported)
             self.save_state()
             gpus = [messages.cap_result(i, r) for i, r in sorted(results.items())]
             held = self.caps.held_restores([i for i, r in results.items() if getattr(r, "ok", False)])
-        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False) and i not in held)
-        failed = sorted(i for i, r in results.items() if not getattr(r, "ok", False))
-        msg = (f"job {job_id} ended on {self.node}" + (f"; restored GPUs {restored}" if restored or not held else "")
-               if known else f"job {job_id} was not bound on {self.node}; nothing to restore")
-        if held:  # the documented, safe bound: the rest of each pre-job limit comes with the allowance
-            msg += "; held below the pre-job limit by the coordinator's allowance (restored when it allows): " + \
-                ", ".join(f"GPU {i} at {h:g} W of {s:g} W" for i, (h, s) in held.items())
-        if known and failed:
-            msg += f"; GPUs {failed} could not be restored and will be retried"
-        elif not ok:
-            msg += "; some GPUs could not be restored and will be retried"
-        msg += self._not_saved()
+            msg = self._end_message(job_id, known, ok, results, held, unsupported) + self._not_saved()
         log.info("JobEnd %s: %s", job_id, msg)
         if self.link is not None:
             self.link.send(messages.job_ended(job_id, self.node, energy))
         return capctl_pb2.JobEndReply(ok=ok, message=msg, gpus=gpus)
+
+
+def _held_unsupported(results: dict, saved_w: dict[int, float]) -> str:
+    """The JobEnd text of the GPUs of ``results`` (index -> cap result) held for unusable limit
+    constraints: never written, so not restored by capctl (the epilog said "could not be restored
+    and will be retried"; a try-out). ``saved_w``: index -> pre-job limit (W)."""
+    parts = []
+    for i, r in sorted(results.items()):
+        text = str(getattr(r, "error", "") or "").removeprefix(f"GPU {i}: ")
+        reason = text.split(": the GPU is never written")[0].split("; no limit is written")[0]
+        cap_w = messages.finite(getattr(r, "cap_w", None), math.nan)
+        at = f" at {cap_w:g} W" if cap_w > 0 else ""
+        pre = f" {saved_w[i]:g} W" if i in saved_w else ""
+        parts.append(f"GPU {i} held{at}: unsupported limit constraints ({reason}): never written, its pre-job "
+                     f"limit{pre} not restored by capctl while the device reports them")
+    return "; ".join(parts)
 
 
 def _start_outcome(start, results: dict) -> str:

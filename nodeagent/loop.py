@@ -310,6 +310,7 @@ class AgentLoop(AgentCore):
         if phase == PHASE_DECREASE:
             self._hold_raises(wanted)
         before = {i: (self.allowed_w.get(i), self.desired_w.get(i)) for i in wanted}
+        self.caps.lift_raise_hold(wanted)  # newer than any held state: the coordinator counts these caps
         for i, cap in wanted.items():
             self.allowed_w[i] = cap
             self.caps.set_restore_ceiling(i, cap)  # a held restore may rise to the new allowance

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import signal
 import socket
@@ -204,8 +205,16 @@ class Run:
         os._exit(code)
 
 
+def _watts(value_w: float) -> float | None:
+    """A limit of a ``GpuCapResult`` (W) for the log, to 0.1 W; None where the agent could not read it:
+    the message carries 0 then (proto3, no presence), and no GPU has a 0 W limit (a stalled GPU was
+    logged with ``"cap_w": 0.0, "enforced_w": 0.0``; a try-out)."""
+    return round(value_w, 1) if math.isfinite(value_w) and value_w > 0 else None
+
+
 def _gpu_results(results) -> list[dict]:
-    return [{"index": g.index, "cap_w": round(g.cap_w, 1), "enforced_w": round(g.enforced_w, 1), "ok": g.ok,
+    """The hook log's per-GPU outcome of the agent's ``GpuCapResult`` list (W; None: not read)."""
+    return [{"index": g.index, "cap_w": _watts(g.cap_w), "enforced_w": _watts(g.enforced_w), "ok": g.ok,
              **({"error": g.error} if g.error else {})} for g in results]
 
 
@@ -329,7 +338,8 @@ def _finish_epilog(run: Run, reply) -> None:
         # The agent keeps retrying and reports RESTORE_FAILED; draining the node would not help.
         run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
                    failure=False, gpus=results)
-    held = "held below the pre-job limit" in (reply.message or "")
+    # (held below the pre-job limit by the allowance, or held for unusable limit constraints)
+    held = any(p in (reply.message or "") for p in ("held below the pre-job limit", "not restored by capctl"))
     run.finish("unbound", f"unbound; {reply.message}" if held else f"restored {len(results)} GPU(s) and unbound",
                failure=False, gpus=results)
 

@@ -1,0 +1,61 @@
+"""What the hooks log about a GPU the agent could not read or may not write: the real hook programs
+against a real agent on a simulated node (no cluster).
+
+A stalled GPU was logged by the prolog with ``"cap_w": 0.0, "enforced_w": 0.0`` (unknown, not 0 W);
+a GPU held for unusable limit constraints made the epilog say "could not be restored and will be
+retried" although it is never written (found by a try-out).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.slurm.test_hooks_process import REPO, run_hook
+from tests.support.processes import sim_node, start_agent, write_policy
+
+pytestmark = pytest.mark.integration
+# (PYTHONPATH=REPO: the hook runs this checkout's slurm.hooks, not the one the interpreter has installed)
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """(SimNode, AgentProc): 4 GPUs, pre-job limit 700 W, start cap 320 W, no coordinator."""
+    node = sim_node(tmp_path / "sim", 4, seed=5)
+    policy = write_policy(tmp_path / "p.yaml", nodes=["n1"], budget_w=4000, start_cap_w=320.0)
+    a = start_agent(tmp_path, "n1", f"unix:{tmp_path}/no-coordinator.sock", sim_env=node.env(), policy=policy,
+                    interval_s=0.3)
+    a.wait_ready(20)
+    yield node, a
+    a.stop()
+    node.close()
+
+
+def test_the_prolog_logs_a_stalled_gpus_limits_as_unknown_not_0_w(agent, tmp_path):
+    node, a = agent
+    node.inject(2, "nvml_stall", 3.0)  # every NVML call on GPU 2 takes 3 s (the agent waits 0.5 s)
+    proc, _, events = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="1,2", CAPCTL_AGENT_SOCKET=a.socket_path, PYTHONPATH=REPO)
+    assert proc.returncode == 0, proc.stderr
+    (ev,) = events
+    gpus = {g["index"]: g for g in ev["gpus"]}
+    assert gpus[1] == {"index": 1, "cap_w": 320.0, "enforced_w": 320.0, "ok": True}, gpus
+    assert gpus[2]["cap_w"] is None and gpus[2]["enforced_w"] is None and not gpus[2]["ok"], gpus
+    assert "has not returned" in gpus[2]["error"]
+    assert '"cap_w": null, "enforced_w": null' in proc.stderr
+
+
+def test_the_epilog_says_a_gpu_with_unusable_constraints_is_held_not_retried(agent, tmp_path):
+    node, a = agent
+    proc, _, _ = run_hook("prolog", tmp_path, SLURM_JOB_GPUS="1,2", CAPCTL_AGENT_SOCKET=a.socket_path, PYTHONPATH=REPO)
+    assert proc.returncode == 0, proc.stderr
+    node.inject(2, "bad_constraints", 0.0, max_w=0.0)
+    proc, _, events = run_hook("epilog", tmp_path, SLURM_JOB_GPUS="1,2", CAPCTL_AGENT_SOCKET=a.socket_path, PYTHONPATH=REPO)
+    assert proc.returncode == 0, proc.stderr
+    ev = events[-1]  # (the prolog's first: one log file)
+    assert ev["hook"] == "epilog" and ev["outcome"] == "unbound", ev
+    gpus = {g["index"]: g for g in ev["gpus"]}
+    assert gpus[1]["ok"] and gpus[1]["cap_w"] == 700.0 and gpus[2]["cap_w"] == 320.0 and not gpus[2]["ok"], gpus
+    assert ("GPU 2 held at 320 W: unsupported limit constraints (limit constraints read from the device: min 0 W, "
+            "max 0 W; the minimum is below 1 W (a device never enforces 0 W)): never written, its pre-job limit "
+            "700 W not restored by capctl while the device reports them") in proc.stderr, proc.stderr
+    assert "could not be restored" not in proc.stderr and "will be retried" not in proc.stderr
+    assert node.read(2)["limit_w"] == 320.0
