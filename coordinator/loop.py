@@ -1626,11 +1626,13 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             # every GPU of it is shared with (planned for) another job (MIG): it runs at their pace
             owner = _gpu_owners(inputs) if owner is None else owner
             rate, binding = _shared_job_rate(out, keys, owner, rate, binding)
-        rate, binding = observed.straggler_bound(rate, binding, keys, tally.straggler, tally.clock_fraction)
+        shown = observed.predicted_rate(rate) if out and rate > 0 else finite(rate)
+        shown, binding = observed.straggler_bound(shown, binding, keys, tally.straggler, tally.clock_fraction)
+        rate = shown if math.isfinite(shown) else rate  # (the floor: at most this fast, for the lost share)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
-            predicted_step_rate=finite(rate), binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
+            predicted_step_rate=shown, binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
             energy_j=energy, user=first.user, partition=first.partition, account=first.account,
             measured_step_rate=observed.measured_step_rate(tally.clock_fraction, keys, tally.no_reading),
         )
@@ -1761,7 +1763,9 @@ def explain_text(job, reply, gpus, status) -> str:
     """Human explanation of one job's allocation (used by ``capctl explain``)."""
     lines = [
         f"job {job.job_id}: {job.gpus} GPUs on {', '.join(job.nodes)}, {job.allocated_w:.0f} W allocated, "
-        f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
+        + (f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
+           if math.isfinite(job.predicted_step_rate) else
+           f"no predicted step rate: its slowest GPU is at a cap below its rate curve's range (weight {job.weight:g}).")
     ]
     b = job.binding
     if b.startswith("domain:"):

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from capctl import capstates
+from capctl.allocator.curves import RATE_MIN
 
 
 def clock_fraction(sm_clock_mhz: float, max_sm_clock_mhz: float) -> float:
@@ -40,6 +41,23 @@ def measured_step_rate(fraction_of: Mapping, keys: Iterable, no_reading: Mapping
         return 0.0
     vals = [fraction_of[k] for k in keys if k in fraction_of and math.isfinite(fraction_of[k])]
     return min(vals) if vals else 0.0
+
+
+def predicted_rate(rate: float) -> float:
+    """The predicted step rate status shows for the allocator's job rate ``rate`` [-]: ``rate``,
+    or NaN (no prediction: "-" in ``capctl jobs``, null in JSON) when it is the curve's floor
+    (:data:`capctl.allocator.curves.RATE_MIN`, 0.05): the job's slowest GPU is at a cap below its
+    curve's range (a GPU held at its last cap, e.g. STALLED at 200 W on the generic H100 curve,
+    valid from 262.5 W), where the curve says "at most this slow", not how slow. Shown as 0.050
+    it was a made-up figure: a GPU held at 200 W ran at 0.62-0.67 (found by a try-out)."""
+    if not math.isfinite(rate) or rate <= RATE_MIN * (1.0 + 1e-9):
+        return math.nan
+    return float(rate)
+
+
+def rate_text(rate: float) -> str:
+    """A predicted step rate for a sentence: ``"0.812"``; ``"none"`` for NaN (:func:`predicted_rate`)."""
+    return f"{rate:.3f}" if math.isfinite(rate) else "none"
 
 
 def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fraction_of: Mapping) -> tuple[float, str]:
@@ -95,13 +113,13 @@ def explain_lines(job, reply, gpus) -> list[str]:
         names = ", ".join(f"{node} GPU {g.index} ({reading_state(g)})" for node, g in dark[:4])
         more = f" and {len(dark) - 4} more" if len(dark) > 4 else ""
         lines.append(f"Measured step rate: no reading — {names}{more} without a live reading (its last clock is "
-                     f"no measurement of the job's pace); predicted {job.predicted_step_rate:.3f}.")
+                     f"no measurement of the job's pace); predicted {rate_text(job.predicted_step_rate)}.")
     elif job.measured_step_rate > 0:
         how = ("the slowest busy GPU by its clock: SM clock / max SM clock, through its memory-bound share" if any(
             g.job_id == job.job_id and g.HasField("memory_bound_fraction") for _, g in gpus)
             else "the slowest busy GPU by its clock: SM clock / max SM clock")
         lines.append(f"Measured step rate {job.measured_step_rate:.3f} ({how}), "
-                     f"predicted {job.predicted_step_rate:.3f}.")
+                     f"predicted {rate_text(job.predicted_step_rate)}.")
     shares = [g.memory_bound_fraction for _, g in gpus
               if g.job_id == job.job_id and g.HasField("memory_bound_fraction")]
     if shares:
