@@ -1177,7 +1177,7 @@ class Coordinator:
                     reply.prices.add(domain=name, price_rate_per_w=prices[name].price_rate_per_w)
             if extra.slowest is not None:
                 reply.slowest_node, reply.slowest_gpu_index = extra.slowest[0], extra.slowest[1]
-        reply.text = explain_text(job, reply, gpus, view.status)
+        reply.text = explain_text(job, reply, gpus, view.status, extra.planned_slowest if extra is not None else None)
         return reply
 
     async def explain_async(self, job_id: str) -> pb.ExplainReply | None:
@@ -1628,6 +1628,13 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             rate, binding = _shared_job_rate(out, keys, owner, rate, binding)
         shown = observed.predicted_rate(rate) if out and rate > 0 else finite(rate)
         shown, binding = observed.straggler_bound(shown, binding, keys, tally.straggler, tally.clock_fraction)
+        slowest = planned = out.job_slowest.get(job_id) if out else None
+        if binding in (allocation.HELD, allocation.OOB_LIMIT):  # a job-mate measurably slower sets the pace
+            slowest, why = observed.measured_slowest(slowest, keys, tally.clock_fraction, tally.no_reading,
+                                                     gpu_domains, out.domain_price)
+            binding, planned = (why, planned) if why else (binding, None)
+        else:
+            planned = None
         rate = shown if math.isfinite(shown) else rate  # (the floor: at most this fast, for the lost share)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
@@ -1638,8 +1645,8 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
         )
         mine = {name for k in keys for name in gpu_domains.get(k, ())}
         doms = [d["name"] for d in inputs.domains if d["name"] in mine]
-        jobs_extra[job_id] = JobExtra(slowest=out.job_slowest.get(job_id) if out else None, domains=tuple(doms),
-                                      energy_j=energy, weight=weight)
+        jobs_extra[job_id] = JobExtra(slowest=slowest, domains=tuple(doms), energy_j=energy, weight=weight,
+                                      planned_slowest=planned)
         if keys and out and job_id in out.job_rate:
             lost_num += len(keys) * max(0.0, 1.0 - rate)
             lost_den += len(keys)
@@ -1759,8 +1766,10 @@ def _held_binding_text(binding: str, reply, gpus) -> str:
             "and counts it there) — the job runs no faster than that GPU.")
 
 
-def explain_text(job, reply, gpus, status) -> str:
-    """Human explanation of one job's allocation (used by ``capctl explain``)."""
+def explain_text(job, reply, gpus, status, planned_slowest=None) -> str:
+    """Human explanation of one job's allocation (used by ``capctl explain``). ``planned_slowest``:
+    the GPU key the solve named slowest where a measurably slower job-mate replaced it
+    (:func:`coordinator.observed.measured_slowest`), else None."""
     lines = [
         f"job {job.job_id}: {job.gpus} GPUs on {', '.join(job.nodes)}, {job.allocated_w:.0f} W allocated, "
         + (f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
@@ -1784,16 +1793,20 @@ def explain_text(job, reply, gpus, status) -> str:
         lines.append(f"Binding constraint: {b}.")
     if reply.slowest_node:
         g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
+        by = ("the allocation's curves" if planned_slowest is None else
+              f"measured: the lowest SM clock of the job; the allocation's curves named {planned_slowest[0]} GPU "
+              f"{planned_slowest[1]}, held")
         if g is not None and g.no_live_reading:
-            lines.append(f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — "
+            lines.append(f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — "
                          f"{observed.limit_text(g)}, no live reading ({observed.reading_state(g)}).")
         elif g is not None:
             limit = observed.limit_text(g)
+            clock = f", {g.sm_clock_mhz} MHz" if planned_slowest is not None else ""
             lines.append(
-                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — {limit}{clock}, "
                 f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
                 f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if _binding_ceiling_w(g.thermal_ceiling_w, g.max_cap_w) else
-                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — {limit}{clock}, "
                 f"{g.temp_c:.1f} °C."
             )
     lines.extend(observed.explain_lines(job, reply, gpus))

@@ -71,6 +71,33 @@ def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fractio
     return min(paces), "straggler"
 
 
+PACE_TOLERANCE = 0.005
+"""Clock-fraction gap below which two GPUs run at one pace (10 MHz of 1,980: under one 15 MHz step)."""
+
+
+def measured_slowest(slowest, keys, fraction_of: Mapping, no_reading: Mapping, domains_of: Mapping,
+                     price: Mapping) -> tuple:
+    """``(slowest GPU key, domain binding)`` of a job the solve says is bound by its slowest GPU
+    ``slowest`` held at a fixed cap (held, or an out-of-band limit), when a job-mate among ``keys``
+    runs measurably slower (clock fraction ``fraction_of``, by more than :data:`PACE_TOLERANCE`;
+    neither in ``no_reading``) under a domain with a positive price (``domains_of``: key -> domain
+    names; ``price``: name -> objective per W): that job-mate sets the pace and that domain (the
+    highest price) binds. ``(slowest, "")`` otherwise. The held GPU was blamed while its job-mate
+    ran 45 MHz slower under a priced cluster limit (610 W at 1,875 MHz, 575 W at 1,830; a try-out)."""
+    f_held = fraction_of.get(slowest, math.nan) if slowest is not None else math.nan
+    if not math.isfinite(f_held) or slowest in no_reading:
+        return slowest, ""
+    mates = [(fraction_of[k], k) for k in keys
+             if k != slowest and k not in no_reading and math.isfinite(fraction_of.get(k, math.nan))]
+    if not mates:
+        return slowest, ""
+    f, k = min(mates)
+    p, d = max(((price.get(d, 0.0), d) for d in domains_of.get(k, ())), default=(0.0, ""))
+    if f >= f_held - PACE_TOLERANCE or not p > 0:
+        return slowest, ""
+    return k, f"domain:{d}"
+
+
 def limit_w(gpu) -> float:
     """The limit that binds a ``GpuStatus`` (W): its enforced limit where that is lower than the
     allocated cap, else the cap."""
