@@ -1412,6 +1412,7 @@ class _Tally:
     clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
     straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
     no_reading: dict = dataclasses.field(default_factory=dict)  # GPU key -> its state, for GPUs without a live reading
+    flagged: dict = dataclasses.field(default_factory=dict)  # view flag -> ["node/index (reason)"] (observed.flag_alerts)
     oob: dict = dataclasses.field(default_factory=dict)  # GPU key -> out-of-band limit the allocation keeps it within (W)
 
 
@@ -1430,6 +1431,7 @@ def build_view(snap: _Snapshot) -> View:
     ceil_of = dict(zip(cols.keys, cols.thermal_ceiling_w.tolist()))
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
+    tally.alerts.extend(observed.flag_alerts(tally.flagged))
     _add_unreported(st, snap)
     desired = snap.desired
     st.allocated_w = sum(desired.get(k, v) for k, v in tally.accounted.items())
@@ -1466,10 +1468,12 @@ def _gpu_flags(tally: _Tally, key, cap_state: str, cap_w: float = math.inf) -> t
     flags, detail = [], tally.straggler.get(key, "")
     if key in tally.straggler:
         flags.append("STRAGGLER")
+        tally.flagged.setdefault("STRAGGLER", []).append(f"{key[0]}/{key[1]} ({detail or 'slow at any cap'})")
     oob = tally.oob.get(key)
     if oob is not None and cap_state != capstates.OOB_LIMITED and cap_w >= oob - planner.DEADBAND_W:
         flags.append(capstates.OOB_LIMITED)
         detail = detail or f"another limiter held it at {oob:.0f} W (out-of-band limit): planned within it"
+        tally.flagged.setdefault(capstates.OOB_LIMITED, []).append(f"{key[0]}/{key[1]} (held at {oob:.0f} W)")
     return flags, detail
 
 

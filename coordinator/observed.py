@@ -98,6 +98,26 @@ def measured_slowest(slowest, keys, fraction_of: Mapping, no_reading: Mapping, d
     return k, f"domain:{d}"
 
 
+FLAG_ALERT_NAMES = 4
+"""GPUs named in one flag alert line (:func:`flag_alerts`); the rest counted ("and N more")."""
+
+
+def flag_alerts(flagged: Mapping) -> list[str]:
+    """One alert line per view flag (``STRAGGLER``, ``OOB_LIMITED`` while its cap state does not
+    show it) naming its GPUs with each one's reason, at most :data:`FLAG_ALERT_NAMES` then "and N
+    more" (``flagged``: flag -> ``["node/index (reason)", ...]``). Such GPUs had only the flag in
+    ``capctl nodes`` and the binding in ``capctl jobs``: a straggler at 43 °C, not among the
+    hottest, showed no ``!`` line in ``capctl status`` (found by a try-out)."""
+    why = {"STRAGGLER": "they run slow at any cap: held near their draw, their job-mates paced to them",
+           capstates.OOB_LIMITED: "another limiter (out-of-band) holds them below their caps: planned within it"}
+    out = []
+    for flag, names in flagged.items():
+        if names:
+            more = f" and {len(names) - FLAG_ALERT_NAMES} more" if len(names) > FLAG_ALERT_NAMES else ""
+            out.append(f"{flag}: {', '.join(names[:FLAG_ALERT_NAMES])}{more} — {why.get(flag, '')}")
+    return out
+
+
 def limit_w(gpu) -> float:
     """The limit that binds a ``GpuStatus`` (W): its enforced limit where that is lower than the
     allocated cap, else the cap."""

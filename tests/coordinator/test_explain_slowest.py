@@ -1,6 +1,7 @@
 """``explain`` of a job the solve says is bound by a GPU it holds, when a job-mate runs measurably
 slower under a priced domain: that job-mate is the slowest and the domain binds (the numbers of a
-try-out: n2/2 held at 610 W and 1,875 MHz, n2/3 at 575 W and 1,830 MHz, the cluster priced)."""
+try-out: n2/2 held at 610 W and 1,875 MHz, n2/3 at 575 W and 1,830 MHz, the cluster priced); the
+status alert lines of flagged GPUs (STRAGGLER, OOB_LIMITED)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,14 @@ def test_explain_names_the_measured_slowest_gpu_and_the_domain():
     assert ("Slowest GPU (measured: the lowest SM clock of the job; the allocation's curves named n2 GPU 2, held): "
             "n2 GPU 3 — cap 575 W, 1830 MHz, 54.0 °C.") in text, text
     assert "held" not in text.split("Binding constraint")[1].split(".")[0]
+
+
+def test_flag_alerts_name_each_gpu_with_its_reason_capped_to_four():
+    strag = [f"n{i}/3 (HW slowdown: SM clock held at 990 of 1980 MHz at any cap (HW_SLOWDOWN))" for i in range(6)]
+    got = observed.flag_alerts({"STRAGGLER": strag, "OOB_LIMITED": ["n1/0 (held at 500 W)"]})
+    assert got == [
+        "STRAGGLER: " + ", ".join(strag[:4]) + " and 2 more — they run slow at any cap: held near their draw, "
+        "their job-mates paced to them",
+        "OOB_LIMITED: n1/0 (held at 500 W) — another limiter (out-of-band) holds them below their caps: planned "
+        "within it"]
+    assert observed.flag_alerts({}) == []
