@@ -99,4 +99,8 @@ def test_a_job_held_below_its_curves_range_shows_no_made_up_predicted_rate(tmp_p
             assert row[:7] == ["J", "n1", "2", "1", "-", "-", "held"], row
             text = c.explain("J").text
             assert "no predicted step rate" in text and "0.050" not in text, text
+            # the generic curve is named: a CURVE column in capctl nodes, a line of explain
+            gpu_rows = statusview.render_gpus(statusview.status_dict(st)).splitlines()
+            assert [r.split()[-2] for r in gpu_rows] == ["CURVE", "generic", "generic"], gpu_rows
+            assert "n1 GPU 1: curve generic (no built-in model for this device" in text, text
             n1.clear(1, "nvml_stall")
