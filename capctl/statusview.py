@@ -235,14 +235,16 @@ def render_gpus(d: dict, limit: int | None = None, with_node: bool = True) -> st
             rows.append((margin if margin is not None else math.inf, [
                 n["name"], str(g["index"]), g["job_id"] or "-", _f(g["cap_w"]), _f(g["enforced_w"]), _f(g["power_w"]),
                 _f(g["temp_c"], "{:.1f}"), _f(margin, "{:+.1f}"), _f(g["sm_clock_mhz"], "{:d}"),
-                _short_reasons(g["clocks_event_reasons"]),
+                _short_reasons(g["clocks_event_reasons"]), g.get("curve") or "-",
                 "+".join([g["cap_state"] or "-"] + list(g.get("flags") or []) + (["NODE_STALE"] if n.get("stale") else []))]))
     if limit is not None:
         rows.sort(key=lambda r: r[0])
         rows = rows[:limit]
     if not rows:
         return "no GPUs"
-    headers = ["NODE", "GPU", "JOB", "CAP W", "ENF W", "POWER W", "TEMP C", "MARGIN C", "SM MHZ", "REASONS", "STATE"]
+    # CURVE: the rate curve in use (learned / prior / generic: GpuStatus.curve); it was in --json only (a try-out)
+    headers = ["NODE", "GPU", "JOB", "CAP W", "ENF W", "POWER W", "TEMP C", "MARGIN C", "SM MHZ", "REASONS", "CURVE",
+               "STATE"]
     if not with_node:
         return table(headers[1:], [r[1][1:] for r in rows], right={0, 2, 3, 4, 5, 6, 7})
     return table(headers, [r[1] for r in rows], right={1, 3, 4, 5, 6, 7, 8})

@@ -29,7 +29,9 @@ WATT_SUFFIXES: dict[str, float] = {"": 1.0, "W": 1.0, "w": 1.0, "kW": 1e3, "kw":
 AMBIGUOUS = ("mw", "Mw")
 """Suffixes that could be milli- or mega-watts."""
 
-_TEXT = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*$")
+_TEXT = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
+"""A number with a suffix; ASCII digits only (``\\d`` of a str pattern matches full-width ``４８００``
+too, and float() reads it: ``capctl budget set ４８００`` was taken as 4800 W; found by a try-out)."""
 
 
 def unit_factor(suffix: str) -> float | None:
@@ -42,10 +44,12 @@ def parse_watts_text(text: str, what: str = "WATTS") -> float:
     allowed) in watts.
 
     Raises:
-        UserInputError: not a number with a known suffix, an ambiguous ``mw``/``Mw``, or not finite
-            (names ``what``, the text and what is allowed).
+        UserInputError: not a number with a known suffix (digits other than ASCII 0-9 included), an
+            ambiguous ``mw``/``Mw``, or not finite (names ``what``, the text and what is allowed).
     """
     match = _TEXT.match(text.replace("_", ""))
+    if match is None and not text.isascii() and any(ch.isdigit() for ch in text):
+        raise UserInputError(f"{what} {text!r}: write the number in ASCII digits 0-9, e.g. 17920, 17.9kW or 1.2MW")
     if match is None:
         raise UserInputError(f"{what} {text!r}: give a number of watts, e.g. 17920, 17.9kW or 1.2MW")
     number, suffix = float(match.group(1)), match.group(2)

@@ -969,7 +969,8 @@ def solve(inputs: SolveInputs) -> SolveOutput:
     deficit = {n: float(result.domain_deficit_w[d]) for d, n in enumerate(dnames)}
     load = {n: float(result.domain_load_w[d]) for d, n in enumerate(dnames)}
     return SolveOutput(desired, job_rate, job_binding, slowest, price, deficit, load, bool(result.feasible),
-                       _held_named(_reserve_named([str(a) for a in result.alerts], inputs.domains), inputs, c), solve_s,
+                       _held_named(_reserve_named(_straggler_explained([str(a) for a in result.alerts], problem, c),
+                                                  inputs.domains), inputs, c), solve_s,
                        getattr(result, "solver", "fast"), grants, at)
 
 
@@ -998,6 +999,31 @@ def _held_named(alerts: list[str], inputs: SolveInputs, c: InputColumns) -> list
 def _alert_domain(alert: str) -> str:
     """The domain an allocator alert ``domain NAME: ...`` is about ("" for another alert)."""
     return alert[len("domain "):].split(":", 1)[0] if alert.startswith("domain ") else ""
+
+
+NO_RATE_ALERT = ": a GPU's ceiling allows no positive predicted rate"
+"""The allocator's alert of a job whose GPU's upper bound gives no positive rate on its curve
+(capctl.allocator._core._rate_ranges): ``job <name>`` then this."""
+
+
+def _straggler_explained(alerts: list[str], problem, c: InputColumns) -> list[str]:
+    """``alerts`` without the :data:`NO_RATE_ALERT` of a job each of whose GPUs with no positive
+    rate at its upper bound is a straggler (``c.straggler``): one held at its minimum cap because
+    it draws less (a HW slowdown at 0.5 of its clock drew 153 W of a 200 W minimum), its flag the
+    explanation; the alert read as a fault of its own (found by a try-out). Other jobs keep it."""
+    if not c.straggler or not any(NO_RATE_ALERT in a for a in alerts):
+        return alerts
+    from capctl.allocator.curves import rate_unclamped
+
+    hi = np.maximum(problem.min_cap_w, np.minimum(problem.max_cap_w, problem.thermal_ceiling_w))
+    dark = rate_unclamped(hi, problem.curve_a, problem.curve_k_w, problem.curve_sat_w) <= 1e-9
+    names = list(problem.job_names)
+    explained = set()
+    for j in set(problem.job_of_gpu[dark & (problem.job_of_gpu >= 0)].tolist()):
+        culprits = np.nonzero(dark & (problem.job_of_gpu == j))[0].tolist()
+        if all(c.straggler.get(i) for i in culprits):
+            explained.add(f"job {names[j]}{NO_RATE_ALERT}")
+    return [a for a in alerts if not any(a.startswith(e) for e in explained)]
 
 
 def _reserve_named(alerts: list[str], domains: list[dict]) -> list[str]:

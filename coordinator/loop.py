@@ -1209,7 +1209,7 @@ class Coordinator:
                     reply.prices.add(domain=name, price_rate_per_w=prices[name].price_rate_per_w)
             if extra.slowest is not None:
                 reply.slowest_node, reply.slowest_gpu_index = extra.slowest[0], extra.slowest[1]
-        reply.text = explain_text(job, reply, gpus, view.status)
+        reply.text = explain_text(job, reply, gpus, view.status, extra.planned_slowest if extra is not None else None)
         return reply
 
     async def explain_async(self, job_id: str) -> pb.ExplainReply | None:
@@ -1444,6 +1444,7 @@ class _Tally:
     clock_fraction: dict = dataclasses.field(default_factory=dict)  # GPU key -> SM clock / max (busy GPUs)
     straggler: dict = dataclasses.field(default_factory=dict)  # GPU key -> why it is a straggler
     no_reading: dict = dataclasses.field(default_factory=dict)  # GPU key -> its state, for GPUs without a live reading
+    flagged: dict = dataclasses.field(default_factory=dict)  # view flag -> ["node/index (reason)"] (observed.flag_alerts)
     oob: dict = dataclasses.field(default_factory=dict)  # GPU key -> out-of-band limit the allocation keeps it within (W)
 
 
@@ -1462,6 +1463,7 @@ def build_view(snap: _Snapshot) -> View:
     ceil_of = dict(zip(cols.keys, cols.thermal_ceiling_w.tolist()))
     for node in snap.nodes:
         _add_node(st, tally, snap, node, ceil_of)
+    tally.alerts.extend(observed.flag_alerts(tally.flagged))
     _add_unreported(st, snap)
     desired = snap.desired
     st.allocated_w = sum(desired.get(k, v) for k, v in tally.accounted.items())
@@ -1498,10 +1500,12 @@ def _gpu_flags(tally: _Tally, key, cap_state: str, cap_w: float = math.inf) -> t
     flags, detail = [], tally.straggler.get(key, "")
     if key in tally.straggler:
         flags.append("STRAGGLER")
+        tally.flagged.setdefault("STRAGGLER", []).append(f"{key[0]}/{key[1]} ({detail or 'slow at any cap'})")
     oob = tally.oob.get(key)
     if oob is not None and cap_state != capstates.OOB_LIMITED and cap_w >= oob - planner.DEADBAND_W:
         flags.append(capstates.OOB_LIMITED)
         detail = detail or f"another limiter held it at {oob:.0f} W (out-of-band limit): planned within it"
+        tally.flagged.setdefault(capstates.OOB_LIMITED, []).append(f"{key[0]}/{key[1]} (held at {oob:.0f} W)")
     return flags, detail
 
 
@@ -1658,18 +1662,27 @@ def _add_jobs(st, tally: _Tally, snap: _Snapshot) -> tuple[dict, float]:
             # every GPU of it is shared with (planned for) another job (MIG): it runs at their pace
             owner = _gpu_owners(inputs) if owner is None else owner
             rate, binding = _shared_job_rate(out, keys, owner, rate, binding)
-        rate, binding = observed.straggler_bound(rate, binding, keys, tally.straggler, tally.clock_fraction)
+        shown = observed.predicted_rate(rate) if out and rate > 0 else finite(rate)
+        shown, binding = observed.straggler_bound(shown, binding, keys, tally.straggler, tally.clock_fraction)
+        slowest = planned = out.job_slowest.get(job_id) if out else None
+        if binding in (allocation.HELD, allocation.OOB_LIMIT):  # a job-mate measurably slower sets the pace
+            slowest, why = observed.measured_slowest(slowest, keys, tally.clock_fraction, tally.no_reading,
+                                                     gpu_domains, out.domain_price)
+            binding, planned = (why, planned) if why else (binding, None)
+        else:
+            planned = None
+        rate = shown if math.isfinite(shown) else rate  # (the floor: at most this fast, for the lost share)
         energy = snap.job_energy_j.get(job_id, 0.0)
         st.jobs.add(
             job_id=job_id, nodes=sorted({b.node for b in bindings}), gpus=len(keys), weight=weight,
-            predicted_step_rate=finite(rate), binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
+            predicted_step_rate=shown, binding=binding, allocated_w=_job_allocated_w(keys, desired, tally),
             energy_j=energy, user=first.user, partition=first.partition, account=first.account,
             measured_step_rate=observed.measured_step_rate(tally.clock_fraction, keys, tally.no_reading),
         )
         mine = {name for k in keys for name in gpu_domains.get(k, ())}
         doms = [d["name"] for d in inputs.domains if d["name"] in mine]
-        jobs_extra[job_id] = JobExtra(slowest=out.job_slowest.get(job_id) if out else None, domains=tuple(doms),
-                                      energy_j=energy, weight=weight)
+        jobs_extra[job_id] = JobExtra(slowest=slowest, domains=tuple(doms), energy_j=energy, weight=weight,
+                                      planned_slowest=planned)
         if keys and out and job_id in out.job_rate:
             lost_num += len(keys) * max(0.0, 1.0 - rate)
             lost_den += len(keys)
@@ -1789,11 +1802,15 @@ def _held_binding_text(binding: str, reply, gpus) -> str:
             "and counts it there) — the job runs no faster than that GPU.")
 
 
-def explain_text(job, reply, gpus, status) -> str:
-    """Human explanation of one job's allocation (used by ``capctl explain``)."""
+def explain_text(job, reply, gpus, status, planned_slowest=None) -> str:
+    """Human explanation of one job's allocation (used by ``capctl explain``). ``planned_slowest``:
+    the GPU key the solve named slowest where a measurably slower job-mate replaced it
+    (:func:`coordinator.observed.measured_slowest`), else None."""
     lines = [
         f"job {job.job_id}: {job.gpus} GPUs on {', '.join(job.nodes)}, {job.allocated_w:.0f} W allocated, "
-        f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
+        + (f"predicted step rate {job.predicted_step_rate:.3f} of uncapped (weight {job.weight:g})."
+           if math.isfinite(job.predicted_step_rate) else
+           f"no predicted step rate: its slowest GPU is at a cap below its rate curve's range (weight {job.weight:g}).")
     ]
     b = job.binding
     if b.startswith("domain:"):
@@ -1812,16 +1829,20 @@ def explain_text(job, reply, gpus, status) -> str:
         lines.append(f"Binding constraint: {b}.")
     if reply.slowest_node:
         g = next((g for n, g in gpus if n == reply.slowest_node and g.index == reply.slowest_gpu_index), None)
+        by = ("the allocation's curves" if planned_slowest is None else
+              f"measured: the lowest SM clock of the job; the allocation's curves named {planned_slowest[0]} GPU "
+              f"{planned_slowest[1]}, held")
         if g is not None and g.no_live_reading:
-            lines.append(f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — "
+            lines.append(f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — "
                          f"{observed.limit_text(g)}, no live reading ({observed.reading_state(g)}).")
         elif g is not None:
             limit = observed.limit_text(g)
+            clock = f", {g.sm_clock_mhz} MHz" if planned_slowest is not None else ""
             lines.append(
-                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — {limit}{clock}, "
                 f"{g.temp_c:.1f} °C ({g.slowdown_temp_c - g.temp_c:.1f} °C below slowdown), "
                 f"thermal ceiling {g.thermal_ceiling_w:.0f} W." if _binding_ceiling_w(g.thermal_ceiling_w, g.max_cap_w) else
-                f"Slowest GPU (the allocation's curves): {reply.slowest_node} GPU {g.index} — {limit}, "
+                f"Slowest GPU ({by}): {reply.slowest_node} GPU {g.index} — {limit}{clock}, "
                 f"{g.temp_c:.1f} °C."
             )
     lines.extend(observed.explain_lines(job, reply, gpus))

@@ -190,7 +190,8 @@ def _job_families(st, jobs=None):
                               "Energy used by the job's GPUs since the coordinator saw it start "
                               "(NVML energy counter deltas, J).", labels=["job"])
     for j in st.jobs if jobs is None else jobs:
-        rate.add_metric([j.job_id], j.predicted_step_rate)
+        if math.isfinite(j.predicted_step_rate):  # NaN: no prediction (coordinator.observed.predicted_rate)
+            rate.add_metric([j.job_id], j.predicted_step_rate)
         jal.add_metric([j.job_id], j.allocated_w)
         jw.add_metric([j.job_id], j.weight)
         jen.add_metric([j.job_id], j.energy_j)

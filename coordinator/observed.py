@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from capctl import capstates
+from capctl.allocator.curves import RATE_MIN
 
 
 def clock_fraction(sm_clock_mhz: float, max_sm_clock_mhz: float) -> float:
@@ -42,6 +43,23 @@ def measured_step_rate(fraction_of: Mapping, keys: Iterable, no_reading: Mapping
     return min(vals) if vals else 0.0
 
 
+def predicted_rate(rate: float) -> float:
+    """The predicted step rate status shows for the allocator's job rate ``rate`` [-]: ``rate``,
+    or NaN (no prediction: "-" in ``capctl jobs``, null in JSON) when it is the curve's floor
+    (:data:`capctl.allocator.curves.RATE_MIN`, 0.05): the job's slowest GPU is at a cap below its
+    curve's range (a GPU held at its last cap, e.g. STALLED at 200 W on the generic H100 curve,
+    valid from 262.5 W), where the curve says "at most this slow", not how slow. Shown as 0.050
+    it was a made-up figure: a GPU held at 200 W ran at 0.62-0.67 (found by a try-out)."""
+    if not math.isfinite(rate) or rate <= RATE_MIN * (1.0 + 1e-9):
+        return math.nan
+    return float(rate)
+
+
+def rate_text(rate: float) -> str:
+    """A predicted step rate for a sentence: ``"0.812"``; ``"none"`` for NaN (:func:`predicted_rate`)."""
+    return f"{rate:.3f}" if math.isfinite(rate) else "none"
+
+
 def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fraction_of: Mapping) -> tuple[float, str]:
     """``(predicted step rate, binding)`` of a job: a job with a straggler among its GPUs ``keys``
     (``straggler``: GPU key -> reason) runs at the straggler's measured pace whatever the caps (its
@@ -51,6 +69,53 @@ def straggler_bound(rate: float, binding: str, keys, straggler: Mapping, fractio
     if not paces:
         return rate, binding
     return min(paces), "straggler"
+
+
+PACE_TOLERANCE = 0.005
+"""Clock-fraction gap below which two GPUs run at one pace (10 MHz of 1,980: under one 15 MHz step)."""
+
+
+def measured_slowest(slowest, keys, fraction_of: Mapping, no_reading: Mapping, domains_of: Mapping,
+                     price: Mapping) -> tuple:
+    """``(slowest GPU key, domain binding)`` of a job the solve says is bound by its slowest GPU
+    ``slowest`` held at a fixed cap (held, or an out-of-band limit), when a job-mate among ``keys``
+    runs measurably slower (clock fraction ``fraction_of``, by more than :data:`PACE_TOLERANCE`;
+    neither in ``no_reading``) under a domain with a positive price (``domains_of``: key -> domain
+    names; ``price``: name -> objective per W): that job-mate sets the pace and that domain (the
+    highest price) binds. ``(slowest, "")`` otherwise. The held GPU was blamed while its job-mate
+    ran 45 MHz slower under a priced cluster limit (610 W at 1,875 MHz, 575 W at 1,830; a try-out)."""
+    f_held = fraction_of.get(slowest, math.nan) if slowest is not None else math.nan
+    if not math.isfinite(f_held) or slowest in no_reading:
+        return slowest, ""
+    mates = [(fraction_of[k], k) for k in keys
+             if k != slowest and k not in no_reading and math.isfinite(fraction_of.get(k, math.nan))]
+    if not mates:
+        return slowest, ""
+    f, k = min(mates)
+    p, d = max(((price.get(d, 0.0), d) for d in domains_of.get(k, ())), default=(0.0, ""))
+    if f >= f_held - PACE_TOLERANCE or not p > 0:
+        return slowest, ""
+    return k, f"domain:{d}"
+
+
+FLAG_ALERT_NAMES = 4
+"""GPUs named in one flag alert line (:func:`flag_alerts`); the rest counted ("and N more")."""
+
+
+def flag_alerts(flagged: Mapping) -> list[str]:
+    """One alert line per view flag (``STRAGGLER``, ``OOB_LIMITED`` while its cap state does not
+    show it) naming its GPUs with each one's reason, at most :data:`FLAG_ALERT_NAMES` then "and N
+    more" (``flagged``: flag -> ``["node/index (reason)", ...]``). Such GPUs had only the flag in
+    ``capctl nodes`` and the binding in ``capctl jobs``: a straggler at 43 °C, not among the
+    hottest, showed no ``!`` line in ``capctl status`` (found by a try-out)."""
+    why = {"STRAGGLER": "they run slow at any cap: held near their draw, their job-mates paced to them",
+           capstates.OOB_LIMITED: "another limiter (out-of-band) holds them below their caps: planned within it"}
+    out = []
+    for flag, names in flagged.items():
+        if names:
+            more = f" and {len(names) - FLAG_ALERT_NAMES} more" if len(names) > FLAG_ALERT_NAMES else ""
+            out.append(f"{flag}: {', '.join(names[:FLAG_ALERT_NAMES])}{more} — {why.get(flag, '')}")
+    return out
 
 
 def limit_w(gpu) -> float:
@@ -95,13 +160,13 @@ def explain_lines(job, reply, gpus) -> list[str]:
         names = ", ".join(f"{node} GPU {g.index} ({reading_state(g)})" for node, g in dark[:4])
         more = f" and {len(dark) - 4} more" if len(dark) > 4 else ""
         lines.append(f"Measured step rate: no reading — {names}{more} without a live reading (its last clock is "
-                     f"no measurement of the job's pace); predicted {job.predicted_step_rate:.3f}.")
+                     f"no measurement of the job's pace); predicted {rate_text(job.predicted_step_rate)}.")
     elif job.measured_step_rate > 0:
         how = ("the slowest busy GPU by its clock: SM clock / max SM clock, through its memory-bound share" if any(
             g.job_id == job.job_id and g.HasField("memory_bound_fraction") for _, g in gpus)
             else "the slowest busy GPU by its clock: SM clock / max SM clock")
         lines.append(f"Measured step rate {job.measured_step_rate:.3f} ({how}), "
-                     f"predicted {job.predicted_step_rate:.3f}.")
+                     f"predicted {rate_text(job.predicted_step_rate)}.")
     shares = [g.memory_bound_fraction for _, g in gpus
               if g.job_id == job.job_id and g.HasField("memory_bound_fraction")]
     if shares:

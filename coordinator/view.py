@@ -39,6 +39,7 @@ class JobExtra:
     domains: tuple[str, ...]  # every domain holding one of its GPUs, root first
     energy_j: float
     weight: float
+    planned_slowest: GpuKey | None = None  # the solve's slowest, where a measurably slower one replaced it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,23 @@ def fetch_status(address: str | None, method: str = "Status") -> dict:
     return status_dict(reply)
 
 
+class GivenSeconds(float):
+    """A number of seconds from the command line that keeps its text (``text``), for messages:
+    ``--watch-interval-s 1e400`` read as inf was reported ``--watch-interval-s inf`` (a try-out)."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "GivenSeconds":
+        value = super().__new__(cls, text)  # ValueError for no number: argparse's "invalid value"
+        value.text = text
+        return value
+
+
+def given(value) -> str:
+    """``value`` as the user wrote it (:class:`GivenSeconds`), else ``{:g}``."""
+    return getattr(value, "text", None) or f"{value:g}"
+
+
 WATCH_MIN_INTERVAL_S = 0.2
 """Lower bound of ``--watch-interval-s`` (each refresh is three RPCs' worth of rendering)."""
 
@@ -68,13 +85,16 @@ def _watch_options(args) -> None:
     """Refuse ``--watch-interval-s`` without ``--watch`` (it was ignored without a word: a review),
     and fill in its default."""
     if args.watch_interval_s is not None and not args.watch:
-        raise UserInputError(f"--watch-interval-s {args.watch_interval_s:g}: only with --watch (it sets how often "
+        raise UserInputError(f"--watch-interval-s {given(args.watch_interval_s)}: only with --watch (it sets how often "
                              f"--watch refreshes); add --watch, or leave it out for one status")
     if args.count is not None and not args.watch:
         raise UserInputError(f"--count {args.count}: only with --watch (how many refreshes); add --watch, or leave "
                              "it out for one status")
     if args.watch_interval_s is None:
         args.watch_interval_s = WATCH_DEFAULT_INTERVAL_S
+    elif not given(args.watch_interval_s).isascii():  # float() reads full-width and other Unicode digits
+        raise UserInputError(f"--watch-interval-s {given(args.watch_interval_s)}: write the seconds in ASCII digits "
+                             "0-9, e.g. 2 or 0.5")
 
 
 def cmd_status(args) -> int:
@@ -90,7 +110,8 @@ def cmd_status(args) -> int:
         _emit(d) if args.json else print(render_status(d, hottest=args.hottest))
         return 0
     if not math.isfinite(args.watch_interval_s) or not WATCH_MIN_INTERVAL_S <= args.watch_interval_s <= 3600:
-        raise UserInputError(f"--watch-interval-s {args.watch_interval_s:g}: allowed {WATCH_MIN_INTERVAL_S:g}..3600 seconds")
+        raise UserInputError(f"--watch-interval-s {given(args.watch_interval_s)}: allowed {WATCH_MIN_INTERVAL_S:g}..3600 "
+                             "seconds")
     state = {"reached": False}  # did the last refresh reach the coordinator? (Ctrl-C exit status)
     try:
         _watch(args, state)
@@ -247,7 +268,7 @@ def register(subparsers) -> None:
                               description="Cluster status from the coordinator. --json: docs/status-schema.json.")
     _common(p)
     p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
-    p.add_argument("--watch-interval-s", metavar="S", type=float, default=None,
+    p.add_argument("--watch-interval-s", metavar="S", type=GivenSeconds, default=None,
                    help="refresh period for --watch, seconds (0.2..3600, default 2; only with --watch)")
     p.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # bounded --watch (tests)
     p.add_argument("--hottest", type=int, default=None,

@@ -115,6 +115,22 @@ def is_finite(value) -> bool:
         return False
 
 
+def exact_number(value: float) -> str:
+    """``value`` with every digit that tells it apart from its neighbours (the shortest text that
+    reads back as the same float: ``1.0000001``, ``20000``), for a comparison in a message where
+    :func:`format_number`'s 6 digits make two different values read equal ("lease_s 1 s is less
+    than two intervals (2 s)" of lease_s 1.0000001; found by a try-out). Non-finite and huge ints:
+    as :func:`format_number`."""
+    if isinstance(value, int) and not isinstance(value, bool) and not is_finite(value):
+        return format_number(value)
+    value = float(value)
+    if not math.isfinite(value):
+        return format_number(value)
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
 def format_number(value: float) -> str:
     """Format a number the way a person would write it in YAML (``20000``, ``0.5``, ``1e-320``):
     at most 6 significant digits, fewer where fewer read back as ``value`` (a denormal written

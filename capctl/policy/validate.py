@@ -35,7 +35,7 @@ from capctl.errors import UserInputError
 from capctl.policy import model
 from capctl.policy.devices import KNOWN_DEVICE_LIMITS_W, KNOWN_NVML_NAMES, device_limits_w, model_suggestion
 from capctl.policy.minimums import minimum_w
-from capctl.policy.units import UNIT_NAMES, format_number, is_finite, split_unit_key, value_hint
+from capctl.policy.units import UNIT_NAMES, exact_number, format_number, is_finite, split_unit_key, value_hint
 from capctl.policy.yamlpos import Positions, YamlInputError, dotted, load_with_positions, read_regular_file
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -646,14 +646,14 @@ def _check_lease(data: dict, diag: _Diag) -> tuple[float, float]:
     if lease_s <= interval_s:
         diag.error(
             lease_path,
-            f"{dotted(lease_path)}: lease_s {format_number(lease_s)} s must be longer than interval_s "
-            f"{format_number(interval_s)} s (agents would fall back to their safe cap between two plans)",
+            f"{dotted(lease_path)}: lease_s {exact_number(lease_s)} s must be longer than interval_s "
+            f"{exact_number(interval_s)} s (agents would fall back to their safe cap between two plans)",
         )
     elif lease_s < 2 * interval_s:
         diag.warn(
             lease_path,
-            f"{dotted(lease_path)}: lease_s {format_number(lease_s)} s is less than two intervals "
-            f"({format_number(2 * interval_s)} s): one late plan makes agents fall back",
+            f"{dotted(lease_path)}: lease_s {exact_number(lease_s)} s is less than two intervals "
+            f"({exact_number(2 * interval_s)} s): one late plan makes agents fall back",
         )
     return interval_s, lease_s
 

@@ -145,3 +145,14 @@ def test_the_cluster_draw_is_unknown_when_no_gpu_has_a_live_reading():
     assert d["draw_w"] is None and "draw - W" in statusview.render_status(d)
     fams = {m.name: m for m in metrics._cluster_families(types.SimpleNamespace(status=st, tick_s=0.1))}
     assert fams["capctl_draw_watts"].samples == [] and fams["capctl_budget_watts"].samples[0].value == 6000.0
+
+
+def test_nodes_text_shows_each_gpus_rate_curve():
+    """``capctl nodes`` (and the GPU table of ``explain``) show the curve in use, as --json did only
+    (a try-out): generic until learned; "-" when the coordinator has none yet."""
+    st = _reply()
+    st.nodes[0].gpus[0].curve = "generic"
+    st.nodes[0].gpus[1].curve = "learned"
+    lines = statusview.render_gpus(statusview.status_dict(st)).splitlines()
+    assert lines[0].split()[-2:] == ["CURVE", "STATE"]
+    assert [line.split()[-2] for line in lines[1:]] == ["generic", "learned", "-", "-"]

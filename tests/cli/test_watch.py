@@ -55,6 +55,10 @@ def test_ctrl_c_after_good_refresh_exits_0(admin):  # noqa: F811
 @pytest.mark.parametrize("args, expect", [
     (["--watch", "--watch-interval-s", "0.001"], "--watch-interval-s 0.001: allowed 0.2..3600 seconds"),
     (["--watch", "--watch-interval-s", "nan"], "--watch-interval-s nan: allowed 0.2..3600 seconds"),
+    # echoed as given: 1e400 read as inf was reported "inf" (a try-out); float() reads full-width digits
+    (["--watch", "--watch-interval-s", "1e400"], "--watch-interval-s 1e400: allowed 0.2..3600 seconds"),
+    (["--watch", "--watch-interval-s", "\uff12"], "--watch-interval-s \uff12: write the seconds in ASCII digits 0-9, "
+                                                   "e.g. 2 or 0.5"),
     (["--hottest", "-3"], "--hottest -3: give a count >= 0 (0: none)"),
     # without --watch it was ignored without a word, even out of its range (found by a review)
     (["--watch-interval-s", "2"], "--watch-interval-s 2: only with --watch (it sets how often --watch refreshes); "

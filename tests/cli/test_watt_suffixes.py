@@ -62,3 +62,13 @@ def test_budget_set_reads_milliwatts_as_milliwatts_and_megawatts_as_megawatts():
 def test_a_policy_value_in_milliwatts_gets_the_milliwatt_hint():
     assert value_hint("budget_w", "500000 mW") == "write the number in watts without a unit: budget_w: 500"
     assert value_hint("budget_w", "2 MW") == "write the number in watts without a unit: budget_w: 2000000"
+
+
+@pytest.mark.parametrize("text", ["\uff14\uff18\uff10\uff10", "\uff14\uff18\uff10\uff10 kW", "4\u066800", "\u0664800W"])
+def test_digits_other_than_ascii_are_refused(text):
+    """``capctl budget set ４８００`` (full-width digits) was taken as 4800 W: ``\\d`` and float()
+    read any Unicode digit (found by a try-out). ``_`` separators stay allowed (documented)."""
+    with pytest.raises(UserInputError) as info:
+        parse_watts(text)
+    assert str(info.value) == f"WATTS {text!r}: write the number in ASCII digits 0-9, e.g. 17920, 17.9kW or 1.2MW"
+    assert parse_watts("4_800") == 4800.0

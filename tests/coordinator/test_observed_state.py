@@ -172,6 +172,10 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
             wait_for(paced_to_it, 5.0, f"job-mates within 45 MHz of the straggler's {stuck} MHz")
             text = c.explain("J").text
             assert "STRAGGLER" in text and "HW slowdown" in text
+            # a "!" line of its own in capctl status, naming it and why (it had none: a try-out)
+            line = [a for a in st.alerts if a.startswith("STRAGGLER: ")]
+            assert line and line[0].startswith("STRAGGLER: n1/0 (HW slowdown: SM clock held at "), st.alerts
+            assert line[0].endswith("— they run slow at any cap: held near their draw, their job-mates paced to them")
             fams = {f.name: f for f in _observed_families(st)}
             assert [s.labels["gpu"] for s in fams["capctl_gpu_straggler"].samples] == ["0"]
             assert st.enforced_w <= budget + 1e-6

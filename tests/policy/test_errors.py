@@ -266,6 +266,19 @@ def test_short_lease_is_a_warning() -> None:
     ]
 
 
+def test_a_lease_a_hair_above_the_interval_shows_its_digits() -> None:
+    """lease_s 1.0000001 with interval_s 1 read "lease_s 1 s is less than two intervals (2 s)", as if
+    equal to one interval (6 significant digits; found by a try-out): the value as written now."""
+    assert warnings_of(BASE + "interval_s: 1\nfailsafe: {lease_s: 1.0000001}\n") == [
+        "p.yaml:4:21: warning: failsafe.lease_s: lease_s 1.0000001 s is less than two intervals (2 s): one late plan "
+        "makes agents fall back"
+    ]
+    assert errors_of(BASE + "interval_s: 1.0000001\nfailsafe: {lease_s: 1}\n") == [
+        "p.yaml:4:21: failsafe.lease_s: lease_s 1 s must be longer than interval_s 1.0000001 s (agents would fall back "
+        "to their safe cap between two plans)"
+    ]
+
+
 def test_budget_above_root_limit() -> None:
     errors = errors_of("version: 1\nbudget_w: 20000\ndomains: {name: c, limit_w: 15000}\n")
     assert errors == ["p.yaml:2:11: budget_w: 20000 W is above the root domain limit_w 15000 W"]
