@@ -370,6 +370,7 @@ class IntervalBench:
         sw.cpu["solve_rest"] += (c() - t) * on - (sum(sw.cpu[s] for s in ("solve", "build", "pace", "idle")) - inner0)
         t = c()
         decision = decide.plan(solution, coord._observations(problem))
+        coord._over_ticks = coord._over_ticks + 1 if decision.counted_over else 0  # (Coordinator.tick's too)
         sw.cpu["plan"] += (c() - t) * on
         t = c()
         a0 = self.fleet.agent_cpu_s

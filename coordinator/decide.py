@@ -122,7 +122,8 @@ class Observations:
     lease_s: float
     interval_s: float
     start_s: float
-    limits_changed: bool = False  # the policy (its limits) changed in the last few intervals: exact decreases
+    limits_changed: bool = False  # the policy (its limits) changed in the last few intervals, or a domain
+    # was counted above its limit in the last planner.OVER_AGAIN_TICKS intervals: exact decreases
 
     @property
     def now(self) -> float:
@@ -186,6 +187,7 @@ class Decision:
     gpus: planner.PlanArrays = dataclasses.field(compare=False, repr=False)
     domains: tuple = dataclasses.field(compare=False, repr=False)
     doms: list = dataclasses.field(compare=False, repr=False)
+    counted_over: bool = False  # some domain counted above its limit (planner.counted_over), APPLY only
 
     def safe_for(self, node: str) -> dict[int, float]:
         """The failsafe caps (W) sent to ``node`` (empty when it has no live GPU)."""
@@ -462,7 +464,9 @@ def plan(solution: Solution, obs: Observations) -> Decision:
     decreases: dict = {}
     candidates: frozenset = frozenset()
     early: tuple = ()
+    over = False
     if mode == APPLY:
+        over = planner.counted_over(pa, doms)
         sel, caps_w = planner.plan_decreases_arrays(pa, doms=doms, exact_over=obs.limits_changed)
         decreases = dict(sorted(by_node(keys, sel.tolist(), caps_w.tolist()).items()))
         candidates = frozenset() if hold_increases else _candidate_nodes(pa)
@@ -479,7 +483,7 @@ def plan(solution: Solution, obs: Observations) -> Decision:
         now=obs.now, mode=mode, desired_w=KeyedValues(keys, pa.desired_w), safe_caps=safe_caps,
         decreases=decreases, increase_candidates=candidates, early_holds=early, live_nodes=live_nodes,
         waiting=waiting, hold_increases=hold_increases, hold_reasons=tuple(reasons), alerts=tuple(alerts),
-        solution=solution, gpus=pa, domains=domains, doms=doms,
+        solution=solution, gpus=pa, domains=domains, doms=doms, counted_over=over,
     )
 
 

@@ -154,6 +154,7 @@ class Coordinator:
         self._snapshot_time_s = 0.0  # lease clock (Unix s) of the current interval's snapshot (CapPlan.snapshot_time_s)
         self._tick_policy = self.policy  # the policy the current interval started with (:meth:`_policy_changed`)
         self._ticks_since_policy = 0  # intervals planned since the policy last changed (planner.EXACT_DECREASE_TICKS)
+        self._over_ticks = 0  # intervals in a row a domain was counted above its limit (planner.OVER_AGAIN_TICKS)
         self._busy_s = 0.0  # how long the last regular tick took (s): stretches the grid when > interval
         self._overruns = 0  # regular ticks in a row longer than the interval (_note_busy)
         self._reported: set = set()  # nodes whose telemetry arrived since the last snapshot
@@ -772,6 +773,7 @@ class Coordinator:
         solution = await self._solve(problem)
         self._record_solution(solution)
         decision = decide.plan(solution, self._observations(problem))
+        self._over_ticks = self._over_ticks + 1 if decision.counted_over else 0
         if decision.waiting:
             log.debug("holding caps until %s report(s)", ", ".join(sorted(decision.waiting)))
         plans_sent = await self._send(decision, problem.inputs)
@@ -826,7 +828,8 @@ class Coordinator:
         return observe.observations(self.registry, problem, self.registry.clock(), dry_run=self.dry_run,
                                     lease_s=self.lease_s, interval_s=self.interval_s,
                                     ack_memory_s=self.ack_memory_s(), start_s=self._start_clock,
-                                    limits_changed=self._ticks_since_policy < planner.EXACT_DECREASE_TICKS)
+                                    limits_changed=(self._ticks_since_policy < planner.EXACT_DECREASE_TICKS
+                                                    or self._over_ticks >= planner.OVER_AGAIN_TICKS))
 
     def _record_solution(self, solution: decide.Solution) -> None:
         """Log the watch alerts (once) and a failed solve; record the solve's duration (s)."""

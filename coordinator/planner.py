@@ -311,6 +311,30 @@ decrease of a domain counted above its limit, however small (:func:`plan_decreas
 to send, two more for a plan whose acknowledgement was lost or late."""
 
 
+OVER_AGAIN_TICKS = 1
+"""A domain counted above its limit in this many intervals in a row before the current one gets
+its every decrease sent too (:func:`counted_over`, ``Coordinator._over_ticks``). One interval over
+is often the readings' lag behind the acknowledgements (:func:`_over_limit_decreases`); two in a row
+are watts the planner did not take back: the split of a cut whose last watts were sub-deadband
+decreases (a GPU counted at its foreign writer's 700 W with the others at their minimum caps left
+the cluster 3.58 W over its 2,800 W budget for 4 s, until an unrelated change;
+tests/coordinator/test_foreign_writer_budget.py), or a budget lowered by a little per GPU."""
+
+
+def counted_over(p: PlanArrays, doms: list[tuple[float, np.ndarray]]) -> bool:
+    """Whether some domain of ``doms`` (:func:`domain_index`) is counted above its limit by the
+    accounted caps of ``p`` (W; 1 nW of float noise allowed). One pass for all domains (their
+    positions concatenated, one ``np.add.reduceat``)."""
+    live = [(lim, idx) for lim, idx in doms if idx.size]
+    if not live:
+        return False
+    sizes = np.fromiter((idx.size for _, idx in live), np.int64, len(live))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    sums = np.add.reduceat(p.accounted_w[np.concatenate([idx for _, idx in live])], starts)
+    limits = np.fromiter((lim for lim, _ in live), float, len(live))
+    return bool(np.any(sums > limits + 1e-9))
+
+
 OVER_LIMIT_DEADBAND_W = 0.001
 """Deadband (W) of a decrease in a domain counted above its limit (:func:`_over_limit_decreases`):
 one milliwatt, NVML's resolution (the agent writes a cap floored to it, nodeagent/nvml.py, so a

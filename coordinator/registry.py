@@ -21,8 +21,8 @@ out-of-band limit enforces the request the instant that limit lifts (found with 
 340 W request booked at its 250 W enforced limit put a 3,600 W cluster at 3,690 W for 0.74 s when
 the out-of-band limit was cleared). A GPU with no reading yet counts at its maximum limit (``max_cap_w``).
 
-A GPU reported ``FOREIGN_WRITER`` counts at least at the highest limit read back while in that
-state (``foreign_w``, a high-water mark of its requested and enforced limits), until its state has
+A GPU reported ``FOREIGN_WRITER`` counts at least at its maximum limit (or a higher limit read back
+while in that state: ``foreign_w``, :func:`foreign_mark`), until its state has
 been clear for :data:`FOREIGN_HOLD_S`: the agent re-writes such a GPU down to capctl's cap at most
 once per its re-write period, and the other writer puts it back within its own period; counted at
 the re-write, the freed watts went to other GPUs and the foreign writer's next write put the
@@ -181,8 +181,8 @@ class GpuObs:
     # down to it (then the device can no longer show the limit: enforced == requested)
     oob_w: float = math.nan
     oob_mono: float = -1e18
-    # the highest limit (requested or enforced, W) read back while the GPU was FOREIGN_WRITER (NaN:
-    # none), and since when (mono s) its state has been clear (inf: still FOREIGN_WRITER): counted
+    # the foreign-writer mark (W): the maximum limit, or a higher limit read back, while the GPU was
+    # FOREIGN_WRITER (NaN: none; foreign_mark), and since when (mono s) its state has been clear (inf: still FOREIGN_WRITER): counted
     # until FOREIGN_HOLD_S after that (accounted_w, foreign_mark)
     foreign_w: float = math.nan
     foreign_clear_mono: float = -1e18
@@ -295,13 +295,22 @@ def foreign_mark(g: GpuObs, cap_w: float, enforced_w: float, now_mono: float) ->
     """Update ``g``'s foreign-writer mark from a valid reading (requested ``cap_w`` and enforced
     ``enforced_w`` limits, W) at ``now_mono`` (s), ``g.cap_state`` already set from it. Called
     while the GPU is ``FOREIGN_WRITER`` or its mark has no clear time yet (``foreign_clear_mono``
-    inf). FOREIGN_WRITER: the mark is raised to the reading's higher limit (a mark expired
-    :data:`FOREIGN_HOLD_S` after an earlier clear state starts again from this reading) and held;
-    any other state: the mark's clear time starts now (it counts :data:`FOREIGN_HOLD_S` more)."""
+    inf). FOREIGN_WRITER: the mark is raised to the GPU's maximum limit (``g.max_cap_w``) or the
+    reading's higher limit if above it (a mark expired :data:`FOREIGN_HOLD_S` after an earlier
+    clear state starts again) and held; any other state: the mark's clear time starts now (it
+    counts :data:`FOREIGN_HOLD_S` more).
+
+    Why the maximum limit, not the highest value read: the other writer may set any limit up to
+    it at any time, and its value is seldom seen at all, since the agent re-writes the GPU as
+    it detects the writer, often before a report samples the foreign value (the mark then started
+    at capctl's own re-write, the foreign 700 W was counted only at the writer's next write: 3,150 W
+    on a 2,800 W cluster, tests/coordinator/test_foreign_writer_budget.py)."""
     if g.cap_state != FOREIGN_WRITER:
         g.foreign_clear_mono = now_mono
         return
     top = cap_w if cap_w > enforced_w else enforced_w
+    if g.max_cap_w > top:
+        top = g.max_cap_w
     mark = g.foreign_w
     if g.foreign_clear_mono != _INF and not now_mono - g.foreign_clear_mono <= FOREIGN_HOLD_S:
         mark = math.nan  # an earlier episode's mark, expired

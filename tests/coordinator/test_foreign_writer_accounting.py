@@ -83,9 +83,20 @@ def test_the_agents_rewrite_under_a_foreign_writer_keeps_counting_at_the_writers
     assert r.accounted_w() == 700.0
     r.now = 1100.0 + FOREIGN_HOLD_S + 0.5
     assert r.accounted_w() == 297.2
-    # a new episode after the mark expired starts again from its own readings
+    # a new episode after the mark expired: at the maximum limit again
     r.telemetry(1200.0, 450.0, FW)
-    assert r.gpu.foreign_w == 450.0 and r.accounted_w() == 450.0
+    assert r.gpu.foreign_w == 700.0 and r.accounted_w() == 700.0
+
+
+def test_a_foreign_writer_never_read_counts_at_the_maximum_limit():
+    """The agent re-writes the GPU as it detects the other writer, often before any report samples
+    the foreign value: its first FOREIGN_WRITER reading is capctl's own 297 W. The mark started
+    there and the foreign 700 W counted only at the writer's next write (the cluster 3,150 W on
+    2,800 W in tests/coordinator/test_foreign_writer_budget.py); it is the maximum limit now."""
+    r = _Rig()
+    r.telemetry(1000.0, 297.0, OK)
+    r.telemetry(1001.0, 297.0, FW)
+    assert r.gpu.foreign_w == 700.0 and r.accounted_w() == 700.0
 
 
 def test_the_mark_is_kept_through_a_short_clear_and_never_counts_below_the_enforced_limit():
