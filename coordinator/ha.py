@@ -160,6 +160,10 @@ def elected(coord, state=False) -> None:
     if state is False:
         state = read_admin_state(coord)
     _forget_idle_grants(coord)  # (history of an earlier term: stale; found by a review)
+    # what the ledger in the store counts is known again only once this term saves it: the value
+    # kept from an earlier term may be above what the leaders in between saved, and an increase it
+    # covered would skip its write-ahead (Coordinator._write_ahead; found by a review)
+    coord._ledger_w = {}
     _reread_policy(coord)
     if state is None:
         coord.policy = coord._apply_override(coord.file_policy, None, read=False)

@@ -981,13 +981,22 @@ class Coordinator:
 
         An etcd store writes in the store worker (:mod:`coordinator.storeio`): returns its asyncio
         future (None when written inline or skipped); a periodic rewrite is skipped while a store
-        call is still pending (the next interval retries), so a stalled etcd queues none."""
+        call is still pending (the next interval retries), so a stalled etcd queues none.
+
+        A full rewrite lowers what the saved ledger is taken to count (``_ledger_w``) to the lower
+        of the old and the new values as it is submitted: in the store worker it can land after an
+        increase that was checked against the old ledger (no write-ahead: the old value covered it)
+        and replace that value with a lower one (a GPU accounted lower at the rewrite than the cap
+        then sent); a successor restoring it counted that GPU below its enforced limit (found by a
+        review of the write-ahead, tests/coordinator/test_ledger_write_ahead.py)."""
         if self.store is None or not self.store.ok:
             return None
         if not high_water and self.store_io is not None and self.store_io.pending:
             return None
         ledger, saved = ledger_rows(self.registry, self.registry.clock(), self.ack_memory_s(), planned,
                                     self._ledger_w if high_water else {})
+        if not high_water:  # in flight, this rewrite may land after increases checked against the older ledger
+            self._ledger_w = {k: min(w, saved[k]) for k, w in self._ledger_w.items() if k in saved}
         return self.store_write(self.store.save_nodes, ledger,
                                 done=lambda _r, exc: self._ledger_saved(saved, high_water, exc))
 

@@ -105,3 +105,60 @@ def test_the_held_increases_go_out_once_the_ledger_is_saved(store):
     saved = store.load_nodes()
     for (n, i), cap_w in raised.items():
         assert saved[n]["gpus"][i][0] >= cap_w  # the ledger counts each raised GPU at its new cap
+
+
+class _SlowStore:
+    """The real SQLite ``store`` whose node-ledger writes wait for ``release`` (an etcd write in
+    flight in the store worker, :mod:`coordinator.storeio`); every other call goes through."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.release = __import__("threading").Event()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def save_nodes(self, ledger):
+        assert self.release.wait(30.0)
+        return self._store.save_nodes(ledger)
+
+
+def test_a_rewrite_in_flight_makes_the_next_increase_write_ahead_again(store):
+    """A full rewrite of the ledger submitted at T1 (each GPU at its accounted cap then) can land in
+    the store worker after an increase checked against the older ledger: the increase skipped its
+    write-ahead (the old value covered it) and the rewrite then replaced that value with a lower
+    one. The rewrite now lowers what the ledger is taken to count as it is submitted."""
+    from coordinator.storeio import StoreIO
+
+    leader, _sessions = _leader(store)
+    leader._ledger_w = {(n, i): 650.0 for n in NODES for i in range(2)}  # a high-water write saved earlier
+    slow = _SlowStore(store)
+    leader.store = slow
+
+    async def run() -> None:
+        leader.store_io = StoreIO("test-store-io")
+        try:
+            fut = leader._save_ledger({})  # the periodic rewrite: each GPU at its accounted 300 W
+            assert fut is not None and leader.store_io.pending == 1
+            # an increase to 620 W while it is in flight: the ledger it lands will say 300 W
+            assert leader._ledger_below({("node1", 0): 620.0})
+            slow.release.set()
+            await asyncio.wait([fut])
+        finally:
+            leader.store_io.close()
+
+    asyncio.run(run())
+    assert store.load_nodes()["node1"]["gpus"][0][0] == LEDGER_W
+    assert leader._ledger_w[("node1", 0)] == LEDGER_W
+
+
+def test_a_leader_elected_again_forgets_the_ledger_it_saved_in_an_earlier_term(store):
+    """Between two terms of one coordinator another leader may have saved a lower ledger; the
+    value this coordinator kept from its earlier term let an increase skip its write-ahead."""
+    from coordinator import ha
+
+    leader, _sessions = _leader(store)
+    leader._ledger_w = {(n, i): 650.0 for n in NODES for i in range(2)}  # saved in its earlier term
+    ledger = store.load_nodes()  # what the leader in between left: 300 W each
+    ha.elected(leader, state=(None, ledger))
+    assert leader._ledger_below({("node1", 0): 620.0})
