@@ -1083,11 +1083,14 @@ def values_at(values: dict, keys, default: float = 0.0) -> np.ndarray:
 
 
 def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None) -> set:
-    """Apply :func:`coordinator.paceloop.correct` to ``desired`` (GPU key -> W) in place, job by
-    job, keeping a job's correction only when every limited domain stays within its limit (domain
-    sums on arrays: :func:`domain_levels`). Returns the jobs put on one clock step whose caps were
-    kept (for :func:`step_margin`). ``at``: ``desired`` as an array [G] of the inputs' GPUs
-    (:attr:`SolveOutput.desired_at`), changed with it; None: read from it."""
+    """Apply the pace loop (:func:`coordinator.paceloop.job_caps`, what
+    :func:`coordinator.paceloop.correct` does per job) to ``desired`` (GPU key -> W) in place, job
+    by job, keeping a job's correction only when every limited domain stays within its limit
+    (domain sums on arrays: :func:`domain_levels`). Returns the jobs put on one clock step whose
+    caps were kept (for :func:`step_margin`). ``at``: ``desired`` as an array [G] of the inputs'
+    GPUs (:attr:`SolveOutput.desired_at`), changed with it; None: read from it. On the columns, per job (no row
+    per GPU): measured on bench/interval_cost.py's fleet at 8,000 GPUs (7 Dec 2026), see
+    :func:`_pace_jobs`."""
     from coordinator import paceloop
 
     limited, levels = domain_levels(inputs)
@@ -1097,109 +1100,87 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
     d = values_at(desired, c.keys) if at is None else at
     load = _domain_sums(levels, d, n)
     head = lims - load - LIMIT_SLACK_W
-    # adapter (columns -> correct's GpuInput rows): only the GPUs of jobs it may move, without
-    # their curves (the pace loop is independent of the fitted curves by design: paceloop.slope_w)
-    cand = _pace_candidates(c, inputs.jobs).tolist()
-    gpus = pace_rows(c, cand)
-    pos_of = dict(zip(map(_ROW_KEY, gpus), cand))
-
-    granted_w: dict = {}  # job -> (its domains, the headroom granted to it)
-
-    def extra_w(members, caps=None) -> float:
-        # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
-        # left in all its limited domains; granted job by job, so no domain is counted twice.
-        # ``caps`` (the job's corrected caps, {} for none): its grant is taken back and what it
-        # really moves is booked per domain, so the watts it leaves go to the jobs after it
-        if not n:
-            return 0.0
-        p = np.fromiter(map(pos_of.__getitem__, map(_ROW_KEY, members)), np.int64, len(members))
-        if caps is not None:
-            back = granted_w.pop(members[0].job, None)
-            if back is not None:
-                head[back[0]] += back[1]
-            if caps:
-                diff = np.fromiter((caps.get(g.key, desired[g.key]) - desired[g.key] for g in members), float,
-                                   len(members))
-                head[:] -= _domain_sums(levels[p], diff, n)
-            return 0.0
-        mine = np.unique(levels[p])
-        mine = mine[mine >= 0]
-        if not mine.size:
-            return 0.0
-        grant = max(0.0, float(head[mine].min()))
-        head[mine] -= grant
-        granted_w[members[0].job] = (mine, grant)
-        return grant
-
     aligned: list = []
-    moved = paceloop.correct(gpus, desired, inputs.jobs, extra_w, aligned, _pace_jobs(c, cand))
+    moved: list = []
+    for name, p, a in _pace_jobs(c, _pace_candidates(c, inputs.jobs).tolist()):
+        # every GPU's clock is set by its cap (measured): the job can use the headroom the solve
+        # left in all its limited domains; granted job by job, so no domain is counted twice; then
+        # its grant is taken back and what it really moves is booked per domain, so the watts it
+        # leaves go to the jobs after it
+        mine, grant = _grant_w(head, levels[p]) if n else (None, 0.0)
+        caps, on_step = paceloop.job_caps(a, sum(d[p].tolist()), grant)
+        if on_step:
+            aligned.append(name)
+        if mine is not None:
+            head[mine] += grant
+        if caps is not None:
+            if n:
+                head[:] -= _domain_sums(levels[p], caps - d[p], n)
+            order = np.r_[np.flatnonzero(a.straggler), np.flatnonzero(~a.straggler)]  # the caps' order
+            moved.append((name, p[order], caps[order]))
     if not moved:
         return set()
-    job_of = dict(zip(map(_ROW_KEY, gpus), map(_ROW_JOB, gpus)))
-    by_job: dict = {}
-    for k, cap in moved.items():
-        by_job.setdefault(job_of[k], {})[k] = cap
-    for caps in by_job.values():
-        p = np.fromiter(map(pos_of.__getitem__, caps), np.int64, len(caps))
-        diff = np.fromiter((cap - desired[k] for k, cap in caps.items()), float, len(caps))
-        delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
+    for name, p, caps in moved:
+        delta = _domain_sums(levels[p], caps - d[p], n) if n else np.zeros(0)
         if bool(np.all(load + delta <= lims + 1e-6)):
-            desired.update(caps)
+            desired.update(zip(map(c.keys.__getitem__, p.tolist()), caps.tolist()))
             if at is not None:
-                at[p] = np.fromiter(caps.values(), float, len(caps))
+                at[p] = caps
             load += delta
         else:
-            aligned = [j for j in aligned if j != job_of[next(iter(caps))]]
+            aligned = [j for j in aligned if j != name]
     return set(aligned)
 
 
-PaceRow = collections.namedtuple("PaceRow", ("key", "job", "paced", "straggler", "fixed", "pace", "pace_at_w", "observed_w",
-                                             "draw_w", "pace_step", "min_cap_w", "max_cap_w", "thermal_ceiling_w"))
-"""The fields of a :class:`GpuInput` that :func:`coordinator.paceloop.correct` reads (same names, units
-and values): a row of :func:`pace_rows`."""
+def _grant_w(head: np.ndarray, levels: np.ndarray) -> tuple:
+    """The headroom (W) one job may add: the least of ``head`` [n] (W left per limited domain) over
+    its GPUs' domains (``levels`` [m, depth], :func:`domain_levels` rows), never below 0, taken
+    from ``head`` in place. Returns ``(its domains, grant)``: ``(None, 0.0)`` in none."""
+    mine = np.unique(levels)
+    mine = mine[mine >= 0]
+    if not mine.size:
+        return None, 0.0
+    grant = max(0.0, float(head[mine].min()))
+    head[mine] -= grant
+    return mine, grant
 
 
-_ROW_KEY = operator.attrgetter("key")
-_ROW_JOB = operator.attrgetter("job")
-
-
-def pace_rows(c: InputColumns, positions: list) -> list:
-    """The GPUs at ``positions`` of the columns ``c`` as :class:`PaceRow` rows for
-    :func:`coordinator.paceloop.correct` (each field the value :meth:`InputColumns.rows_at` gives
-    the :class:`GpuInput` of that GPU; a GPU of no job: ``job`` None). Why not ``rows_at``: a
-    dataclass of 20 fields per GPU, its curve left out; measured (7 Dec 2026,
-    bench/interval_cost.py's fleet, 8,000 GPUs, 2,592 rows, best of 21 in one process) 0.28 ->
-    0.17 us a GPU of the fleet."""
-    if not positions:
-        return []
-    pos = np.asarray(positions, np.int64)
-    keys, names, strag = c.keys, c.job_names, c.straggler
-    jobs = [names[j] if j >= 0 else None for j in c.job[pos].tolist()]
-    cols = [np.asarray(a)[pos].tolist() for a in (c.paced, c.fixed, c.pace, c.pace_at_w, c.observed_w, c.draw_w,
-                                                   c.pace_step, c.min_cap_w, c.max_cap_w, c.thermal_ceiling_w)]
-    return list(map(PaceRow._make, zip([keys[p] for p in positions], jobs, cols[0],
-                                       [strag.get(p, "") for p in positions], *cols[1:])))
-
-
-def _pace_jobs(c: InputColumns, cand: list) -> dict:
-    """Job name -> :class:`coordinator.paceloop._Job` (step gains, operating points, ceilings) of
-    the candidate GPUs ``cand`` (positions, ascending), from the columns (:func:`paceloop.job_arrays`
-    per job on slices: no per-GPU attribute reads; GPUs in the order ``correct`` groups them)."""
+def _pace_jobs(c: InputColumns, cand: list) -> list:
+    """``(job name, positions [n], paceloop.JobGpus)`` of each job the pace loop moves, of the
+    candidate GPUs ``cand`` (positions, ascending; :func:`_pace_candidates`), in the order
+    :func:`coordinator.paceloop.correct` takes them (by their first GPU; GPUs ascending), from
+    column slices (:func:`paceloop.job_arrays` per job, no per-GPU attribute reads). A job is kept
+    on ``correct``'s condition (two GPUs or more, all paced or stragglers, none fixed, one paced).
+    Why not rows (:class:`GpuInput`, :func:`coordinator.paceloop.correct`) per GPU: measured (7 Dec
+    2026, bench/interval_cost.py's fleet, 8,000 GPUs, 2,300-2,600 of them candidates; with the
+    clock-step alignment on arrays, :func:`coordinator.pacealign.align_caps`) the pace stage 2.6 ->
+    1.1 us a GPU of the fleet (median of 3 runs each, one host; 3.5 -> 1.2 while it was loaded)."""
     from coordinator import paceloop
 
     if not cand:
-        return {}
+        return []
     pos = np.asarray(cand, np.int64)
     job = c.job[pos]
     order = np.argsort(job, kind="stable")
-    cols = [np.asarray(a, float)[pos][order] for a in (
-        c.pace, c.pace_at_w, c.draw_w, c._slopes(), c.min_cap_w, c.max_cap_w, c.thermal_ceiling_w)]
-    keys = [c.keys[i] for i in pos[order].tolist()]
+    pos = pos[order]
+    strag = np.zeros(len(c.job), bool)
+    strag[[p for p, why in c.straggler.items() if why]] = True  # a reason: ``GpuInput.straggler`` is true
+    strag = strag[pos]
+    cols = [np.asarray(a, float)[pos] for a in (c.pace, c.pace_at_w, c.observed_w, c.draw_w, c.pace_step,
+                                                c.min_cap_w, c.max_cap_w, c._slopes(), c.thermal_ceiling_w)]
+    f, at_w, obs, draw, step, lo, mx, meas, thermal = cols
+    paced, fixed = np.asarray(c.paced, bool)[pos], np.asarray(c.fixed, bool)[pos]
     starts = np.flatnonzero(np.r_[True, np.diff(job[order]) != 0]).tolist() + [len(pos)]
-    out = {}
+    out = []
     for a, b in zip(starts, starts[1:]):
-        out[c.job_names[int(job[order[a]])]] = paceloop.job_arrays(keys[a:b], *(x[a:b] for x in cols))
-    return out
+        g = slice(a, b)
+        if b - a < 2 or not np.all((paced[g] | strag[g]) & ~fixed[g]) or not paced[g].any():
+            continue
+        j = paceloop.job_arrays(f[g], at_w[g], draw[g], meas[g], lo[g], mx[g], thermal[g])
+        out.append((int(pos[a]), c.job_names[int(job[order[a]])], pos[g],
+                    paceloop.JobGpus(f[g], at_w[g], obs[g], draw[g], step[g], lo[g], mx[g], strag[g], j)))
+    out.sort(key=operator.itemgetter(0))
+    return [x[1:] for x in out]
 
 
 def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:

@@ -60,6 +60,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from coordinator import pacealign
+
 GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
 PACE_DEADBAND = 0.016
@@ -95,7 +97,7 @@ def _slope(g) -> float:
 
 
 class _Job(NamedTuple):
-    """One job's per-GPU quantities, computed once per interval (GPU key -> value):
+    """One job's per-GPU quantities, computed once per interval (arrays [n], in the job's GPU order):
 
     * ``s`` the step gains: ``GAIN`` times the loop's slope (W per unit pace): :func:`_slope` for a
       GPU with a measured slope; one without takes its model slope times the median ratio
@@ -107,9 +109,9 @@ class _Job(NamedTuple):
       finite one, never below its minimum cap.
     """
 
-    s: dict
-    op: dict
-    hi: dict
+    s: np.ndarray
+    op: np.ndarray
+    hi: np.ndarray
 
 
 _FIELDS = ("pace", "pace_at_w", "draw_w", "pace_slope_w", "min_cap_w", "max_cap_w", "thermal_ceiling_w")
@@ -119,27 +121,27 @@ _FIELDS = ("pace", "pace_at_w", "draw_w", "pace_slope_w", "min_cap_w", "max_cap_
 def _prepare(members) -> _Job:
     """:class:`_Job` of one job's GPUs (rows): :func:`job_arrays` on their fields."""
     cols = [np.fromiter((getattr(g, f, math.nan) for g in members), float, len(members)) for f in _FIELDS]
-    return job_arrays([g.key for g in members], *cols)
+    return job_arrays(*cols)
 
 
-def job_arrays(keys, pace, at_w, draw_w, meas_w, lo_w, max_w, thermal_w) -> _Job:
-    """:class:`_Job` of one job's GPUs from arrays [n] (``keys`` theirs; the fields of
-    :data:`_FIELDS`: pace 0..1, W). The same operations, in the same order, as :func:`_op_w`,
-    :func:`slope_w`, :func:`loop_slope_w` and :class:`_Job`'s rules per GPU: identical floats
-    (``np.fmax`` where Python's ``max`` keeps its first argument against a NaN). Assumes finite
-    ``lo_w`` / ``max_w`` (validated limits); a NaN or infinite thermal ceiling is none."""
+def job_arrays(pace, at_w, draw_w, meas_w, lo_w, max_w, thermal_w) -> _Job:
+    """:class:`_Job` of one job's GPUs from arrays [n] (the fields of :data:`_FIELDS`: pace 0..1,
+    W). The same operations, in the same order, as :func:`_op_w`, :func:`slope_w`,
+    :func:`loop_slope_w` and :class:`_Job`'s rules per GPU: identical floats (``np.fmax`` where
+    Python's ``max`` keeps its first argument against a NaN). Assumes finite ``lo_w`` / ``max_w``
+    (validated limits); a NaN or infinite thermal ceiling is none."""
     op = np.where((pace >= MAX_CLOCK_PACE) & (0.0 < draw_w) & (draw_w < at_w), draw_w, at_w)
     with np.errstate(invalid="ignore", divide="ignore"):
         model = 3.0 * op / np.maximum(pace, 0.05)
         measured = (meas_w > 0.0) & np.isfinite(meas_w)
         own = np.where(measured & ~(meas_w >= GAIN * model), np.fmax(meas_w, model / MAX_MISMATCH), model)
         ratio = 1.0
-        if measured.sum() < len(keys):
+        if measured.sum() < len(pace):
             r = (own / model)[measured & (model > 0)]
             ratio = statistics.median(r.tolist()) if r.size else 1.0
         gains = GAIN * np.where(measured, own, model * ratio)
     hi = np.fmax(lo_w, np.minimum(max_w, np.where(np.isfinite(thermal_w), thermal_w, math.inf)))
-    return _Job(dict(zip(keys, gains.tolist())), dict(zip(keys, op.tolist())), dict(zip(keys, hi.tolist())))
+    return _Job(gains, op, hi)
 
 
 def loop_slope_w(model_w: float, measured_w: float) -> float:
@@ -166,10 +168,12 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
     current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
     current split scaled to the job's total (the curves alone never move it). Other jobs keep the
     solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
-    add to the solve's total (headroom the solve left, which the measured clocks say it can use).
+    add to the solve's total (headroom the solve left, which the measured clocks say it can use);
+    ``extra_w(members, caps)`` after the job (its caps, {} for none) takes back what it left.
     ``aligned``: a list the jobs put on one clock step (:func:`_align`) are appended to, or None.
     ``prepared``: job -> :class:`_Job` of its GPUs (:func:`job_arrays` on the caller's columns, the
-    same values as from the rows), or None: computed here from the rows.
+    same values as from the rows), or None: computed here from the rows. Rows to arrays per job,
+    then :func:`job_caps` (the array form the coordinator calls on its columns).
     """
     by_job: dict = {}
     for g in gpus:
@@ -180,81 +184,111 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
         if (len(members) < 2 or not all((g.paced or g.straggler) and not g.fixed for g in members)
                 or not any(g.paced for g in members)):
             continue
-        paces = list(map(_PACE, members))
-        slowest = min(members, key=_PACE)
-        solve_w = sum(map(desired.__getitem__, map(_KEY, members)))
+        a = job_rows(members, prepared[job] if prepared is not None and job in prepared else None)
         avail = extra_w(members) if extra_w else 0.0  # headroom the solve left (granted; unused returned)
-        current = all(abs(g.pace_at_w - g.observed_w) <= AT_CAP_TOLERANCE_W for g in members if not g.straggler)
-        caps = None
-        j = prepared[job] if prepared is not None and job in prepared else _prepare(members)  # once per job
-        # more watts help only if the pace-setter can take them: not held at its ceiling, and its
-        # clock below its maximum (at it, below its cap, the job is saturated: watts buy nothing;
-        # granted anyway, they raised it to its ceiling, where none was granted, so it fell back
-        # to the solve's caps: a cap turning every interval, 674 <-> 700 W; found by a try-out)
-        total = solve_w + (avail if (j.hi[slowest.key] - slowest.observed_w > AT_CAP_TOLERANCE_W
-                                     and slowest.pace < MAX_CLOCK_PACE) else 0.0)
-        if current and max(paces) - min(paces) > PACE_DEADBAND:
-            caps = _split(members, total, j)
-        elif current and _on_grid(members):  # within the deadband on a clock-step grid: every GPU
-            caps = _align(members, solve_w + avail, j)  # on one step, with the watts it needs at most
-            total = solve_w + avail if caps is not None else total
-            if caps is not None and aligned is not None:
-                aligned.append(job)
-        if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
-            caps = _hold(members, total, current, j)
-        if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
-            out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
-        else:
-            caps = {}
+        caps, on_step = job_caps(a, sum(desired[g.key] for g in members), avail)
+        if on_step and aligned is not None:
+            aligned.append(job)
+        got = {}
+        if caps is not None:  # stragglers first (the order the caps were summed in)
+            order = np.r_[np.flatnonzero(a.straggler), np.flatnonzero(~a.straggler)].tolist()
+            got = {members[i].key: c for i, c in zip(order, caps[order].tolist())}
+            out.update(got)
         if extra_w:  # what the job did not use (headroom and the solve's) goes to the jobs after it
-            extra_w(members, caps)
+            extra_w(members, got)
     return out
 
 
-_PACE = operator.attrgetter("pace")
-_KEY = operator.attrgetter("key")
-_STEP = operator.attrgetter("pace_step")
-_DRAW = operator.attrgetter("draw_w")
-_AT = operator.attrgetter("pace_at_w")
-_LO = operator.attrgetter("min_cap_w")
-_MAX = operator.attrgetter("max_cap_w")
-"""Row fields read in C over a job's rows (``map``; the same values, in the same order, as the
-comprehensions they replace; a small part of the pace stage, within its noise at 8,000 GPUs,
-7 Dec 2026)."""
+class JobGpus(NamedTuple):
+    """One job's GPUs as arrays [n] (the :class:`coordinator.allocation.GpuInput` fields of the
+    same names: pace 0..1, W; ``straggler`` bool) and its :class:`_Job` (``j``)."""
+
+    pace: np.ndarray
+    pace_at_w: np.ndarray
+    observed_w: np.ndarray
+    draw_w: np.ndarray
+    pace_step: np.ndarray
+    min_cap_w: np.ndarray
+    max_cap_w: np.ndarray
+    straggler: np.ndarray
+    j: _Job
 
 
-def _on_grid(members) -> bool:
-    """Whether the job's GPUs report clocks on one step grid (:func:`coordinator.pacealign.on_grid`
-    on the non-stragglers' paces and clock steps)."""
-    from coordinator import pacealign
-
-    rest = [g for g in members if not g.straggler]
-    return pacealign.on_grid(list(map(_PACE, rest)), list(map(_STEP, rest)))
+def job_rows(members, j: _Job | None = None) -> JobGpus:
+    """:class:`JobGpus` of one job's rows (``j`` None: :func:`_prepare` on them)."""
+    cols = [np.fromiter(map(operator.attrgetter(f), members), float, len(members)) for f in JobGpus._fields[:7]]
+    strag = np.fromiter((bool(g.straggler) for g in members), bool, len(members))
+    return JobGpus(*cols, strag, _prepare(members) if j is None else j)
 
 
-def _align(members, total_w: float, j: _Job):
+def job_caps(a: JobGpus, solve_w: float, avail_w: float) -> tuple:
+    """One job's pace-corrected caps: ``(caps [n] W or None, aligned)``.
+
+    ``a``: the job's GPUs (all paced or stragglers, none fixed, one at least paced: the jobs
+    :func:`correct` moves); ``solve_w``: the solve's watts for them (W, summed in GPU order);
+    ``avail_w``: the headroom granted to the job (W). ``caps`` None: the job keeps the solve's caps
+    (no positive current draw to scale, or the caps would exceed the job's watts); ``aligned``:
+    they came from :func:`_align` (true even where then refused). Per GPU the operations of the
+    per-row loop it replaced, on arrays (sums in its order; Python's ``min``/``max`` kept where a
+    NaN could differ): identical floats (tests/coordinator/test_pace_equivalence.py). Why arrays:
+    the per-GPU Python of the row loop was most of the pace stage (measured figures:
+    :func:`coordinator.allocation._pace_jobs`). Where no GPU but the stragglers has a positive step
+    gain, the job keeps the solve's caps (the row loop raised KeyError there when a straggler
+    bounded the pace: the whole interval failed, no plan sent)."""
+    strag, rest = a.straggler, ~a.straggler
+    j, paces = a.j, a.pace.tolist()
+    low = min(range(len(paces)), key=paces.__getitem__)  # the pace-setter (the first slowest)
+    current = bool(np.all(np.abs(a.pace_at_w[rest] - a.observed_w[rest]) <= AT_CAP_TOLERANCE_W))
+    # more watts help only if the pace-setter can take them: not held at its ceiling, and its
+    # clock below its maximum (at it, below its cap, the job is saturated: watts buy nothing;
+    # granted anyway, they raised it to its ceiling, where none was granted, so it fell back
+    # to the solve's caps: a cap turning every interval, 674 <-> 700 W; found by a try-out)
+    total = solve_w + (avail_w if (float(j.hi[low]) - float(a.observed_w[low]) > AT_CAP_TOLERANCE_W
+                                   and paces[low] < MAX_CLOCK_PACE) else 0.0)
+    caps, on_step = None, False
+    if current and max(paces) - min(paces) > PACE_DEADBAND:
+        caps = _split(a, total)
+    elif current and pacealign.on_grid(a.pace[rest], a.pace_step[rest]):  # within the deadband on a
+        caps = _align(a, solve_w + avail_w)  # clock-step grid: every GPU on one step, with the watts it needs at most
+        on_step = caps is not None
+        total = solve_w + avail_w if on_step else total
+    if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
+        caps = _hold(a, total, current)
+    # never more than the solve gave the job (clipping at minimums can); summed stragglers first
+    if caps is None or not sum(np.r_[caps[strag], caps[rest]].tolist()) <= total + 1e-6:
+        return None, on_step
+    return caps, on_step
+
+
+def _py_max(a, b):
+    """Python's ``max(a, b)`` elementwise ([n]): ``a`` unless ``b > a`` (keeps ``a`` against a NaN ``b``)."""
+    return np.where(b > a, b, a)
+
+
+def _py_min(a, b):
+    """Python's ``min(a, b)`` elementwise ([n]): ``a`` unless ``b < a``."""
+    return np.where(b < a, b, a)
+
+
+def _align(a: JobGpus, total_w: float):
     """:func:`coordinator.pacealign.align_caps` on the job's GPUs (stragglers held at their
-    ceiling, bounding the target to their pace); None when a GPU lacks a draw or a clock step (its
-    sample cannot tell its step) or no step fits."""
-    from coordinator import pacealign
-
-    strag = [g for g in members if g.straggler]
-    rest = [g for g in members if not g.straggler]
-    if not rest or any(g.draw_w <= 0 or g.pace_step <= 0 for g in rest):
+    ceiling, bounding the target to their pace): caps [n] (W) or None when a GPU lacks a draw or a
+    clock step (its sample cannot tell its step) or no step fits."""
+    strag, rest = a.straggler, ~a.straggler
+    draw, step = a.draw_w[rest], a.pace_step[rest]
+    if not rest.any() or bool(np.any((draw <= 0) | (step <= 0))):
         return None
-    held = {g.key: j.hi[g.key] for g in strag}
-    static = [pacealign.STATIC_FRACTION * g.max_cap_w for g in rest]
-    gains = j.s
-    keys = list(map(_KEY, rest))
-    pace, draw = list(map(_PACE, rest)), list(map(_DRAW, rest))
-    n = pacealign.exponent_from_slope([gains[k] / GAIN for k in keys], pace, draw, static)
+    hi, pace = a.j.hi, a.pace[rest]
+    static = pacealign.STATIC_FRACTION * a.max_cap_w[rest]
+    n = pacealign.exponent_from_slope(a.j.s[rest] / GAIN, pace, draw, static)
     caps = pacealign.align_caps(
-        pace, list(map(_STEP, rest)), draw, list(map(_AT, rest)), list(map(_LO, rest)),
-        list(map(j.hi.__getitem__, keys)), static, total_w - sum(held.values()), min([1.0] + [g.pace for g in strag]), n)
+        pace, step, draw, a.pace_at_w[rest], a.min_cap_w[rest], hi[rest], static,
+        total_w - sum(hi[strag].tolist()), min([1.0] + a.pace[strag].tolist()), n)
     if caps is None:
         return None
-    held.update(zip(keys, np.asarray(caps, float).tolist()))
-    return held
+    out = hi.copy()
+    out[rest] = caps
+    return out
 
 
 def _op_w(g) -> float:
@@ -266,77 +300,71 @@ def _op_w(g) -> float:
     return g.pace_at_w
 
 
-def _hold(members, total_w: float, grow: bool, j: _Job) -> dict:
+def _hold(a: JobGpus, total_w: float, grow: bool):
     """The job's current split (enforced limits) scaled to ``total_w`` (W), within each GPU's
-    range; a GPU held at its ceiling bounds the others' pace (:func:`_bound_by_ceiling`).
-    ``grow`` False (a sample from before the last change): scaled down only, never up; the watts
-    wait one interval for a sample of the current caps (scaling up from a stale sample undid the
-    clock-step alignment of the interval before: a two-interval limit cycle)."""
-    strag = [g for g in members if g.straggler]
-    rest = [g for g in members if not g.straggler]
-    hi = j.hi
-    caps = {g.key: hi[g.key] for g in strag}  # held (where extra watts buy nothing)
-    now = sum(g.observed_w for g in rest)
+    range ([n] W; None where the GPUs draw nothing); a GPU held at its ceiling bounds the others'
+    pace (:func:`_bound_by_ceiling`). ``grow`` False (a sample from before the last change): scaled
+    down only, never up; the watts wait one interval for a sample of the current caps (scaling up
+    from a stale sample undid the clock-step alignment of the interval before: a two-interval
+    limit cycle)."""
+    strag, rest, hi = a.straggler, ~a.straggler, a.j.hi
+    caps = hi.copy()  # stragglers held (where extra watts buy nothing)
+    now = sum(a.observed_w[rest].tolist())
     if now <= 0:
-        return {}
-    k = (total_w - sum(caps.values())) / now
+        return None
+    k = (total_w - sum(hi[strag].tolist())) / now
     if not grow:
         k = min(k, 1.0)
-    caps.update({g.key: min(max(g.observed_w * k, g.min_cap_w), hi[g.key]) for g in rest})
-    at_hi = [g for g in rest if caps[g.key] >= hi[g.key] - AT_CAP_TOLERANCE_W]
-    return _bound_by_ceiling(members, caps, at_hi, j)
+    caps[rest] = _py_min(_py_max(a.observed_w[rest] * k, a.min_cap_w[rest]), hi[rest])
+    return _bound_by_ceiling(a, caps, np.flatnonzero(rest & (caps >= hi - AT_CAP_TOLERANCE_W)))
 
 
-def _bound_by_ceiling(members, caps: dict, at_hi, j: _Job) -> dict:
-    """Nobody planned faster than the pace the GPUs ``at_hi`` (held at their ceiling) reach there:
-    ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)`` (W)."""
-    s, op = j.s, j.op
-    reaches = {g.key: g.pace + (j.hi[g.key] - op[g.key]) / s[g.key] for g in at_hi if s[g.key] > 0}
-    reach = min(reaches.values(), default=math.inf)
-    reach = min([reach] + [g.pace for g in members if g.straggler])  # a straggler's pace is fixed
+def _bound_by_ceiling(a: JobGpus, caps, at_hi):
+    """Nobody planned faster than the pace the GPUs ``at_hi`` (positions, held at their ceiling)
+    reach there: ``c_g <= e_g + s_g (reach - f_g)`` with ``reach = min(f_h + (hi_h - e_h) / s_h)``
+    (W); ``caps`` [n] in place, returned."""
+    s, op, f = a.j.s, a.j.op, a.pace
+    at_hi = at_hi[s[at_hi] > 0]
+    r = f[at_hi] + (a.j.hi[at_hi] - op[at_hi]) / s[at_hi]
+    reach = min(r.tolist(), default=math.inf)
+    reach = min([reach] + f[a.straggler].tolist())  # a straggler's pace is fixed
     if not math.isfinite(reach):
         return caps
     # held: the GPUs that set the reach (and the stragglers); a GPU at its ceiling that would be
     # faster there is bounded like the others (it would wait at the barrier)
-    held = {k for k, r in reaches.items() if r <= reach + 1e-9} | {g.key for g in members if g.straggler}
-    for g in members:
-        if g.key not in held:
-            caps[g.key] = min(caps[g.key], max(g.min_cap_w, op[g.key] + s[g.key] * (reach - g.pace)))
+    free = ~a.straggler
+    free[at_hi[r <= reach + 1e-9]] = False
+    caps[free] = _py_min(caps[free], _py_max(a.min_cap_w[free], op[free] + s[free] * (reach - f[free])))
     return caps
 
 
-def _split(members, total_w: float, j: _Job) -> dict:
-    """One damped Newton step of ``members`` toward equal pace with ``sum(caps) <= total_w`` (W).
+def _split(a: JobGpus, total_w: float):
+    """One damped Newton step of the job's GPUs toward equal pace with ``sum(caps) <= total_w`` (W):
+    caps [n] (W) or None (the step gave some GPU no cap).
 
     GPUs whose step leaves their range are clipped and the pace target recomputed for the rest
     (a few passes). A GPU held at its ceiling sets the pace: nobody is planned faster than it gets
     there (watts to a GPU that would wait at the barrier buy nothing), so the sum can stay below
     ``total_w``; the rest is left to the other jobs."""
-    s, op, hi = j.s, j.op, j.hi
-    lo = {g.key: g.min_cap_w for g in members}
-    caps: dict = {g.key: hi[g.key] for g in members if g.straggler}  # held; they bound the pace below
+    s, op, hi, lo, f = a.j.s, a.j.op, a.j.hi, a.min_cap_w, a.pace
+    caps = np.where(a.straggler, hi, math.nan)  # held; they bound the pace below
     at_hi: list = []
-    free = [g for g in members if not g.straggler]
-    budget = total_w - sum(caps.values())
-    target = 1.0
-    for _ in range(_PASSES):
-        den = sum(s[g.key] for g in free)
-        if den <= 0 or not free:
+    free = np.flatnonzero(~a.straggler)
+    budget = total_w - sum(hi[a.straggler].tolist())
+    for i in range(_PASSES):
+        den = sum(s[free].tolist())
+        if den <= 0 and free.size and not i:  # no GPU got a cap: the job keeps the solve's (the per-row
+            return None  # loop raised KeyError here where a straggler bounds the pace: the interval failed)
+        if den <= 0 or not free.size:
             break
-        target = (budget - sum(op[g.key] - s[g.key] * g.pace for g in free)) / den
-        clipped = []
-        for g in free:
-            c = op[g.key] + s[g.key] * (target - g.pace)
-            if c > hi[g.key] or c < lo[g.key]:
-                caps[g.key] = min(max(c, lo[g.key]), hi[g.key])
-                clipped.append(g)
-                if c > hi[g.key]:
-                    at_hi.append(g)
-            else:
-                caps[g.key] = c
-        if not clipped:
+        target = (budget - sum((op[free] - s[free] * f[free]).tolist())) / den
+        c = op[free] + s[free] * (target - f[free])
+        over, under = c > hi[free], c < lo[free]
+        clip = over | under
+        caps[free] = np.where(clip, _py_min(_py_max(c, lo[free]), hi[free]), c)
+        at_hi.append(free[over])
+        if not clip.any():
             break
-        budget -= sum(caps[g.key] for g in clipped)
-        out = {g.key for g in clipped}  # by key: ``g not in clipped`` compared whole rows, O(n^2) per job
-        free = [g for g in free if g.key not in out]
-    return _bound_by_ceiling(members, caps, at_hi, j)  # the pace the ceiling-held GPUs reach bounds all
+        budget -= sum(caps[free[clip]].tolist())
+        free = free[~clip]
+    return _bound_by_ceiling(a, caps, np.concatenate(at_hi) if at_hi else np.zeros(0, np.int64))

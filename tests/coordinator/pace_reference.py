@@ -1,4 +1,6 @@
 """Reference (per-GPU, dict-based) implementation of coordinator.paceloop.correct as of c72c806
+(its clock-step alignment, :func:`align_caps`, and the row-based allocation.paced_split as of
+93c374b: loops over the targets and over rows, 7 Dec 2026)
 (and the headroom rule of 6 Dec 2026: none for a job whose pace-setter is at its maximum clock),
 kept for the equivalence test (tests/coordinator/test_pace_equivalence.py): the module
 under test must give the same caps to 1e-9. Not used by the coordinator."""
@@ -6,6 +8,8 @@ from __future__ import annotations
 
 import math
 import statistics
+
+import numpy as np
 
 GAIN = 0.7
 """Loop gain of the Newton step (see module docstring for the stability bound)."""
@@ -146,7 +150,7 @@ def _align(members, total_w: float):
     gains = _gains(members)
     n = pacealign.exponent_from_slope([gains[g.key] / GAIN for g in rest], [g.pace for g in rest],
                                       [g.draw_w for g in rest], static)
-    caps = pacealign.align_caps(
+    caps = align_caps(
         [g.pace for g in rest], [g.pace_step for g in rest], [g.draw_w for g in rest],
         [g.pace_at_w for g in rest], [g.min_cap_w for g in rest], [_hi(g) for g in rest],
         static, total_w - sum(held.values()), min([1.0] + [g.pace for g in strag]), n)
@@ -243,3 +247,123 @@ def _split(members, total_w: float) -> dict:
         out = {g.key for g in clipped}  # by key: ``g not in clipped`` compared whole rows, O(n^2) per job
         free = [g for g in free if g.key not in out]
     return _bound_by_ceiling(members, caps, at_hi)  # the pace the ceiling-held GPUs reach bounds all
+
+
+def align_caps(pace, pace_step, draw_w, cap_w, lo_w, hi_w, static_w, total_w: float,
+               max_pace: float = 1.0, exponent=3.0):
+    """coordinator.pacealign.align_caps as of 93c374b: one target step after the other."""
+    from coordinator.pacealign import KEEP_BAND, MAX_STEPS, settled_draw_w
+
+    f = np.asarray(pace, float)
+    if f.size == 0:
+        return None
+    step = np.asarray(pace_step, float)
+    draw = np.asarray(draw_w, float)
+    cap = np.asarray(cap_w, float)
+    lo = np.asarray(lo_w, float)
+    hi = np.maximum(np.asarray(hi_w, float), lo)
+    if not (np.all(f > 0) and np.all(step > 0) and np.all(draw > 0) and np.all(np.isfinite(cap))):
+        return None
+    n = np.broadcast_to(np.asarray(exponent, float), f.shape)
+    if not np.all(np.isfinite(n) & (n > 0)):
+        return None
+    draw = settled_draw_w(f, step, draw, cap, np.asarray(static_w, float), n)
+    ps = np.minimum(np.asarray(static_w, float), 0.9 * draw)
+    top = float(f.max())
+    grid = float(step[int(np.argmax(f))])
+    k_low = int(np.ceil((top - float(f.min())) / grid - 1e-9)) + MAX_STEPS
+    uncapped = f >= 0.99
+    for k in range(MAX_STEPS, -k_low - 1, -1):
+        if k == MAX_STEPS:  # the job's watts reach further than a few steps: not an alignment
+            x = top + k * grid  # (the caller scales its split to them; this aligns next interval)
+            need = ps + (draw - ps) * ((x + 0.5 * step) / f) ** n
+            if x <= min(max_pace, 1.0) + 1e-9 and np.all(need <= hi + 1e-9) and float(
+                    np.minimum(np.maximum(need, lo), hi).sum()) <= total_w + 1e-6:
+                return None
+            continue
+        x = top + k * grid
+        if x > max_pace + 1e-9 or x > 1.0 + 1e-9 or x <= 0:
+            continue
+        mid = ps + (draw - ps) * ((x + 0.5 * step) / f) ** n
+        caps = np.maximum(mid, lo)
+        at_or_above = f >= x - 1e-9
+        caps = np.where(at_or_above, np.minimum(caps, cap), caps)
+        # hysteresis: a GPU on step x keeps its cap up to five eighths of the step
+        # (:data:`KEEP_BAND`): it runs on x now, so it is never raised there; above the band it
+        # holds watts it does not use and goes to mid-step. A drift of the draw estimate inside
+        # the band moves nothing, so a GPU does not flip between steps.
+        on_x = np.abs(f - x) <= 1e-9
+        lower = ps + (draw - ps) * ((x + KEEP_BAND[0] * step) / f) ** n
+        upper = ps + (draw - ps) * ((x + KEEP_BAND[1] * step) / f) ** n
+        caps = np.where(on_x & (cap >= lower) & (cap <= upper), np.maximum(cap, lo), caps)
+        caps = np.where(on_x & (cap < lower), np.maximum(mid, lo), caps)
+        caps = np.where(uncapped & (np.abs(f - x) <= 1e-9), cap, caps)
+        reach = ps + (draw - ps) * ((x + 0.25 * step) / f) ** n  # a quarter step into x's step
+        if np.any(~at_or_above & (reach > hi + 1e-9)):
+            continue  # some GPU cannot get there within its range
+        caps = np.minimum(caps, hi)
+        if float(caps.sum()) <= total_w + 1e-6:
+            # every GPU at its max clock: nothing to align (the caller's split keeps their headroom
+            # for a rising demand)
+            return None if x >= 1.0 - 1e-9 and np.all(uncapped) else caps
+    return None
+
+
+def paced_split(inputs, desired: dict, at=None) -> set:
+    """coordinator.allocation.paced_split as of 93c374b (rows, a headroom closure, :func:`correct`)."""
+    from coordinator.allocation import LIMIT_SLACK_W, _domain_sums, _pace_candidates, columns_of, domain_levels, \
+        values_at
+
+    limited, levels = domain_levels(inputs)
+    c = columns_of(inputs)
+    n = len(limited)
+    lims = np.array([lim for _, lim in limited], float)
+    d = values_at(desired, c.keys) if at is None else at
+    load = _domain_sums(levels, d, n)
+    head = lims - load - LIMIT_SLACK_W
+    cand = _pace_candidates(c, inputs.jobs).tolist()
+    gpus = c.rows_at(cand, with_curves=False)
+    pos_of = {g.key: p for g, p in zip(gpus, cand)}
+    granted_w: dict = {}
+
+    def extra_w(members, caps=None) -> float:
+        if not n:
+            return 0.0
+        p = np.array([pos_of[g.key] for g in members], np.int64)
+        if caps is not None:
+            back = granted_w.pop(members[0].job, None)
+            if back is not None:
+                head[back[0]] += back[1]
+            if caps:
+                diff = np.array([caps.get(g.key, desired[g.key]) - desired[g.key] for g in members], float)
+                head[:] -= _domain_sums(levels[p], diff, n)
+            return 0.0
+        mine = np.unique(levels[p])
+        mine = mine[mine >= 0]
+        if not mine.size:
+            return 0.0
+        grant = max(0.0, float(head[mine].min()))
+        head[mine] -= grant
+        granted_w[members[0].job] = (mine, grant)
+        return grant
+
+    aligned: list = []
+    moved = correct(gpus, desired, inputs.jobs, extra_w, aligned)
+    if not moved:
+        return set()
+    job_of = {g.key: g.job for g in gpus}
+    by_job: dict = {}
+    for k, cap in moved.items():
+        by_job.setdefault(job_of[k], {})[k] = cap
+    for caps in by_job.values():
+        p = np.array([pos_of[k] for k in caps], np.int64)
+        diff = np.array([cap - desired[k] for k, cap in caps.items()], float)
+        delta = _domain_sums(levels[p], diff, n) if n else np.zeros(0)
+        if bool(np.all(load + delta <= lims + 1e-6)):
+            desired.update(caps)
+            if at is not None:
+                at[p] = list(caps.values())
+            load += delta
+        else:
+            aligned = [j for j in aligned if j != job_of[next(iter(caps))]]
+    return set(aligned)

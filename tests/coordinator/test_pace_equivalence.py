@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from capctl.allocator.curves import DEFAULT_CURVES
@@ -107,29 +108,123 @@ def test_job_gains_equal_the_per_gpu_ones():
         gpus, _, _, _ = _cluster(seed)
         for job in {g.job for g in gpus}:
             members = [g for g in gpus if g.job == job]
-            new, ref = paceloop._prepare(members).s, pace_reference._gains(members)
+            j = paceloop._prepare(members)
+            new, ref = dict(zip([g.key for g in members], j.s.tolist())), pace_reference._gains(members)
             assert new.keys() == ref.keys()
             assert all(new[k] == pytest.approx(ref[k], rel=1e-12, abs=1e-9) for k in ref)
-            j = paceloop._prepare(members)
-            assert all(j.op[g.key] == pace_reference._op_w(g) for g in members)
-            assert all(j.hi[g.key] == pace_reference._hi(g) for g in members)
+            assert j.op.tolist() == [pace_reference._op_w(g) for g in members]
+            assert j.hi.tolist() == [pace_reference._hi(g) for g in members]
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_jobs_prepared_from_columns_equal_the_rows_and_the_reference(seed):
-    """allocation._pace_jobs (the columns' slices, GPUs of different jobs interleaved) gives the
-    rows' :class:`paceloop._Job` exactly, and ``correct`` with it the reference's caps."""
-    from coordinator.allocation import _columns_from_rows, _pace_candidates, _pace_jobs
+def _inputs(seed: int):
+    """_cluster's GPUs (shuffled: jobs interleaved) as solver inputs under two racks and a cluster
+    with limits (tight enough that some corrections are refused), and the solve's caps."""
+    from coordinator.allocation import SolveInputs
 
-    gpus, desired, jobs, head_w = _cluster(seed)
-    random.Random(seed).shuffle(gpus)
-    c = _columns_from_rows(gpus)
-    cand = _pace_candidates(c, jobs).tolist()
-    rows = c.rows_at(cand, with_curves=False)
-    prepared = _pace_jobs(c, cand)
-    assert set(prepared) == {g.job for g in rows}
-    for job, j in prepared.items():
-        assert j == paceloop._prepare([g for g in rows if g.job == job])
-    new = paceloop.correct(rows, dict(desired), jobs, None, [], prepared)
-    ref = pace_reference.correct(rows, dict(desired), jobs, None, [])
-    assert set(new) == set(ref) and all(abs(new[k] - ref[k]) <= 1e-9 for k in ref)
+    gpus, desired, jobs, _ = _cluster(seed)
+    rng = random.Random(seed)
+    rng.shuffle(gpus)
+    racks = {g.key: f"r{hash(g.key[0]) % 2}" for g in gpus}
+    members = {"c": frozenset(racks)} | {r: frozenset(k for k in racks if racks[k] == r) for r in ("r0", "r1")}
+    total = sum(desired.values())
+    domains = [{"name": "c", "parent": None, "limit_w": total * rng.uniform(0.98, 1.1), "kind": "cluster"}] + [
+        {"name": r, "parent": "c", "limit_w": rng.choice([None, 0.5 * total * rng.uniform(0.95, 1.1)]),
+         "kind": "rack"} for r in ("r0", "r1")]
+    inputs = SolveInputs(gpus=gpus, jobs=jobs, domains=domains, objective="proportional", slew_w=None,
+                         node_domain={}, domain_members=members)
+    return inputs, desired
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_paced_split_on_columns_equals_the_row_reference(seed):
+    """allocation.paced_split (per job on column slices, paceloop.job_caps) gives exactly the row
+    reference's caps, ``at`` and aligned jobs (the same floats, not only within 1e-9)."""
+    from coordinator import allocation
+
+    inputs, desired = _inputs(seed)
+    keys = [g.key for g in inputs.gpus]
+    for with_at in (True, False):
+        mine, ref = dict(desired), dict(desired)
+        at_mine = np.array([desired[k] for k in keys]) if with_at else None
+        at_ref = np.array([desired[k] for k in keys]) if with_at else None
+        got = allocation.paced_split(inputs, mine, at_mine)
+        want = pace_reference.paced_split(inputs, ref, at_ref)
+        assert got == want
+        assert mine == ref
+        if with_at:
+            assert at_mine.tobytes() == at_ref.tobytes()
+
+
+def test_the_column_cases_move_refuse_and_align(monkeypatch):
+    """The cases above are not vacuous: caps move, some jobs' corrections are refused by a limit
+    (the loop moved them, the split kept the solve's caps), some jobs are aligned."""
+    proposed: list = []
+
+    def recording(*args, **kwargs):
+        proposed.append(correct(*args, **kwargs))
+        return proposed[-1]
+
+    correct = pace_reference.correct
+    monkeypatch.setattr(pace_reference, "correct", recording)
+    moved = aligned = refused = 0
+    for seed in range(40):
+        inputs, desired = _inputs(seed)
+        out = dict(desired)
+        proposed.clear()
+        aligned += len(pace_reference.paced_split(inputs, out))
+        moved += sum(out[k] != desired[k] for k in desired)
+        refused += sum(out[k] != c for k, c in (proposed[0] if proposed else {}).items())
+    assert moved > 300 and aligned >= 3 and refused > 50, (moved, aligned, refused)
+
+
+def _align_case(rng):
+    """Random align_caps inputs: jobs on or off the grid, some GPUs at their max clock, two clock
+    grids, stale draws, cube-law or measured exponents (arrays or the scalar default), bounds."""
+    n = int(rng.choice([1, 2, 3, 8, 16, 64, 300]))
+    base = int(rng.integers(40, 131))
+    f = (base + rng.integers(0, 3, n)) * STEP if rng.random() < 0.8 else rng.uniform(0.3, 1.0, n)
+    if rng.random() < 0.2:
+        f[rng.random(n) < 0.3] = 1.0
+    step = np.full(n, STEP) if rng.random() < 0.8 else rng.choice([STEP, 15 / 1410], n)
+    cap = rng.uniform(200, 700, n)
+    draw = cap * rng.uniform(0.7, 1.05, n)
+    exponent = 3.0 if rng.random() < 0.3 else rng.uniform(0.3, 3.0, n)
+    return (f, step, draw, cap, np.full(n, 200.0), rng.choice([700.0, 600.0, 450.0], n), np.full(n, 70.0),
+            float(cap.sum() * rng.uniform(0.9, 1.1)), 1.0 if rng.random() < 0.8 else float(rng.uniform(0.3, 1.0)),
+            exponent)
+
+
+def test_align_caps_on_all_targets_equals_the_per_target_loop():
+    """pacealign.align_caps (every target step in one array operation) gives exactly the caps of
+    the loop over targets it replaced (bit for bit), or None where that did."""
+    from coordinator import pacealign
+
+    rng = np.random.default_rng(7)
+    found = nothing = 0
+    for _ in range(1500):
+        case = _align_case(rng)
+        with np.errstate(all="ignore"):
+            ref = pace_reference.align_caps(*case)
+        new = pacealign.align_caps(*case)
+        if ref is None:
+            assert new is None
+            nothing += 1
+        else:
+            assert new is not None and new.tobytes() == np.asarray(ref).tobytes()
+            found += 1
+    assert found > 500 and nothing > 50, (found, nothing)
+
+
+def test_a_job_whose_free_gpus_have_no_step_gain_keeps_the_solves_caps():
+    # no GPU but the straggler has a positive step gain (a zero operating point) and the
+    # straggler's finite pace bounds the job: the row loop raised KeyError here, failing the whole
+    # interval (no plan to any node); now the job keeps the solve's caps
+    from coordinator import paceloop
+
+    n = 3
+    arr = lambda *v: np.array(v, dtype=float)  # noqa: E731
+    j = paceloop._Job(s=arr(0.0, 0.0, 900.0), op=arr(0.0, 0.0, 500.0), hi=arr(700.0, 700.0, 700.0))
+    a = paceloop.JobGpus(pace=arr(0.9, 0.8, 0.5), pace_at_w=arr(400.0, 400.0, 700.0), observed_w=arr(400.0, 400.0, 700.0),
+                         draw_w=arr(390.0, 395.0, 650.0), pace_step=np.full(n, np.nan), min_cap_w=np.full(n, 200.0),
+                         max_cap_w=np.full(n, 700.0), straggler=np.array([False, False, True]), j=j)
+    assert paceloop._split(a, 1500.0) is None
