@@ -399,7 +399,10 @@ class CapManager:
         if rt is not None:
             rt.state = state
             rt.message = str(err)
-            if state in HELD_STATES:
+            if state in HELD_STATES or state == SET_FAILED:
+                # a refused write too: the coordinator counts the GPU at its read-back after the
+                # failed ack; a raise retried here once writes work again went above that count
+                # (decreases still go through: the bound is the limit read then)
                 rt.raise_hold, rt.raise_ceiling_w = True, None
         self._log_error(index, f"GPU {index}: {_attempt(action, requested_w)} failed: {err}")
         self.failed_writes[action] = self.failed_writes.get(action, 0) + 1

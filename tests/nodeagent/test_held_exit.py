@@ -121,3 +121,29 @@ def test_an_idle_gpu_back_from_a_held_state_is_not_restored_above_its_limit(make
     assert agent.caps.saved_limits_w() == {2: 700.0} and agent.caps.held_restores([2]) == {2: (609.8, 700.0)}
     assert agent.on_plan(plan(3, {2: 650.0})).ok  # the coordinator's allowance for the idle GPU
     assert journal_w(node, 2, since_ns) == [650.0]
+
+
+def test_a_refused_raise_is_not_retried_above_the_limit_once_writes_work_again(make_node, open_backend, tmp_path):
+    """A raise refused by the driver (NO_PERMISSION: SET_FAILED) is acknowledged as failed and the
+    coordinator counts the GPU at its read-back; the agent kept the raise as its target and retried
+    it each interval, so once writes worked again it wrote a cap the coordinator no longer counted
+    (648.1 W over a counted 609.8 W until the next telemetry). Now a refused write bounds the GPU at
+    its limit until a plan names it again; a refused decrease is still retried."""
+    node = make_node(gpus=4)
+    agent = make_agent(tmp_path, open_backend(), start_cap_w=700.0)
+    job_start(agent, "300", 2, 3)
+    assert agent.on_plan(plan(1, {2: 609.8, 3: 609.8})).ok
+    node.inject(2, "set_no_permission")
+    node.inject(3, "set_no_permission")
+    ack = agent.on_plan(plan(2, {2: 648.1, 3: 500.0}))  # a raise and a decrease, both refused
+    assert ack is not None and not ack.ok
+    assert agent.caps.states()[2] == capstates.SET_FAILED
+    since_ns = time.monotonic_ns()
+    node.clear(2, "set_no_permission")
+    node.clear(3, "set_no_permission")
+    for _ in range(3):
+        agent.tick()
+    assert journal_w(node, 2, since_ns) == [] and node.read(2)["enforced_w"] == 609.8
+    assert journal_w(node, 3, since_ns) == [500.0]  # the decrease: retried and written
+    assert agent.on_plan(plan(3, {2: 648.1})).ok  # the coordinator plans the raise again: it counts it
+    assert journal_w(node, 2, since_ns) == [648.1]
