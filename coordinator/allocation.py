@@ -67,7 +67,8 @@ class GpuInput:
     thermal_ceiling_w: float
     idle_cap_w: float
     idle_target_w: float = 0.0  # an idle GPU's pre-job limit to come back from headroom (W; 0: none)
-    pace: float = math.nan  # measured SM clock / max SM clock of its latest sample (coordinator.paceloop)
+    pace: float = math.nan  # measured SM clock / max SM clock of its latest sample (coordinator.paceloop;
+    # NaN: none; a fixed GPU has one only from a live reading: _pace_columns)
     pace_at_w: float = 0.0  # the enforced limit that sample was taken at (W)
     paced: bool = False  # a fresh busy sample whose clock the power cap set (SW_POWER_CAP)
     straggler: str = ""  # why its pace does not respond to power ("" = it does)
@@ -555,7 +556,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
     strag_pos = [i for i in strag_pos if c["max_sm_clock_mhz"][i] > 0]
     straggler = {i: straggler_reason(table.gpus[i], now_mono) for i in strag_pos}
     strag_pos += _oob_below_minimum(c, lo, oob_now & ~fixed & fresh, straggler)
-    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler, codes)
+    pace, pace_at, paced, draw, step = _pace_columns(c, fixed, fresh, straggler, codes, stale)
     # each GPU's measured slope of power over pace (coordinator.paceslope; its state is the models')
     tracker = getattr(models, "pace_slopes", None)
     slope = None
@@ -564,7 +565,7 @@ def _input_columns(c, table, policy, models, now_mono: float, ack_memory_s: floa
 
         slope = tracker.observe(table.keys, pace_at, pace, paced, step, pacealign.STATIC_FRACTION * hi)
     speed = np.ones(G)
-    for i in strag_pos:
+    for i in strag_pos + np.flatnonzero(fixed & np.isfinite(pace)).tolist():  # (held GPUs with a pace too)
         cv = curves.curve(i)
         cv = cv if cv is not None and not isinstance(cv, dict) else _default_curve()
         model = float(cv.rate(max(hi[i], lo[i])))  # at the cap it is held at
@@ -794,13 +795,21 @@ def state_codes(states) -> np.ndarray:
         return np.fromiter(map(_state_bits, states), np.int64, n)
 
 
-def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict, codes: np.ndarray | None = None) -> tuple:
+def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict, codes: np.ndarray | None = None,
+                  stale: np.ndarray | None = None) -> tuple:
     """``(pace, pace_at_w, paced, draw_w, pace_step)`` [G] of every GPU (see :class:`GpuInput` and
-    :func:`_pace`): measured from a fresh sample of a GPU not fixed with a known maximum clock (else
-    NaN, 0, False, 0, 0). ``codes``: :func:`reason_codes` of ``c["reasons"]`` (None: computed)."""
+    :func:`_pace`): measured from a fresh sample of a GPU with a known maximum clock (else NaN, 0,
+    False, 0, 0) that is not fixed, or is fixed with a live reading (``c["reading_live"]``, its node
+    not ``stale`` [G]; None: no GPU fixed has one) of a busy GPU: held at its accounted cap
+    (UNSUPPORTED_CONSTRAINTS, FOREIGN_WRITER, ...) it still runs at a measured pace, which bounds its
+    job-mates' (:func:`coordinator.paceloop.pace_bound`; never ``paced``: no cap of the
+    coordinator's moves it). Without a live reading (LOST, STALLED, a stale node) its pace is
+    unknown: NaN. ``codes``: :func:`reason_codes` of ``c["reasons"]`` (None: computed)."""
     G = len(fixed)
     mx = c["max_sm_clock_mhz"]
-    has = ~fixed & (mx > 0) & fresh
+    held = np.zeros(G, bool) if stale is None else (fixed & ~stale & c["have_reading"] & c["reading_live"]
+                                                    & (c["utilization_pct"] >= 20.0) & (c["sm_clock_mhz"] > 0))
+    has = (~fixed | held) & (mx > 0) & fresh
     with np.errstate(divide="ignore", invalid="ignore"):
         pace = np.where(has, np.clip(c["sm_clock_mhz"] / np.where(mx > 0, mx, 1.0), 0.0, 1.0), math.nan)
     pace_at = np.where(has, c["sample_enforced_w"], 0.0)
@@ -814,7 +823,7 @@ def _pace_columns(c, fixed: np.ndarray, fresh: np.ndarray, straggler: dict, code
     if straggler:
         strag[np.fromiter(straggler, np.int64, len(straggler))] = True
     # paced: the cap sets its clock (SW_POWER_CAP), or it runs at its maximum clock below its cap
-    paced = (has & ~strag & (c["utilization_pct"] >= 20.0) & ~slowdown & (power_cap | (pace >= 0.99))
+    paced = (has & ~fixed & ~strag & (c["utilization_pct"] >= 20.0) & ~slowdown & (power_cap | (pace >= 0.99))
              & (pace > 0) & (pace_at > 0))
     return pace, pace_at, paced, draw, step
 
@@ -1117,6 +1126,7 @@ def paced_split(inputs: SolveInputs, desired: dict, at: np.ndarray | None = None
             if n:
                 head[:] -= _domain_sums(levels[p], caps - d[p], n)
             order = np.r_[np.flatnonzero(a.straggler), np.flatnonzero(~a.straggler)]  # the caps' order
+            order = order[~c.fixed[p[order]]]  # a held GPU keeps its accounted cap: the loop sends it nothing
             moved.append((name, p[order], caps[order]))
     if not moved:
         return set()
@@ -1150,7 +1160,8 @@ def _pace_jobs(c: InputColumns, cand: list) -> list:
     candidate GPUs ``cand`` (positions, ascending; :func:`_pace_candidates`), in the order
     :func:`coordinator.paceloop.correct` takes them (by their first GPU; GPUs ascending), from
     column slices (:func:`paceloop.job_arrays` per job, no per-GPU attribute reads). A job is kept
-    on ``correct``'s condition (two GPUs or more, all paced or stragglers, none fixed, one paced).
+    on ``correct``'s condition (two GPUs or more, all paced or stragglers and not fixed, or fixed
+    with a measured pace, one paced).
     Why not rows (:class:`GpuInput`, :func:`coordinator.paceloop.correct`) per GPU: measured (7 Dec
     2026, bench/interval_cost.py's fleet, 8,000 GPUs, 2,300-2,600 of them candidates; with the
     clock-step alignment on arrays, :func:`coordinator.pacealign.align_caps`) the pace stage 2.6 ->
@@ -1170,34 +1181,39 @@ def _pace_jobs(c: InputColumns, cand: list) -> list:
                                                 c.min_cap_w, c.max_cap_w, c._slopes(), c.thermal_ceiling_w)]
     f, at_w, obs, draw, step, lo, mx, meas, thermal = cols
     paced, fixed = np.asarray(c.paced, bool)[pos], np.asarray(c.fixed, bool)[pos]
+    bound = paceloop.pace_bound(strag, fixed, f)  # stragglers and held GPUs with a pace: ``JobGpus.straggler``
     starts = np.flatnonzero(np.r_[True, np.diff(job[order]) != 0]).tolist() + [len(pos)]
     out = []
     for a, b in zip(starts, starts[1:]):
         g = slice(a, b)
-        if b - a < 2 or not np.all((paced[g] | strag[g]) & ~fixed[g]) or not paced[g].any():
+        if b - a < 2 or not np.all(((paced[g] | strag[g]) & ~fixed[g]) | (bound[g] & fixed[g])) or not paced[g].any():
             continue
         j = paceloop.job_arrays(f[g], at_w[g], draw[g], meas[g], lo[g], mx[g], thermal[g])
         out.append((int(pos[a]), c.job_names[int(job[order[a]])], pos[g],
-                    paceloop.JobGpus(f[g], at_w[g], obs[g], draw[g], step[g], lo[g], mx[g], strag[g], j)))
+                    paceloop.JobGpus(f[g], at_w[g], obs[g], draw[g], step[g], lo[g], mx[g], bound[g], j)))
     out.sort(key=operator.itemgetter(0))
     return [x[1:] for x in out]
 
 
 def _pace_candidates(c: InputColumns, jobs) -> np.ndarray:
     """Positions of the GPUs of the jobs :func:`coordinator.paceloop.correct` may move: a job of
-    ``jobs`` with two GPUs or more, all not fixed and paced or stragglers, one at least paced
-    (the condition ``correct`` skips every other job by; the rows handed to it are only these)."""
+    ``jobs`` with two GPUs or more, all not fixed and paced or stragglers, or fixed with a measured
+    pace (:func:`coordinator.paceloop.pace_bound`), one at least paced (the condition ``correct``
+    skips every other job by; the rows handed to it are only these)."""
     j = c.job
     if not len(j) or not len(c.job_names):
         return np.zeros(0, np.int64)
+    from coordinator import paceloop
+
     m = len(c.job_names)
     strag = np.zeros(len(j), bool)
     if c.straggler:
         strag[np.fromiter(c.straggler, np.int64, len(c.straggler))] = True
+    held = paceloop.pace_bound(np.zeros(len(j), bool), c.fixed, c.pace)  # (fixed: the stragglers are not)
     busy = j >= 0
     jb = j[busy]
     count = np.bincount(jb, minlength=m)
-    good = np.bincount(jb, weights=((c.paced | strag) & ~c.fixed)[busy], minlength=m)
+    good = np.bincount(jb, weights=(((c.paced | strag) & ~c.fixed) | held)[busy], minlength=m)
     paced = np.bincount(jb, weights=c.paced[busy], minlength=m)
     listed = np.fromiter((name in jobs for name in c.job_names), bool, m)
     ok = listed & (count >= 2) & (good == count) & (paced > 0)
@@ -1345,7 +1361,8 @@ def spread_spare(inputs: SolveInputs, desired: dict, at: np.ndarray | None = Non
     capctl 0.985 of uniform, 1.042 with the watts spread; docs/policy.md "Spare watts"). Raising the GPUs that are not at
     their ceiling costs no job anything (a GPU's rate never falls with its cap) and no domain goes
     over its limit. Left out: fixed GPUs, stragglers and their job-mates (their pace is measured
-    and does not respond to power: the watts would buy nothing), GPUs at their ceiling (the
+    and does not respond to power: the watts would buy nothing), the job-mates of fixed GPUs with
+    a measured pace (:func:`coordinator.paceloop.pace_bound`, the same), GPUs at their ceiling (the
     thermal ceiling is a safety bound). Each pass grants every eligible GPU its room
     (``ceiling - cap``, the ceiling also bounded by the policy's ``slew_w`` above the GPU's cap now;
     none under a domain already full) times the smallest ratio
@@ -1353,6 +1370,8 @@ def spread_spare(inputs: SolveInputs, desired: dict, at: np.ndarray | None = Non
     limit; the next passes hand out what a domain bounded by a fuller one left (up to
     :data:`SPARE_PASSES`, fewer when a pass grants less than :data:`IDLE_PASS_MIN_W`). Cost: a few
     array operations over the running GPUs per pass. ``at``: ``desired`` as an array (:attr:`SolveOutput.desired_at`)."""
+    from coordinator import paceloop
+
     limited, levels = domain_levels(inputs)
     n = len(limited)
     if not n or not levels.shape[1]:
@@ -1360,6 +1379,7 @@ def spread_spare(inputs: SolveInputs, desired: dict, at: np.ndarray | None = Non
     c = columns_of(inputs)
     keys = c.keys
     strag_jobs = {int(c.job[i]) for i in c.straggler} if c.straggler else set()
+    strag_jobs.update(c.job[paceloop.pace_bound(np.zeros(len(keys), bool), c.fixed, c.pace)].tolist())  # held
     ok = (c.job >= 0) & ~c.fixed
     if strag_jobs:
         ok &= ~np.isin(c.job, np.fromiter(strag_jobs, np.int64, len(strag_jobs)))

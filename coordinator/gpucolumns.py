@@ -33,6 +33,7 @@ write, so a clear state plus this hold means the other writer is evidently gone.
 
 COLUMNS: tuple[tuple[str, object], ...] = (
     ("have_reading", bool),
+    ("reading_live", bool),
     ("enforced_w", float),
     ("cap_w", float),
     ("min_cap_w", float),

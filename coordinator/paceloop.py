@@ -163,8 +163,10 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
     ``gpus``: :class:`coordinator.allocation.GpuInput` rows (``pace``, ``pace_at_w``,
     ``observed_w``, ``paced``, ``min_cap_w``, ``max_cap_w``, ``thermal_ceiling_w``, ``curve``,
     ``job``, ``fixed``, ``straggler``). A straggler is held at its ceiling and its measured pace
-    bounds its job-mates' (its pace does not respond to power). The loop owns the split of a job whose GPUs are all ``paced`` (a fresh
-    sample with the cap setting the clock) and not fixed: a Newton step when every sample is of the
+    bounds its job-mates' (its pace does not respond to power); so does a fixed GPU with a measured
+    pace (:func:`pace_bound`: held at its accounted cap, it gets no cap here). The loop owns the
+    split of a job whose GPUs are all ``paced`` (a fresh sample with the cap setting the clock) and
+    not fixed, or bound its pace: a Newton step when every sample is of the
     current operating point and the paces differ by more than :data:`PACE_DEADBAND`; else the
     current split scaled to the job's total (the curves alone never move it). Other jobs keep the
     solve's split. ``extra_w(members)``: watts a job whose every GPU's clock is set by its cap may
@@ -181,7 +183,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
             by_job.setdefault(g.job, []).append(g)
     out = {}
     for job, members in by_job.items():
-        if (len(members) < 2 or not all((g.paced or g.straggler) and not g.fixed for g in members)
+        held = [bool(g.fixed and math.isfinite(g.pace)) for g in members]
+        if (len(members) < 2 or not all(((g.paced or g.straggler) and not g.fixed) or h for g, h in zip(members, held))
                 or not any(g.paced for g in members)):
             continue
         a = job_rows(members, prepared[job] if prepared is not None and job in prepared else None)
@@ -190,9 +193,9 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
         if on_step and aligned is not None:
             aligned.append(job)
         got = {}
-        if caps is not None:  # stragglers first (the order the caps were summed in)
+        if caps is not None:  # stragglers first (the order the caps were summed in); none to a held GPU
             order = np.r_[np.flatnonzero(a.straggler), np.flatnonzero(~a.straggler)].tolist()
-            got = {members[i].key: c for i, c in zip(order, caps[order].tolist())}
+            got = {members[i].key: c for i, c in zip(order, caps[order].tolist()) if not held[i]}
             out.update(got)
         if extra_w:  # what the job did not use (headroom and the solve's) goes to the jobs after it
             extra_w(members, got)
@@ -201,7 +204,8 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None, prepared=None
 
 class JobGpus(NamedTuple):
     """One job's GPUs as arrays [n] (the :class:`coordinator.allocation.GpuInput` fields of the
-    same names: pace 0..1, W; ``straggler`` bool) and its :class:`_Job` (``j``)."""
+    same names: pace 0..1, W; ``straggler`` bool: :func:`pace_bound`, the stragglers and the fixed
+    GPUs with a measured pace) and its :class:`_Job` (``j``)."""
 
     pace: np.ndarray
     pace_at_w: np.ndarray
@@ -215,17 +219,34 @@ class JobGpus(NamedTuple):
 
 
 def job_rows(members, j: _Job | None = None) -> JobGpus:
-    """:class:`JobGpus` of one job's rows (``j`` None: :func:`_prepare` on them)."""
+    """:class:`JobGpus` of one job's rows (``j`` None: :func:`_prepare` on them); ``straggler``:
+    :func:`pace_bound` of them."""
     cols = [np.fromiter(map(operator.attrgetter(f), members), float, len(members)) for f in JobGpus._fields[:7]]
-    strag = np.fromiter((bool(g.straggler) for g in members), bool, len(members))
+    n = len(members)
+    strag = pace_bound(np.fromiter((bool(g.straggler) for g in members), bool, n),
+                       np.fromiter((bool(g.fixed) for g in members), bool, n), cols[0])
     return JobGpus(*cols, strag, _prepare(members) if j is None else j)
+
+
+def pace_bound(straggler, fixed, pace) -> np.ndarray:
+    """Which GPUs' measured pace bounds their job-mates' (bool [n]; arrays [n]: ``straggler`` bool,
+    ``fixed`` bool, ``pace`` 0..1, NaN: none): the stragglers, and the fixed GPUs with a measured
+    pace (the coordinator holds them at their accounted cap, UNSUPPORTED_CONSTRAINTS and the
+    like, and their reading is live: :func:`coordinator.allocation._pace_columns`). Both are
+    ``JobGpus.straggler``: held at their ceiling (a fixed GPU's is its accounted cap), the others
+    planned no faster than them, the watts that frees left to other jobs. Such a GPU's extra watts
+    buy nothing (a synchronous step runs at its slowest GPU): its job-mates held at 262 W and
+    1,320 MHz beside a GPU held at 200 W and 1,155 MHz, while the price of a watt was positive
+    (found by a try-out). A fixed GPU without a measured pace (LOST, STALLED, a stale node) bounds
+    nothing: its job is left to the solve."""
+    return np.asarray(straggler, bool) | (np.asarray(fixed, bool) & np.isfinite(np.asarray(pace, float)))
 
 
 def job_caps(a: JobGpus, solve_w: float, avail_w: float) -> tuple:
     """One job's pace-corrected caps: ``(caps [n] W or None, aligned)``.
 
-    ``a``: the job's GPUs (all paced or stragglers, none fixed, one at least paced: the jobs
-    :func:`correct` moves); ``solve_w``: the solve's watts for them (W, summed in GPU order);
+    ``a``: the job's GPUs (all paced or stragglers, none fixed unless its pace is measured, taken
+    as a straggler: :func:`pace_bound`; one at least paced: the jobs :func:`correct` moves); ``solve_w``: the solve's watts for them (W, summed in GPU order);
     ``avail_w``: the headroom granted to the job (W). ``caps`` None: the job keeps the solve's caps
     (no positive current draw to scale, or the caps would exceed the job's watts); ``aligned``:
     they came from :func:`_align` (true even where then refused). Per GPU the operations of the

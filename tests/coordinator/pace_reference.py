@@ -3,9 +3,13 @@
 93c374b: loops over the targets and over rows, 7 Dec 2026)
 (and the headroom rule of 6 Dec 2026: none for a job whose pace-setter is at its maximum clock),
 kept for the equivalence test (tests/coordinator/test_pace_equivalence.py): the module
-under test must give the same caps to 1e-9. Not used by the coordinator."""
+under test must give the same caps to 1e-9. Not used by the coordinator. Extended once since, in
+:func:`correct` only: a fixed GPU with a measured pace (held at its accounted cap, its reading
+live) is taken as a straggler there and gets no cap (jobs with one were skipped before; the
+try-out that found it: coordinator.paceloop.pace_bound)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -95,6 +99,13 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
             by_job.setdefault(g.job, []).append(g)
     out = {}
     for job, members in by_job.items():
+        # extended for one case (held-pace): a fixed GPU with a measured pace (finite ``pace``: a
+        # live reading; coordinator.paceloop.pace_bound) bounds its job-mates' as a straggler does.
+        # Taken as a straggler here (its ceiling is its accounted cap: min = max), and given no cap;
+        # a job with one was skipped before, every other job is as it was
+        held = {g.key for g in members if g.fixed and math.isfinite(g.pace)}
+        members = [dataclasses.replace(g, straggler=g.straggler or "held", fixed=False) if g.key in held else g
+                   for g in members]
         if (len(members) < 2 or not all((g.paced or g.straggler) and not g.fixed for g in members)
                 or not any(g.paced for g in members)):
             continue
@@ -118,6 +129,7 @@ def correct(gpus, desired: dict, jobs, extra_w=None, aligned=None) -> dict:
         if caps is None:  # equal pace, or a sample from before the last change: the split holds (scaled to T)
             caps = _hold(members, total, grow=current)
         if len(caps) == len(members) and sum(caps.values()) <= total + 1e-6:
+            caps = {k: c for k, c in caps.items() if k not in held}  # (held: no cap)
             out.update(caps)  # never more than the solve gave the job (clipping at minimums can)
         else:
             caps = {}

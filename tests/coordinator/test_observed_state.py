@@ -181,6 +181,56 @@ def test_straggler_is_held_flagged_and_its_job_mates_paced_to_it(tmp_path):
             assert st.enforced_w <= budget + 1e-6
 
 
+def test_a_gpu_held_for_bad_limit_constraints_paces_its_job_mate_down_to_it(tmp_path):
+    """A GPU held at its limit for limit constraints no cap can be planned in (UNSUPPORTED_CONSTRAINTS,
+    readings live) bounds its job-mate's pace as a straggler does: the mate comes down to its
+    measured pace, the held GPU is never written, the watts go to the other job, the budget holds
+    at every instant. Its job-mate stayed at 262 W, 1,320 MHz beside it at 200 W, 1,155 MHz for
+    minutes while a watt had a positive price (found by a try-out: the pace loop skipped any job
+    with a GPU the coordinator holds)."""
+    from capctl import capstates
+    from capctl.simgpu.journal import CAUSE_CHANGED, check_nodes, read_journal
+    from coordinator.client import AdminClient
+
+    budget_w = 0.6 * 700.0 * 4  # ~420 W a GPU of 650 W demand: a watt has a positive price
+    with _cluster(tmp_path, budget_w=budget_w) as cl:
+        sim = cl.sims["n1"]
+        for i in range(4):
+            sim.set_load(i, 650.0)
+        with AdminClient(cl.coordinator.admin_address) as c:
+            wait_for(lambda: len(c.status().nodes) == 1 and not c.status().nodes[0].stale, 20, "n1 reporting")
+            assert cl.agent("n1").client().job_start("K", ["0", "1"]).ok
+            assert cl.agent("n1").client().job_start("600", ["2", "3"]).ok
+            wait_for(lambda: all(sim.read(i)["limit_w"] < 480 for i in range(4)), 20, "every GPU capped")
+            time.sleep(2.0)
+            sim.inject(3, "bad_constraints", 100.0, max_w=100000.0)
+            wait_for(lambda: capstates.of(_gpus(c.status())[3]) == capstates.UNSUPPORTED_CONSTRAINTS, 20,
+                     "n1/3 held for its limit constraints")
+            held_w, since_ns = sim.read(3)["limit_w"], time.monotonic_ns()
+            mate_w, k_w = sim.read(2)["limit_w"], sim.read(0)["limit_w"] + sim.read(1)["limit_w"]
+            mate_mhz = sim.read(2)["sm_clock_mhz"]
+            sim.set_param(3, "power_factor", 2.0)  # its work draws more a clock step: slower at the same limit
+            held_mhz = sim.read(3)["sm_clock_mhz"]
+            assert held_mhz < mate_mhz - 200, (held_mhz, mate_mhz)  # the mate far faster, at its cap then
+
+            def paced_to_it():  # within the loop's deadband (two 15 MHz steps) and a step
+                return abs(sim.read(2)["sm_clock_mhz"] - sim.read(3)["sm_clock_mhz"]) <= 45 or None
+            wait_for(paced_to_it, 20, f"the job-mate n1/2 within 45 MHz of the held GPU's {held_mhz} MHz")
+            time.sleep(2.0)  # settled: it stays there
+            mate, held = sim.read(2), sim.read(3)
+            assert abs(mate["sm_clock_mhz"] - held["sm_clock_mhz"]) <= 45, (mate, held)  # ~2 % of 1,980 MHz
+            assert mate["limit_w"] < mate_w - 40.0, (mate_w, mate)
+            # the watts it freed went to job K (K's pace-setter was below its ceiling)
+            assert sim.read(0)["limit_w"] + sim.read(1)["limit_w"] > k_w + 30.0
+            # the held GPU: never written after the fault (the driver's journal), at its limit
+            assert held["limit_w"] == pytest.approx(held_w)
+            recs = read_journal(sim.path).records
+            writes = recs[(recs["gpu"] == 3) & (recs["cause"] == CAUSE_CHANGED) & (recs["t_ns"] >= since_ns)]
+            assert len(writes) == 0, writes
+            check = check_nodes({n: s.path for n, s in cl.sims.items()}, budget_w + 1e-6, None, since_ns, None)
+            assert check.ok, check.describe()
+
+
 def test_memory_utilization_reaches_the_coordinator_as_each_gpus_memory_bound_share(tmp_path):
     """Issue 12, item 8: the agent reads nvmlDeviceGetUtilizationRates through the real pynvml on
     the simulated driver; the coordinator estimates each busy GPU's memory-bound share from it

@@ -2,7 +2,8 @@
 computed once per job by ``_prepare``) gives the same caps, aligned jobs and headroom calls as the
 per-GPU reference (tests/coordinator/pace_reference.py, the loop before the change) to 1e-9, on
 random jobs covering every branch: Newton step, clock-step alignment, hold (current and stale
-samples), stragglers, measured / unmeasured slopes, thermal ceilings, GPUs at max clock below
+samples), stragglers, GPUs held at their accounted cap with or without a measured pace,
+measured / unmeasured slopes, thermal ceilings, GPUs at max clock below
 their cap, and the solve's headroom (``extra_w``)."""
 
 from __future__ import annotations
@@ -52,7 +53,23 @@ def _cluster(seed: int):
         n = rng.choice([2, 3, 8, 16, 64])
         gpus += [_gpu(rng, name, k // 8, k % 8, kind) for k in range(n)]
     desired = {g.key: g.observed_w * rng.uniform(0.9, 1.1) for g in gpus}
-    return gpus, desired, jobs, rng.choice([0.0, 50.0, 400.0])
+    head_w = rng.choice([0.0, 50.0, 400.0])
+    _hold_some(random.Random(seed + 7919), gpus, desired, jobs)  # (its own stream: the draws above as before)
+    return gpus, desired, jobs, head_w
+
+
+def _hold_some(rng: random.Random, gpus, desired, jobs) -> None:
+    """One GPU of about a quarter of the jobs held by the coordinator at its accounted cap (fixed,
+    min = max = its cap, the solve's cap that too), most with a measured pace (a live reading: it
+    bounds its job-mates' like a straggler), some without (NaN: LOST, STALLED; the job is skipped)."""
+    for name in jobs:
+        if rng.random() < 0.25:
+            g = rng.choice([g for g in gpus if g.job == name])
+            g.fixed, g.paced, g.straggler = True, False, ""
+            g.min_cap_w = g.max_cap_w = g.accounted_w
+            if rng.random() < 0.3:
+                g.pace = math.nan
+            desired[g.key] = g.accounted_w
 
 
 def _run(module, gpus, desired, jobs, head_w):
@@ -92,15 +109,19 @@ def test_array_pace_loop_equals_the_per_gpu_reference(seed):
 
 
 def test_the_random_jobs_reach_every_branch():
-    """The cases above are not vacuous: some jobs move, some are aligned, some hold."""
-    moved = aligned = jobs_total = 0
+    """The cases above are not vacuous: some jobs move, some are aligned, some hold, some with a
+    GPU held at its accounted cap move (it bounding their pace), none of those held GPUs does."""
+    moved = aligned = jobs_total = held_jobs = 0
     for seed in range(60):
         gpus, desired, jobs, head_w = _cluster(seed)
         out, al, _ = _run(pace_reference, gpus, desired, jobs, head_w)
         moved += len(out)
         aligned += len(al)
         jobs_total += len(jobs)
-    assert moved > 500 and aligned >= 3, (moved, aligned, jobs_total)
+        held = {g.job for g in gpus if g.fixed and math.isfinite(g.pace)}
+        held_jobs += len({g.job for g in gpus if g.key in out and g.job in held})
+        assert not any(g.fixed for g in gpus if g.key in out)
+    assert moved > 500 and aligned >= 3 and held_jobs > 30, (moved, aligned, jobs_total, held_jobs)
 
 
 def test_job_gains_equal_the_per_gpu_ones():
@@ -111,7 +132,7 @@ def test_job_gains_equal_the_per_gpu_ones():
             j = paceloop._prepare(members)
             new, ref = dict(zip([g.key for g in members], j.s.tolist())), pace_reference._gains(members)
             assert new.keys() == ref.keys()
-            assert all(new[k] == pytest.approx(ref[k], rel=1e-12, abs=1e-9) for k in ref)
+            assert all(new[k] == pytest.approx(ref[k], rel=1e-12, abs=1e-9, nan_ok=True) for k in ref)
             assert j.op.tolist() == [pace_reference._op_w(g) for g in members]
             assert j.hi.tolist() == [pace_reference._hi(g) for g in members]
 
