@@ -20,17 +20,26 @@ from tests.support.processes import sim_node, start_agent, write_policy
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def agent(tmp_path):
-    node = sim_node(tmp_path / "sim", 8, seed=5)
-    node.set_param(5, "pre_job_limit_w", 610.0)  # a site limit below the default
+def lone_agent(tmp_path, gpus: int, prepare=None):
+    """Yield ``(SimNode, AgentProc)``: a real agent on a simulated node of ``gpus`` GPUs (pre-job
+    limit 700 W unless ``prepare(node)`` sets one), start cap 320 W, no coordinator; stopped after."""
+    node = sim_node(tmp_path / "sim", gpus, seed=5)
+    if prepare is not None:
+        prepare(node)
     policy = write_policy(tmp_path / "p.yaml", nodes=["n1"], budget_w=4000, start_cap_w=320.0)
     a = start_agent(tmp_path, "n1", f"unix:{tmp_path}/no-coordinator.sock", sim_env=node.env(), policy=policy,
                     interval_s=0.3)
-    a.wait_ready(20)
-    yield node, a
-    a.stop()
-    node.close()
+    try:
+        a.wait_ready(20)
+        yield node, a
+    finally:
+        a.stop()
+        node.close()
+
+
+@pytest.fixture
+def agent(tmp_path):
+    yield from lone_agent(tmp_path, 8, lambda node: node.set_param(5, "pre_job_limit_w", 610.0))  # a site limit below the default
 
 
 def test_job_start_end_idempotent_and_restores_site_limits(agent):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.agent.test_agent_local import lone_agent
 from tests.slurm.test_hooks_process import REPO, run_hook
-from tests.support.processes import sim_node, start_agent, write_policy
 
 pytestmark = pytest.mark.integration
 # (PYTHONPATH=REPO: the hook runs this checkout's slurm.hooks, not the one the interpreter has installed)
@@ -20,14 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def agent(tmp_path):
     """(SimNode, AgentProc): 4 GPUs, pre-job limit 700 W, start cap 320 W, no coordinator."""
-    node = sim_node(tmp_path / "sim", 4, seed=5)
-    policy = write_policy(tmp_path / "p.yaml", nodes=["n1"], budget_w=4000, start_cap_w=320.0)
-    a = start_agent(tmp_path, "n1", f"unix:{tmp_path}/no-coordinator.sock", sim_env=node.env(), policy=policy,
-                    interval_s=0.3)
-    a.wait_ready(20)
-    yield node, a
-    a.stop()
-    node.close()
+    yield from lone_agent(tmp_path, 4)
 
 
 def test_the_prolog_logs_a_stalled_gpus_limits_as_unknown_not_0_w(agent, tmp_path):
