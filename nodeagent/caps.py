@@ -152,6 +152,7 @@ class _Runtime:
     held_w: float | None = None  # value written by a restore held below the saved limit
     raise_hold: bool = False  # was in a HELD_STATES state: no raise until the coordinator's next plan
     raise_ceiling_w: float | None = None  # its limit when first read again after that (W)
+    foreign_w: float | None = None  # the requested limit at its last drift (W): another writer's
 
 
 HELD_STATES = frozenset({UNSUPPORTED_CONSTRAINTS, STALLED, LOST, ERROR})
@@ -516,6 +517,8 @@ class CapManager:
         rec.written_w = res.written_w
         rt.desired_w = res.written_w
         rt.state = self._observed_state(index, res.cap_w, res.enforced_w)
+        if rt.state == FOREIGN_WRITER:  # (a re-write: the reason stays with the state)
+            rt.message = self._foreign_text(index, self.clock())
         self.errors.cleared(index, "written")
         return CapResult(index, True, action, cap_w, res.cap_w, res.enforced_w, rt.state)
 
@@ -609,7 +612,11 @@ class CapManager:
                     # held below the pre-job limit by the coordinator's allowance: the restore stays
                     # pending and completes once the allowance reaches the saved value
                     rt.held_w = res.requested_w
-                    rt.state, rt.message = OK, None
+                    # a foreign writer's alert stays until its window passes (the JobEnd of a GPU
+                    # another process kept at 700 W reported it OK at capctl's figure; a try-out)
+                    foreign = self._is_foreign(index, self.clock())
+                    rt.state = FOREIGN_WRITER if foreign else OK
+                    rt.message = self._foreign_text(index, self.clock()) if foreign else None
                     LOG.info("GPU %d: pre-job limit %.3f W held at %.3f W (coordinator allowance)",
                              index, saved_w, res.requested_w)
                     continue
@@ -762,7 +769,7 @@ class CapManager:
         rt.message = (
             f"enforced limit {enforced_now_w:.3f} W below the requested "
             f"{cap_now_w:.3f} W (out-of-band limit)" if rt.state == OOB_LIMITED else
-            rt.message if rt.state == FOREIGN_WRITER else None
+            self._foreign_text(index, now_s) if rt.state == FOREIGN_WRITER else None
         )
         return False
 
@@ -818,8 +825,9 @@ class CapManager:
             # held_w is the restore's target; the device keeps whole milliwatts of it, rounded down
             # (487.4999 W reads 487.499 W: not a drift, a test on the Slurm cluster)
             if abs(cap_now_w - rt.held_w) <= HELD_TOLERANCE_W:
-                if rt.state == FOREIGN_WRITER and not self._is_foreign(i, now_s):
-                    rt.state, rt.message = OK, None
+                if rt.state == FOREIGN_WRITER:  # clears with its window; else its reason, now
+                    foreign = self._is_foreign(i, now_s)
+                    rt.state, rt.message = (FOREIGN_WRITER, self._foreign_text(i, now_s)) if foreign else (OK, None)
                 continue
             if self._drifted(i, now_s, cap_now_w, rt.held_w):
                 held_w, foreign = rt.held_w, (rt.state, rt.message)
@@ -834,10 +842,26 @@ class CapManager:
         recent = [t for t in self._rt[index].drift_s if now_s - t < self.foreign_window_s]
         return len(recent) >= 2
 
+    def _foreign_text(self, index: int, now_s: float) -> str:
+        """Why GPU ``index`` is ``FOREIGN_WRITER`` at ``now_s`` (s, the manager's clock) when no foreign
+        write shows right now (capctl re-wrote it, or the writer stopped): the last foreign value,
+        how long ago, when the state clears (the second newest drift leaving ``foreign_window_s``:
+        :meth:`_is_foreign`). The alert had no text then: after each re-write and for the ~120 s
+        the state lingers once the writer stopped (a try-out)."""
+        rt = self._rt[index]
+        drifts = list(rt.drift_s)
+        age_s = now_s - drifts[-1] if drifts else 0.0
+        clear_s = max(0.0, drifts[-2] + self.foreign_window_s - now_s) if len(drifts) >= 2 else 0.0
+        seen = f" to {rt.foreign_w:.3f} W" if rt.foreign_w is not None else ""
+        return (f"another process set the power limit{seen} {age_s:.0f} s ago (no foreign write seen since); capctl "
+                f"re-writes it at most every {self.rewrite_interval_s:g} s; the state clears after {clear_s:.0f} s "
+                "more without one. Find it (e.g. a DCGM/nvidia-smi cron job or another power manager) and stop it")
+
     def _drifted(self, index: int, now_s: float, cap_now_w: float, written_w: float) -> bool:
         """Record a drift of GPU ``index``'s requested limit; return True if it may be re-written."""
         rt = self._rt[index]
         rt.drift_s.append(now_s)
+        rt.foreign_w = cap_now_w
         if not self._is_foreign(index, now_s):
             LOG.warning(
                 "GPU %d: requested limit is %.3f W, capctl wrote %.3f W (driver reload or a "

@@ -226,24 +226,74 @@ class JobBinding(AgentCore):
         return self._clamp(index, cap)
 
     def _end_message(self, job_id: str, known: bool, ok: bool, results: dict, held: dict,
-                     unsupported: dict) -> str:
+                     unsupported: dict, others: dict[int, str]) -> str:
         """The JobEnd reply's text: the GPUs restored, held below the pre-job limit by the allowance
         (``held``: index -> (held W, pre-job W)), held for unusable constraints (``unsupported``:
-        index -> result) and failed (retried), from ``results`` (index -> cap result)."""
-        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False) and i not in held)
+        index -> result) and failed (retried), from ``results`` (index -> cap result); ``others``
+        (index -> text, :meth:`_end_gpus`) told as they are."""
+        restored = sorted(i for i, r in results.items() if getattr(r, "ok", False) and i not in held and i not in others)
         failed = sorted(i for i, r in results.items() if not getattr(r, "ok", False) and i not in unsupported)
-        msg = (f"job {job_id} ended on {self.node}" + (f"; restored GPUs {restored}" if restored or not (held or unsupported) else "")
+        msg = (f"job {job_id} ended on {self.node}"
+               + (f"; restored GPUs {restored}" if restored or not (held or unsupported or others) else "")
                if known else f"job {job_id} was not bound on {self.node}; nothing to restore")
         if held:  # the documented, safe bound: the rest of each pre-job limit comes with the allowance
             msg += "; held below the pre-job limit by the coordinator's allowance (restored when it allows): " + \
                 ", ".join(f"GPU {i} at {h:g} W of {s:g} W" for i, (h, s) in held.items())
         if unsupported:
             msg += "; " + _held_unsupported(unsupported, self.caps.saved_limits_w())
+        msg += "".join("; " + text for _, text in sorted(others.items()))
         if known and failed:
             msg += f"; GPUs {failed} could not be restored and will be retried"
         elif not ok:
             msg += "; some GPUs could not be restored and will be retried"
         return msg
+
+    def _end_states(self, indices) -> dict[int, tuple[str, str]]:
+        """GPU index -> (cap state, its reason) of ``indices`` before a JobEnd's restore (which
+        writes the GPU: a foreign writer's value is gone from the read-back then)."""
+        states = self.caps.states()
+        return {i: (states.get(i, capstates.OK), self.caps.message(i) or self.gpu_error.get(i, ""))
+                for i in sorted(indices)}
+
+    def _end_gpus(self, job_gpus, results: dict, before: dict) -> tuple[list, dict[int, str]]:
+        """The JobEnd reply's ``GpuCapResult`` for every GPU of the job (``job_gpus``; ``results``:
+        index -> restore result; ``before``: :meth:`_end_states`), and the text of those not told by
+        :meth:`_end_message` (index -> text): a GPU another process sets the limit of
+        (``FOREIGN_WRITER`` before the restore: the limit read then, not capctl's write; the epilog
+        logged "GPU 1 at 537.478 W of 700 W" while the driver had 700 W: a try-out) and a GPU with no
+        restore (nothing of capctl's on it) in a held state (a stalled GPU was left out: a try-out).
+        Limits in W; an unread one is 0 (the hook logs null). Call after the release (unbound)."""
+        from capctl.v1 import capctl_pb2
+        from nodeagent.caps import HELD_STATES
+
+        samples = {s.index: s for s in self.last_samples}  # read by the JobEnd's _meter, before the restore
+        states = self.caps.states()
+        gpus, others = [], {}
+        # (a GPU another job still holds is not this end's: its cap stays, it is not listed)
+        for i in sorted((set(job_gpus) - set(self.bound_indices())) | set(results)):
+            state, why = before.get(i, (capstates.OK, ""))
+            s = samples.get(i)
+            read_w = (messages.finite(getattr(s, "cap_w", 0.0)), messages.finite(getattr(s, "enforced_w", 0.0)))
+            if state == capstates.FOREIGN_WRITER and getattr(results.get(i), "ok", True):
+                why = why or "another process sets its power limit"
+                at = f" at {read_w[0]:g} W (read before the restore)" if read_w[0] > 0 else ""
+                done = results.get(i)
+                wrote = (f"; capctl wrote {messages.finite(done.cap_w):g} W, which it may not keep"
+                         if done is not None and getattr(done, "ok", False) else "")
+                others[i] = f"GPU {i} held by another writer{at}{wrote}: {why}"
+                gpus.append(capctl_pb2.GpuCapResult(index=i, cap_w=read_w[0], enforced_w=read_w[1], ok=False,
+                                                    error=f"GPU {i}: {why.removeprefix(f'GPU {i}: ')}"))
+            elif i in results:
+                gpus.append(messages.cap_result(i, results[i]))
+            elif states.get(i) in HELD_STATES:
+                why = self.caps.message(i) or why or f"GPU {i}: cap state {states[i]}"
+                others[i] = (f"GPU {i} in state {states[i]}, never written for this job (nothing to restore): "
+                             f"{why.removeprefix(f'GPU {i}: ')}")
+                gpus.append(capctl_pb2.GpuCapResult(index=i, cap_w=read_w[0], enforced_w=read_w[1], ok=False,
+                                                    error=why))
+            else:
+                gpus.extend(messages.cap_results([i], None, self.last_samples))
+        return gpus, others
 
     def end_left_jobs(self) -> list[str]:
         """End the jobs whose epilog could not reach this agent and left their end in its drop box
@@ -294,6 +344,7 @@ class JobBinding(AgentCore):
             ok_end = ended_at_s is not None and 0 < ended_at_s < now_s and ended_at_s >= start_s
             energy = self.energy.finish(job_id, ended_at_s if ok_end else now_s)
             ceiling = {i: self.allowed_w[i] for i in job_gpus if i in self.allowed_w}
+            before = self._end_states(job_gpus)
             try:
                 res = self.caps.release(job_id, ceiling_w=ceiling)
             except CapctlError as err:
@@ -312,9 +363,9 @@ class JobBinding(AgentCore):
             # a GPU held for bad device data is not a failed restore: nothing is written to it
             ok = not any(messages.result_error(r) for i, r in results.items() if i not in unsupported)
             self.save_state()
-            gpus = [messages.cap_result(i, r) for i, r in sorted(results.items())]
-            held = self.caps.held_restores([i for i, r in results.items() if getattr(r, "ok", False)])
-            msg = self._end_message(job_id, known, ok, results, held, unsupported) + self._not_saved()
+            gpus, others = self._end_gpus(job_gpus, results, before)
+            held = self.caps.held_restores([i for i, r in results.items() if getattr(r, "ok", False) and i not in others])
+            msg = self._end_message(job_id, known, ok, results, held, unsupported, others) + self._not_saved()
         log.info("JobEnd %s: %s", job_id, msg)
         if self.link is not None:
             self.link.send(messages.job_ended(job_id, self.node, energy))

@@ -339,7 +339,9 @@ def _finish_epilog(run: Run, reply) -> None:
         run.finish("restore-failed", f"some pre-job limits not restored (agent retries): {reply.message}",
                    failure=False, gpus=results)
     # (held below the pre-job limit by the allowance, or held for unusable limit constraints)
-    held = any(p in (reply.message or "") for p in ("held below the pre-job limit", "not restored by capctl"))
+    # (or a GPU reported not ok: held by another writer, or in a held state and never written)
+    held = any(p in (reply.message or "") for p in ("held below the pre-job limit", "not restored by capctl")) \
+        or not all(g.ok for g in reply.gpus)
     run.finish("unbound", f"unbound; {reply.message}" if held else f"restored {len(results)} GPU(s) and unbound",
                failure=False, gpus=results)
 
